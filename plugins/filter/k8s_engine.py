@@ -1,0 +1,34 @@
+# -*- coding: utf-8 -*-
+# Copyright: llmops.serving contributors
+# Apache License 2.0 (see LICENSE)
+"""Filters for the engine role's Kubernetes platform: the cold-start timeline of a rolled-out pod."""
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.llmops.serving.plugins.module_utils import _k8s_wait
+
+
+def k8s_cold_start(pod, probe_timeline=None):
+    """Cold-start timeline of one pod: created -> scheduled -> started -> port -> /health -> listed -> correct."""
+    if not isinstance(pod, dict) or "created" not in pod:
+        raise AnsibleFilterError("k8s_cold_start: expected one item of k8s_engine_wait's 'pods' (with 'created')")
+    marks = {"pod_created": pod.get("created"), "scheduled": pod.get("scheduled"),
+             "container_started": pod.get("started"), "pod_ready": pod.get("ready")}
+    marks.update(_k8s_wait.marks_from_probe(probe_timeline, pod.get("created")))
+    try:
+        return _k8s_wait.cold_start_timeline(None, marks)
+    except ValueError as e:
+        raise AnsibleFilterError("k8s_cold_start: %s" % e)
+
+
+def k8s_timeline_lines(timeline, title="cold start"):
+    """A k8s_cold_start result as table lines (for debug output)."""
+    if not isinstance(timeline, dict) or "stages" not in timeline:
+        raise AnsibleFilterError("k8s_timeline_lines: expected the result of k8s_cold_start")
+    return _k8s_wait.format_timeline(timeline, title).splitlines()
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"k8s_cold_start": k8s_cold_start, "k8s_timeline_lines": k8s_timeline_lines}

@@ -1,0 +1,51 @@
+# -*- coding: utf-8 -*-
+# Copyright: llmops.serving contributors
+# Apache License 2.0 (see LICENSE)
+"""Data transforms used by the roles, so that branching stays out of Jinja."""
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+
+TIMELINE_ORDER = ("process_start", "pod_created", "scheduled", "container_started", "port_open", "health",
+                  "models", "first_correct")
+
+
+def reference_checks(references, max_tokens=16, prefix="reference"):
+    """engine_probe completion checks that demand the reference's greedy token ids (and text)."""
+    if not isinstance(references, list):
+        raise AnsibleFilterError("reference_checks: expected the 'references' list of reference_generate")
+    checks = []
+    for i, ref in enumerate(references):
+        try:
+            checks.append({
+                "type": "completion",
+                "name": "%s-%d" % (prefix, i),
+                "prompt": ref["prompt"],
+                "max_tokens": int(max_tokens),
+                "temperature": 0,
+                "expect_token_ids": list(ref["token_ids"]),
+            })
+        except (KeyError, TypeError) as e:
+            raise AnsibleFilterError("reference_checks: references[%d] lacks %s" % (i, e))
+    return checks
+
+
+def timeline_table(timeline, title="cold start"):
+    """Render a {milestone: seconds} dict as an aligned text table (ordered by the milestones' order)."""
+    if not isinstance(timeline, dict):
+        raise AnsibleFilterError("timeline_table: expected a dict of milestone -> seconds")
+    keys = [k for k in TIMELINE_ORDER if k in timeline]
+    rows = ["%-18s %10s %10s" % (title, "at (s)", "step (s)")]
+    prev = 0.0
+    for k in keys:
+        v = timeline[k]
+        if not isinstance(v, (int, float)):
+            continue
+        rows.append("%-18s %10.1f %10.1f" % (k, v, v - prev))
+        prev = v
+    return rows
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"reference_checks": reference_checks, "timeline_table": timeline_table}

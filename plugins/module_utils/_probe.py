@@ -1,0 +1,483 @@
+# -*- coding: utf-8 -*-
+# Copyright: llmops.serving contributors
+# Apache License 2.0 (see LICENSE)
+"""**PRIVATE** to llmops.serving: readiness that means a correct answer, not an open port.
+
+Transient failures (connection refused, timeouts, 502/503/504, 404 on /health while a route settles) are
+retried until the deadline; a wrong answer, an unknown model or a dead engine process fail at once.
+"""
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+
+from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
+from ansible.module_utils.six.moves.urllib.parse import urlparse
+from ansible.module_utils.urls import open_url
+
+CHECK_TYPES = ("health", "models", "completion", "chat", "json_schema", "tool_call", "stream", "cancel", "route")
+REASONING_MIN_TOKENS = 512
+TRANSIENT_STATUS = (404, 408, 425, 429, 502, 503, 504)
+
+
+class Transient(Exception):
+    """Worth retrying until the deadline."""
+
+
+class CheckFailed(Exception):
+    """Definitive: retrying will not help."""
+
+    def __init__(self, msg, **details):
+        super().__init__(msg)
+        self.details = details
+
+
+class Http(object):
+    def __init__(self, base_url, headers=None, timeout=60.0):
+        self.base = base_url.rstrip("/")
+        self.headers = dict(headers or {})
+        self.timeout = timeout
+
+    def _open(self, method, path, payload=None, timeout=None):
+        headers = dict(self.headers)
+        data = None
+        if payload is not None:
+            headers["Content-Type"] = "application/json"
+            data = json.dumps(payload)
+        return open_url(self.base + path, method=method, data=data, headers=headers,
+                        timeout=timeout or self.timeout, validate_certs=True)
+
+    def request(self, method, path, payload=None, timeout=None, transient_status=TRANSIENT_STATUS):
+        """Return (status, headers, text); raise Transient on retryable transport errors."""
+        try:
+            resp = self._open(method, path, payload, timeout)
+            body = resp.read().decode("utf-8", "replace")
+            return resp.getcode(), _lower_headers(resp), body
+        except HTTPError as e:
+            body = e.read().decode("utf-8", "replace") if hasattr(e, "read") else ""
+            if e.code in transient_status:
+                raise Transient("HTTP %d from %s: %s" % (e.code, path, body[:300]))
+            return e.code, _lower_headers(e), body
+        except (URLError, socket.timeout, ConnectionError, OSError) as e:
+            raise Transient("%s %s: %s" % (method, path, getattr(e, "reason", e)))
+
+    def open_stream(self, path, payload, timeout):
+        try:
+            return self._open("POST", path, payload, timeout)
+        except HTTPError as e:
+            body = e.read().decode("utf-8", "replace") if hasattr(e, "read") else ""
+            if e.code in TRANSIENT_STATUS:
+                raise Transient("HTTP %d from %s: %s" % (e.code, path, body[:300]))
+            raise CheckFailed("HTTP %d from %s: %s" % (e.code, path, body[:500]), status=e.code)
+        except (URLError, socket.timeout, ConnectionError, OSError) as e:
+            raise Transient("POST %s: %s" % (path, getattr(e, "reason", e)))
+
+
+def _lower_headers(resp):
+    try:
+        return dict((k.lower(), v) for k, v in resp.headers.items())
+    except AttributeError:
+        return {}
+
+
+def port_open(base_url, timeout=2.0):
+    u = urlparse(base_url)
+    port = u.port or (443 if u.scheme == "https" else 80)
+    try:
+        with socket.create_connection((u.hostname, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _json(status, body, path):
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise CheckFailed("%s answered HTTP %s with a body that is not JSON: %r" % (path, status, body[:300]))
+
+
+def _fail_on_status(status, body, path, model):
+    if status == 200:
+        return
+    if status in (400, 404) and "does not exist" in body:
+        raise CheckFailed("model %r is not served at %s (HTTP %d): %s" % (model, path, status, body[:300]),
+                          status=status)
+    raise CheckFailed("%s answered HTTP %d: %s" % (path, status, body[:500]), status=status)
+
+
+def _match(check, text, token_ids=None):
+    """Compare output with expect / expect_regex / expect_token_ids; raise CheckFailed on mismatch."""
+    if check.get("expect") is not None and text != check["expect"]:
+        raise CheckFailed("output %r != expected %r" % (text, check["expect"]), output=text)
+    if check.get("expect_regex") and not re.search(check["expect_regex"], text or "", re.S):
+        raise CheckFailed("output %r does not match /%s/" % (text, check["expect_regex"]), output=text)
+    if check.get("expect_token_ids") is not None:
+        if token_ids is None:
+            raise CheckFailed("the server returned no token_ids (needs a vLLM that supports return_token_ids)")
+        if list(token_ids) != list(check["expect_token_ids"]):
+            raise CheckFailed("token ids %s != expected %s" % (list(token_ids), list(check["expect_token_ids"])),
+                              output=text, token_ids=list(token_ids))
+
+
+def _gen_body(check, model):
+    body = {"model": model, "temperature": check.get("temperature", 0.0),
+            "max_tokens": int(check.get("max_tokens") or 16)}
+    if check.get("seed") is not None:
+        body["seed"] = check["seed"]
+    body.update(check.get("body") or {})
+    return body
+
+
+def _messages(check):
+    if check.get("messages"):
+        return check["messages"]
+    return [{"role": "user", "content": check.get("prompt") or "Say OK."}]
+
+
+def _check_health(http, check, model, warnings):
+    status, _, body = http.request("GET", check.get("path") or "/health")
+    if status != 200:
+        raise Transient("/health answered HTTP %d" % status)
+    return {"status": status}
+
+
+def _check_models(http, check, model, warnings):
+    path = check.get("path") or "/v1/models"
+    status, _, body = http.request("GET", path)
+    if status != 200:
+        raise CheckFailed("%s answered HTTP %d: %s" % (path, status, body[:300]))
+    ids = [m.get("id") for m in _json(status, body, path).get("data", [])]
+    if model not in ids:
+        raise CheckFailed("%s does not list %r; it serves %s. The served name, the request's model and the "
+                          "AIBrix label model.aibrix.ai/name must be identical." % (path, model, ids), models=ids)
+    return {"models": ids}
+
+
+def _check_completion(http, check, model, warnings):
+    body = _gen_body(check, model)
+    body["prompt"] = check.get("prompt") or "Hello"
+    if check.get("expect_token_ids") is not None:
+        body["return_token_ids"] = True
+    t0 = time.monotonic()
+    status, headers, text = http.request("POST", "/v1/completions", body)
+    _fail_on_status(status, text, "/v1/completions", model)
+    choice = _json(status, text, "/v1/completions")["choices"][0]
+    out = {"text": choice.get("text"), "finish_reason": choice.get("finish_reason"),
+           "token_ids": choice.get("token_ids"), "latency_ms": round((time.monotonic() - t0) * 1000, 1),
+           "headers": _route_headers(headers)}
+    _match(check, out["text"], out["token_ids"])
+    return out
+
+
+def _reasoning_warn(check, warnings):
+    if check.get("reasoning") and int(check.get("max_tokens") or 16) < REASONING_MIN_TOKENS:
+        warnings.append(
+            "check %r: max_tokens=%s is small for a reasoning model; the reasoning can consume the whole budget "
+            "and leave the answer empty (use >= %d)" % (check.get("name"), check.get("max_tokens"),
+                                                         REASONING_MIN_TOKENS))
+
+
+def _chat(http, check, model, body_extra=None):
+    body = _gen_body(check, model)
+    body["messages"] = _messages(check)
+    body.update(body_extra or {})
+    t0 = time.monotonic()
+    status, headers, text = http.request("POST", "/v1/chat/completions", body)
+    _fail_on_status(status, text, "/v1/chat/completions", model)
+    choice = _json(status, text, "/v1/chat/completions")["choices"][0]
+    msg = choice.get("message") or {}
+    content = msg.get("content")
+    reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+    if not content and reasoning and choice.get("finish_reason") == "length" and not body_extra:
+        raise CheckFailed("the reasoning used the whole max_tokens budget (%s) and the answer is empty; raise "
+                          "max_tokens (>= %d) for reasoning models" % (body["max_tokens"], REASONING_MIN_TOKENS),
+                          reasoning_content=reasoning[:500])
+    return msg, choice, headers, round((time.monotonic() - t0) * 1000, 1)
+
+
+def _check_chat(http, check, model, warnings):
+    _reasoning_warn(check, warnings)
+    msg, choice, headers, ms = _chat(http, check, model)
+    out = {"text": msg.get("content"), "reasoning_content": msg.get("reasoning_content") or msg.get("reasoning"),
+           "finish_reason": choice.get("finish_reason"), "latency_ms": ms, "headers": _route_headers(headers)}
+    _match(check, out["text"])
+    return out
+
+
+def validate_schema(instance, schema, path="$"):
+    """Validate with jsonschema when installed, else a strict subset (type/properties/required/enum/items)."""
+    try:
+        import jsonschema  # pylint: disable=import-outside-toplevel
+
+        errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(instance), key=lambda e: list(e.path))
+        return ["%s: %s" % ("/".join(str(p) for p in e.path) or "$", e.message) for e in errors]
+    except ImportError:
+        pass
+    errs = []
+    types = {"object": dict, "array": list, "string": str, "integer": int, "number": (int, float),
+             "boolean": bool, "null": type(None)}
+    t = schema.get("type")
+    if t and not isinstance(instance, types.get(t, object)) or (t in ("integer", "number") and isinstance(instance, bool)):
+        return ["%s: %r is not of type %s" % (path, instance, t)]
+    if "enum" in schema and instance not in schema["enum"]:
+        errs.append("%s: %r is not one of %s" % (path, instance, schema["enum"]))
+    if isinstance(instance, dict):
+        for req in schema.get("required", []):
+            if req not in instance:
+                errs.append("%s: %r is a required property" % (path, req))
+        for k, sub in (schema.get("properties") or {}).items():
+            if k in instance:
+                errs += validate_schema(instance[k], sub, "%s/%s" % (path, k))
+        if schema.get("additionalProperties") is False:
+            extra = set(instance) - set(schema.get("properties") or {})
+            if extra:
+                errs.append("%s: unexpected properties %s" % (path, sorted(extra)))
+    if isinstance(instance, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(instance):
+            errs += validate_schema(item, schema["items"], "%s/%d" % (path, i))
+    return errs
+
+
+def _check_json_schema(http, check, model, warnings):
+    schema = check.get("schema")
+    if not isinstance(schema, dict):
+        raise CheckFailed("json_schema check needs 'schema' (a JSON schema object)")
+    rf = {"type": "json_schema", "json_schema": {"name": check.get("schema_name") or "probe", "schema": schema,
+                                                 "strict": True}}
+    msg, choice, headers, ms = _chat(http, check, model, {"response_format": rf})
+    content = msg.get("content") or ""
+    try:
+        doc = json.loads(content)
+    except ValueError as e:
+        raise CheckFailed("json_schema: the output is not JSON (%s): %r" % (e, content[:300]), output=content)
+    errors = validate_schema(doc, schema)
+    if errors:
+        raise CheckFailed("json_schema: the output does not validate: %s" % "; ".join(errors[:5]), output=content)
+    return {"output": doc, "finish_reason": choice.get("finish_reason"), "latency_ms": ms}
+
+
+def _check_tool_call(http, check, model, warnings):
+    tools = check.get("tools")
+    if not tools:
+        raise CheckFailed("tool_call check needs 'tools' (OpenAI function tool definitions)")
+    choice_opt = check.get("tool_choice") or "required"
+    msg, choice, headers, ms = _chat(http, check, model, {"tools": tools, "tool_choice": choice_opt})
+    calls = msg.get("tool_calls") or []
+    if not calls:
+        raise CheckFailed("tool_call: no tool_calls in the answer (content: %r); is the engine started with a tool "
+                          "call parser (vLLM --enable-auto-tool-choice --tool-call-parser ...)?"
+                          % (msg.get("content") or "")[:200])
+    fn = calls[0].get("function") or {}
+    name = fn.get("name")
+    if check.get("expect_function") and name != check["expect_function"]:
+        raise CheckFailed("tool_call: called %r, expected %r" % (name, check["expect_function"]))
+    try:
+        args = json.loads(fn.get("arguments") or "{}")
+    except ValueError as e:
+        raise CheckFailed("tool_call: arguments of %r are not JSON (%s): %r" % (name, e, fn.get("arguments")))
+    spec = next((t.get("function", {}) for t in tools if t.get("function", {}).get("name") == name), None)
+    if spec is None:
+        raise CheckFailed("tool_call: called %r, which is not among the offered tools" % name)
+    errors = validate_schema(args, spec.get("parameters") or {})
+    if errors:
+        raise CheckFailed("tool_call: arguments of %r do not validate: %s" % (name, "; ".join(errors[:5])))
+    return {"function": name, "arguments": args, "latency_ms": ms}
+
+
+def _stream_request(check, model):
+    chat = check.get("endpoint") == "chat"
+    body = _gen_body(check, model)
+    body["stream"] = True
+    if chat:
+        body["messages"] = _messages(check)
+        return "/v1/chat/completions", body, chat
+    body["prompt"] = check.get("prompt") or "Hello"
+    return "/v1/completions", body, chat
+
+
+def _sse_events(resp, deadline):
+    """Yield decoded `data:` payloads; raise CheckFailed when the deadline passes first."""
+    while True:
+        if time.monotonic() > deadline:
+            raise CheckFailed("stream did not end with [DONE] before its timeout")
+        line = resp.readline()
+        if not line:
+            return
+        line = line.decode("utf-8", "replace").strip()
+        if line.startswith("data:"):
+            yield line[5:].strip()
+
+
+def _delta_text(event, chat):
+    try:
+        doc = json.loads(event)
+    except ValueError:
+        raise CheckFailed("stream: an event is not JSON: %r" % event[:200])
+    if "error" in doc:
+        raise CheckFailed("stream: the server sent an error event: %s" % json.dumps(doc["error"])[:300])
+    ch = (doc.get("choices") or [{}])[0]
+    if chat:
+        d = ch.get("delta") or {}
+        return d.get("content") or ""
+    return ch.get("text") or ""
+
+
+def _check_stream(http, check, model, warnings):
+    path, body, chat = _stream_request(check, model)
+    timeout = float(check.get("stream_timeout") or 60)
+    t0 = time.monotonic()
+    resp = http.open_stream(path, body, timeout)
+    parts, ttft, chunks, done = [], None, 0, False
+    try:
+        for ev in _sse_events(resp, t0 + timeout):
+            if ev == "[DONE]":
+                done = True
+                break
+            text = _delta_text(ev, chat)
+            chunks += 1
+            if text and ttft is None:
+                ttft = time.monotonic() - t0
+            parts.append(text)
+    except socket.timeout:
+        raise CheckFailed("stream: no data for %.0f s and no [DONE] (a teardown hang)" % timeout)
+    finally:
+        resp.close()
+    if not done:
+        raise CheckFailed("stream: the connection closed without [DONE] after %d chunks" % chunks)
+    text = "".join(parts)
+    _match(check, text)
+    return {"text": text, "chunks": chunks, "ttft_ms": round((ttft or 0) * 1000, 1),
+            "total_ms": round((time.monotonic() - t0) * 1000, 1)}
+
+
+def _check_cancel(http, check, model, warnings):
+    path, body, chat = _stream_request(check, model)
+    body["max_tokens"] = int(check.get("max_tokens") or 64)
+    t0 = time.monotonic()
+    resp = http.open_stream(path, body, float(check.get("stream_timeout") or 60))
+    try:
+        first = None
+        for ev in _sse_events(resp, t0 + float(check.get("stream_timeout") or 60)):
+            first = ev
+            break
+    finally:
+        resp.close()  # drop the client connection mid-stream
+    if first is None:
+        raise CheckFailed("cancel: the stream ended before a first chunk")
+    end = time.monotonic() + float(check.get("recover_timeout") or 10)
+    last = None
+    while time.monotonic() < end:
+        try:
+            status, _, _ = http.request("GET", "/health", timeout=5)
+            if status == 200:
+                return {"first_chunk_ms": round((time.monotonic() - t0) * 1000, 1), "health_after_cancel": 200}
+            last = "HTTP %d" % status
+        except Transient as e:
+            last = str(e)
+        time.sleep(0.5)
+    raise CheckFailed("cancel: /health did not answer 200 after the client dropped a stream (%s)" % last)
+
+
+def _route_headers(headers):
+    return dict((k, v) for k, v in headers.items()
+                if k in ("target-pod", "target-pod-ip", "prefill-target-pod", "prefill-target-pod-ip",
+                         "routing-strategy", "request-id", "x-went-into-req-headers"))
+
+
+def _check_route(http, check, model, warnings):
+    header = (check.get("header") or "target-pod").lower()
+    body = _gen_body(check, model)
+    body["prompt"] = check.get("prompt") or "Hello"
+    status, headers, text = http.request("POST", "/v1/completions", body)
+    _fail_on_status(status, text, "/v1/completions", model)
+    if header not in headers:
+        raise CheckFailed("route: response has no %r header (got %s); the request did not go through the "
+                          "gateway's router" % (header, sorted(headers)), headers=headers)
+    if check.get("expect_regex") and not re.search(check["expect_regex"], headers[header]):
+        raise CheckFailed("route: %s=%r does not match /%s/" % (header, headers[header], check["expect_regex"]))
+    return {"header": header, "value": headers[header], "headers": _route_headers(headers)}
+
+
+CHECKS = {
+    "health": _check_health, "models": _check_models, "completion": _check_completion, "chat": _check_chat,
+    "json_schema": _check_json_schema, "tool_call": _check_tool_call, "stream": _check_stream,
+    "cancel": _check_cancel, "route": _check_route,
+}
+MILESTONE = {"health": "health", "models": "models", "completion": "first_correct", "chat": "first_correct"}
+
+
+def validate_checks(checks):
+    """Raise ValueError naming the bad entry before anything is sent."""
+    for i, c in enumerate(checks):
+        if not isinstance(c, dict) or c.get("type") not in CHECK_TYPES:
+            raise ValueError("checks[%d]: 'type' must be one of %s (got %r)"
+                             % (i, ", ".join(CHECK_TYPES), c.get("type") if isinstance(c, dict) else c))
+        if c.get("expect_regex"):
+            try:
+                re.compile(c["expect_regex"])
+            except re.error as e:
+                raise ValueError("checks[%d].expect_regex: invalid regular expression: %s" % (i, e))
+        if c["type"] == "json_schema" and not isinstance(c.get("schema"), dict):
+            raise ValueError("checks[%d]: a json_schema check needs 'schema' (a dict)" % i)
+        if c["type"] == "tool_call" and not c.get("tools"):
+            raise ValueError("checks[%d]: a tool_call check needs 'tools'" % i)
+
+
+def run(base_url, model, checks, headers=None, deadline=600, interval=2.0, timeout=60.0, since=None,
+        process_exited=None):
+    """Run checks in order. Returns (ok, results, timeline, warnings, msg).
+
+    ``process_exited`` is a callable returning a message when the engine process is known dead.
+    """
+    http = Http(base_url, headers, timeout)
+    start_wall = time.time()
+    origin = since if since is not None else start_wall
+    end = time.monotonic() + deadline
+    timeline = {}
+    warnings = []
+    results = []
+
+    def mark(key):
+        if key not in timeline:
+            timeline[key] = round(time.time() - origin, 3)
+
+    for i, check in enumerate(checks):
+        name = check.get("name") or "%s-%d" % (check["type"], i)
+        fn = CHECKS[check["type"]]
+        t0 = time.monotonic()
+        attempts, last = 0, None
+        while True:
+            attempts += 1
+            try:
+                if "port_open" not in timeline and port_open(base_url):
+                    mark("port_open")
+                out = fn(http, dict(check, name=name), model, warnings)
+                res = dict(name=name, type=check["type"], ok=True, attempts=attempts,
+                           seconds=round(time.monotonic() - t0, 3))
+                res.update(out)
+                results.append(res)
+                if check["type"] in MILESTONE:
+                    mark("port_open")
+                    mark(MILESTONE[check["type"]])
+                break
+            except Transient as e:
+                last = str(e)
+                dead = process_exited() if process_exited else None
+                if dead:
+                    results.append(dict(name=name, type=check["type"], ok=False, attempts=attempts, error=dead))
+                    return False, results, timeline, warnings, "%s: %s" % (name, dead)
+                if time.monotonic() + interval > end:
+                    results.append(dict(name=name, type=check["type"], ok=False, attempts=attempts, error=last))
+                    return (False, results, timeline, warnings,
+                            "%s: still failing when the deadline (%ss) passed: %s" % (name, deadline, last))
+                time.sleep(interval)
+            except CheckFailed as e:
+                res = dict(name=name, type=check["type"], ok=False, attempts=attempts, error=str(e))
+                res.update(e.details)
+                results.append(res)
+                return False, results, timeline, warnings, "%s: %s" % (name, e)
+    timeline["probe_seconds"] = round(time.time() - start_wall, 3)
+    return True, results, timeline, warnings, "all %d checks passed" % len(results)
