@@ -57,7 +57,7 @@ class Http(object):
             return resp.getcode(), _lower_headers(resp), body
         except HTTPError as e:
             body = e.read().decode("utf-8", "replace") if hasattr(e, "read") else ""
-            if e.code in transient_status:
+            if e.code in transient_status and "does not exist" not in body:
                 raise Transient("HTTP %d from %s: %s" % (e.code, path, body[:300]))
             return e.code, _lower_headers(e), body
         except (URLError, socket.timeout, ConnectionError, OSError) as e:

@@ -1,0 +1,85 @@
+"""preflight_facts on fixture sysfs trees and fake nvidia-smi binaries."""
+from __future__ import annotations
+
+import os
+import stat
+import sys
+
+from ansible_collections.llmops.serving.plugins.modules import preflight_facts
+
+NVSMI_8xH20 = "\n".join(
+    "NVIDIA H20, 8, 9.0, 570.86.15, 97871, 00000000:%02X:00.0" % (0x18 + i) for i in range(8)) + "\n"
+
+
+def _fake_bin(tmp_path, name, stdout, rc=0):
+    p = tmp_path / name
+    p.write_text("#!/bin/sh\ncat <<'EOF'\n%sEOF\nexit %d\n" % (stdout, rc))
+    p.chmod(p.stat().st_mode | stat.S_IEXEC)
+    return str(p)
+
+
+def _sysfs(tmp_path, devices):
+    for dev, ports in devices.items():
+        for port, (ll, state) in ports.items():
+            d = tmp_path / "sys" / "class" / "infiniband" / dev / "ports" / str(port)
+            d.mkdir(parents=True)
+            (d / "link_layer").write_text(ll + "\n")
+            (d / "state").write_text(state + "\n")
+            (d / "rate").write_text("200 Gb/sec (4X HDR)\n")
+    return str(tmp_path / "sys")
+
+
+def test_gpu_node_with_roce(run_module, tmp_path):
+    smi = _fake_bin(tmp_path, "nvidia-smi", NVSMI_8xH20)
+    sysfs = _sysfs(tmp_path, {"mlx5_0": {1: ("Ethernet", "4: ACTIVE")}, "mlx5_1": {1: ("InfiniBand", "1: DOWN")}})
+    r = run_module(preflight_facts, {"nvidia_smi": smi, "sysfs_root": sysfs, "paths": [str(tmp_path / "nvme" / "x")]})
+    assert r["gpu"]["mode"] == "gpu"
+    assert r["gpu"]["count"] == 8
+    assert r["gpu"]["names"] == ["NVIDIA H20"]
+    assert r["gpu"]["compute_capability"] == "9.0"
+    assert r["rdma"]["present"] is True
+    assert [d["name"] for d in r["rdma"]["devices"]] == ["mlx5_0", "mlx5_1"]
+    assert r["rdma"]["devices"][0]["ports"][0]["link_layer"] == "Ethernet"
+    # a path that does not exist yet is measured at its nearest existing parent
+    assert r["disk"][0]["measured_at"] == str(tmp_path)
+    assert r["disk"][0]["free_bytes"] > 0
+    assert r["changed"] is False
+
+
+def test_cpu_only_and_no_infiniband(run_module, tmp_path):
+    r = run_module(preflight_facts, {"nvidia_smi": str(tmp_path / "absent-nvidia-smi"),
+                                     "sysfs_root": str(tmp_path / "empty-sys")})
+    assert r["gpu"]["mode"] == "cpu-only"
+    assert "not found" in r["gpu"]["reason"]
+    assert r["rdma"]["present"] is False
+    assert "does not exist" in r["rdma"]["reason"]
+
+
+def test_nvidia_smi_failure_is_cpu_only_with_reason(run_module, tmp_path):
+    smi = _fake_bin(tmp_path, "nvidia-smi", "NVIDIA-SMI has failed because it couldn't communicate with the driver\n", rc=9)
+    r = run_module(preflight_facts, {"nvidia_smi": smi, "sysfs_root": str(tmp_path)})
+    assert r["gpu"]["mode"] == "cpu-only"
+    assert "exited 9" in r["gpu"]["reason"]
+
+
+def test_unparseable_nvidia_smi_fails_naming_the_option(run_module, tmp_path):
+    smi = _fake_bin(tmp_path, "nvidia-smi", "garbage\n")
+    r = run_module(preflight_facts, {"nvidia_smi": smi, "sysfs_root": str(tmp_path)})
+    assert r["failed"] and r["msg"].startswith("nvidia_smi:")
+
+
+def test_engine_runtime_reports_missing_module(run_module, tmp_path):
+    r = run_module(preflight_facts, {"nvidia_smi": "none", "sysfs_root": str(tmp_path),
+                                     "engine_python": sys.executable,
+                                     "engine_modules": ["json", "surely_not_a_module_xyz"]})
+    rt = r["engine_runtime"]
+    assert rt["importable"] is False
+    assert rt["modules"]["json"]["importable"] is True
+    assert "surely_not_a_module_xyz" in rt["reason"]
+
+
+def test_engine_python_missing(run_module, tmp_path):
+    r = run_module(preflight_facts, {"nvidia_smi": "none", "sysfs_root": str(tmp_path),
+                                     "engine_python": os.path.join(str(tmp_path), "nope", "python")})
+    assert r["engine_runtime"]["importable"] is False
+    assert "not found" in r["engine_runtime"]["reason"]
