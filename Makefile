@@ -8,7 +8,6 @@ VENV := $(CURDIR)/.venv
 VPY := $(VENV)/bin/python
 BUILD := $(CURDIR)/.build
 COLL_DIR := $(BUILD)/collections
-SANITY_DIR := $(BUILD)/sanity/ansible_collections/llmops/serving
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_COLLECTIONS_PATH := $(COLL_DIR)
 export PATH := $(VENV)/bin:$(PATH)
@@ -17,9 +16,11 @@ export PATH := $(VENV)/bin:$(PATH)
 
 demo: install
 	ansible-playbook playbooks/site.yml -i inventories/local
+	ansible-playbook playbooks/verify_transport.yml -i inventories/local
 
-test: install lint sanity unit integration molecule
-	@echo "make test: all stages passed"
+# pytest runs last so that its summary line closes the output.
+test: install lint sanity molecule
+	$(VPY) -m pytest -q -p no:cacheprovider tests/unit tests/integration
 
 # ---- bootstrap -------------------------------------------------------------------------------
 venv: $(VENV)/.stamp-engine $(VENV)/.stamp-test
@@ -55,11 +56,14 @@ install: venv
 lint: venv
 	ansible-lint --profile production --offline
 
+# ansible-test needs the tree at ansible_collections/llmops/serving: copy the tracked and untracked (not
+# ignored) files into a private temporary tree so that concurrent runs never share one.
 sanity: venv
 	$(VPY) tests/sanity/install_get_pip_standin.py
-	rm -rf $(BUILD)/sanity && mkdir -p $(SANITY_DIR)
-	git ls-files -co --exclude-standard -z | xargs -0 -I{} cp --parents {} $(SANITY_DIR)/
-	cd $(SANITY_DIR) && git init -q && git add -A && \
+	d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
+	  mkdir -p "$$d/ansible_collections/llmops/serving" && \
+	  git ls-files -co --exclude-standard -z | xargs -0 -I{} cp --parents {} "$$d/ansible_collections/llmops/serving/" && \
+	  cd "$$d/ansible_collections/llmops/serving" && git init -q && git add -A && \
 	  ansible-test sanity --python 3.11 --color no
 
 unit: venv
@@ -72,7 +76,7 @@ molecule: install
 	cd $(CURDIR) && molecule test --all
 
 stop:
-	-ansible-playbook playbooks/stop.yml -i inventories/local
+	ansible-playbook playbooks/stop.yml -i inventories/local
 
 clean:
 	rm -rf $(BUILD)

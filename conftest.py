@@ -25,8 +25,6 @@ if _TREE not in sys.path:
     sys.path.insert(0, _TREE)
 
 
-
-
 class ModuleExit(Exception):
     """exit_json was called."""
 

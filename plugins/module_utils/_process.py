@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: llmops.serving contributors
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """**PRIVATE** to llmops.serving: a supervised background process whose exit status is never masked.
 
 Layout of ``<run_dir>/<name>/``: ``supervisor.py`` (written from SUPERVISOR_SOURCE), ``spec.json`` (what was
@@ -189,7 +189,7 @@ def start(run_dir, name, command, env=None, chdir=None, stop_timeout=60, startup
         st = read_state(run_dir, name)
     if st["state"] == "running" and not pid_alive(st.get("pid")):
         # child died; give the supervisor a moment to record the status
-        for _ in range(50):
+        for dummy in range(50):
             time.sleep(0.1)
             st = read_state(run_dir, name)
             if st["state"] != "running":

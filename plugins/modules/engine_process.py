@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: llmops.serving contributors
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -55,12 +55,14 @@ options:
     default: 3.0
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Reports whether it would start, restart or stop without doing it.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in diff mode).
     support: none
 author:
-  - llmops.serving maintainers
+  - LLMOps Serving maintainers (@llmops-serving)
 """
 
 EXAMPLES = r"""

@@ -26,13 +26,13 @@ def ansible_env(llmops_root, port, **extra):
     return env
 
 
-def run_playbook(playbook, llmops_root, port, *args, timeout=1800):
+def run_playbook(playbook, llmops_root, port, *args, timeout=1800, inventory=None):
     """Run a playbook of this repo on inventories/local; returns (rc, output)."""
     if not os.path.isdir(os.path.join(COLLECTIONS, "ansible_collections", "llmops", "serving")):
         pytest.fail("the collection is not installed under .build/collections: run `make install` first")
     bindir = os.path.dirname(sys.executable)
     cmd = [os.path.join(bindir, "ansible-playbook"), os.path.join(ROOT, playbook), "-i",
-           os.path.join(ROOT, "inventories", "local")] + list(args)
+           inventory or os.path.join(ROOT, "inventories", "local")] + list(args)
     proc = subprocess.run(cmd, cwd=ROOT, env=ansible_env(llmops_root, port), capture_output=True, text=True,
                           timeout=timeout, check=False)
     return proc.returncode, proc.stdout + proc.stderr

@@ -16,7 +16,7 @@ PROMPTS = ["The model is staged", "Prefill computes the prompt"]
 
 
 def _served_model_dir(root):
-    dirs = glob.glob(os.path.join(root, "shared", "models", "tiny-llama", "*"))
+    dirs = glob.glob(os.path.join(root, "nvme", "models", "tiny-llama", "[0-9a-f]*[0-9a-f]"))
     assert len(dirs) == 1, dirs
     return dirs[0]
 
@@ -35,6 +35,11 @@ def test_first_run_serves_and_matches_transformers(local_engine):
         timeline = json.load(f)
     assert 0 < timeline["port_open"] <= timeline["health"] <= timeline["models"] <= timeline["first_correct"]
     assert recap(out)["failed"] == 0
+    # the engine serves the staged NVMe copy, not the shared filesystem
+    with open(os.path.join(local_engine["run_dir"], "engine", "spec.json")) as f:
+        command = json.load(f)["command"]
+    assert command[command.index("--model") + 1] == _served_model_dir(local_engine["root"])
+    assert os.path.isfile(os.path.join(_served_model_dir(local_engine["root"]), ".llmops-staged.json"))
 
 
 def test_second_run_changes_nothing(local_engine):

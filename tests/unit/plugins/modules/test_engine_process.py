@@ -49,7 +49,7 @@ def test_late_crash_is_recorded_not_masked(run_module, tmp_path):
     cmd = [sys.executable, "-c", "import time, sys; time.sleep(1.5); sys.exit(7)"]
     r = run_module(engine_process, _args(tmp_path, command=cmd, startup_grace=0.2))
     assert r["changed"] and r["state"] == "running"
-    for _ in range(100):
+    for dummy in range(100):
         st = run_module(engine_process, _args(tmp_path, state="status"))
         if st["state"] != "running":
             break

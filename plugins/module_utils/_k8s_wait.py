@@ -1,0 +1,406 @@
+# -*- coding: utf-8 -*-
+# Copyright: llmops.serving contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""**PRIVATE** to llmops.serving: pure functions over Kubernetes API objects (plain dicts as the API returns them).
+
+* :func:`route_status` - an HTTPRoute's parent conditions. Healthy means what the AIBrix gateway checks
+  before routing: ``Accepted`` with reason ``Accepted`` and ``ResolvedRefs`` with reason ``ResolvedRefs``.
+* :func:`pod_status` - where an engine pod is: unscheduled, starting, ready, or failed (restarted,
+  crash loop, exited).
+* :func:`evaluate` - one verdict for a rollout from the pods and the route, given the clock.
+* :func:`cold_start_timeline` - pod created -> scheduled -> container started -> port open -> /health
+  200 -> model listed -> first correct response; the SLO figure is the first to the last.
+
+No I/O here; the polling module feeds these the objects it reads, and tests feed recorded ones.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+
+# Why each Gateway API reason happens, and what fixes it (gateway-api apis/v1/shared_types.go).
+ROUTE_REASONS = {
+    "NotAllowedByListeners": "the Gateway's listeners do not admit routes from this namespace or of this kind; "
+    "check the listener's allowedRoutes on the Gateway",
+    "NoMatchingListenerHostname": "no listener hostname matches the route's hostnames",
+    "NoMatchingParent": "the parentRef names no existing Gateway/listener (check gateway_name, namespace, sectionName)",
+    "UnsupportedValue": "the route uses a value the gateway implementation does not support",
+    "Pending": "the gateway controller has not processed the route yet",
+    "BackendNotFound": "the backend Service does not exist; it must be created in the engine namespace under the "
+    "DNS-safe name the route points at (AIBrix <= v0.7 would look for a Service named exactly the model, "
+    "which is impossible for names with dots)",
+    "RefNotPermitted": "the route references a Service in another namespace and no ReferenceGrant there allows "
+    "HTTPRoutes from the gateway namespace to reach it",
+    "InvalidKind": "the backendRef kind/group is not a Service",
+    "UnsupportedProtocol": "the backend Service's port protocol is not supported by the gateway",
+}
+
+FATAL_WAITING = {
+    "CrashLoopBackOff": "the engine keeps exiting",
+    "CreateContainerConfigError": "the container spec references something missing (a Secret or ConfigMap key?)",
+    "CreateContainerError": "the runtime could not create the container",
+    "InvalidImageName": "the image reference is malformed",
+}
+PULL_WAITING = {"ErrImagePull", "ImagePullBackOff"}
+
+STAGE_KEYS = (
+    "pod_created", "scheduled", "container_started", "port_open", "health_ok", "pod_ready", "model_listed",
+    "first_correct_response",
+)
+STAGES = [
+    ("pod_created", "pod created"),
+    ("scheduled", "scheduled"),
+    ("container_started", "container started"),
+    ("port_open", "port open"),
+    ("health_ok", "/health 200"),
+    ("pod_ready", "pod Ready"),
+    ("model_listed", "model listed"),
+    ("first_correct_response", "first correct response"),
+]
+
+
+# --------------------------------------------------------------------------------------------- #
+# helpers
+# --------------------------------------------------------------------------------------------- #
+
+
+def parse_time(value):
+    """RFC 3339 (the API's ``2026-08-01T10:00:00Z``) or epoch seconds -> epoch seconds (float); None passes."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = str(value).strip()
+    if text.endswith("Z"):
+        text = text[:-1] + "+00:00"
+    dt = datetime.datetime.fromisoformat(text)
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=datetime.timezone.utc)
+    return dt.timestamp()
+
+
+def iso(epoch):
+    if epoch is None:
+        return None
+    dt = datetime.datetime.fromtimestamp(epoch, tz=datetime.timezone.utc)
+    text = dt.isoformat(timespec="milliseconds" if epoch % 1 else "seconds")
+    return text.replace("+00:00", "Z")
+
+
+def condition(conditions, ctype):
+    for cond in conditions or []:
+        if cond.get("type") == ctype:
+            return cond
+    return None
+
+
+def _name(obj):
+    meta = obj.get("metadata", {})
+    return "%s/%s" % (meta.get("namespace", ""), meta.get("name", ""))
+
+
+# --------------------------------------------------------------------------------------------- #
+# HTTPRoute
+# --------------------------------------------------------------------------------------------- #
+
+
+def route_status(route, gateway_name=None):
+    """Summarise an HTTPRoute's ``status.parents``.
+
+    Returns ``dict(state=ready|pending|failed, accepted, resolved_refs, reason, message, parents)``.
+    ``failed`` means a condition is False with a known reason; the caller decides how long to let the
+    controller converge before treating that as final.
+    """
+    if route is None:
+        return dict(state="pending", accepted=None, resolved_refs=None, reason="NotFound",
+                    message="the HTTPRoute does not exist (yet)", parents=[])
+    generation = route.get("metadata", {}).get("generation")
+    parents = route.get("status", {}).get("parents") or []
+    if gateway_name:
+        parents = [p for p in parents if (p.get("parentRef") or {}).get("name") == gateway_name] or parents
+    if not parents:
+        return dict(state="pending", accepted=None, resolved_refs=None, reason="NoStatus",
+                    message="no gateway controller has reported on %s yet; check that its parentRef names an "
+                    "existing Gateway and that the gateway controller runs" % _name(route), parents=[])
+    summaries = []
+    verdict = None
+    for parent in parents:
+        conds = parent.get("conditions") or []
+        acc = condition(conds, "Accepted")
+        res = condition(conds, "ResolvedRefs")
+        gw = (parent.get("parentRef") or {}).get("name", "?")
+        summary = dict(gateway=gw, controller=parent.get("controllerName"),
+                       accepted=_cond_view(acc), resolved_refs=_cond_view(res))
+        summaries.append(summary)
+        stale = any(c.get("observedGeneration") is not None and generation is not None
+                    and c["observedGeneration"] < generation for c in (acc, res) if c)
+        for ctype, cond, good in (("Accepted", acc, "Accepted"), ("ResolvedRefs", res, "ResolvedRefs")):
+            if cond is None or stale:
+                verdict = verdict or ("pending", "Pending", "%s on %s: %s not reported for the current generation yet"
+                                      % (_name(route), gw, ctype))
+            elif cond.get("status") != "True" or cond.get("reason") != good:
+                reason = cond.get("reason") or "Unknown"
+                explain = ROUTE_REASONS.get(reason, "see the condition message")
+                state = "pending" if cond.get("status") == "Unknown" or reason == "Pending" else "failed"
+                msg = "%s on gateway %s: %s=%s reason %s: %s (%s)" % (
+                    _name(route), gw, ctype, cond.get("status"), reason, cond.get("message", ""), explain)
+                if verdict is None or verdict[0] != "failed":
+                    verdict = (state, reason, msg)
+    accepted = all(s["accepted"] and s["accepted"]["status"] == "True" for s in summaries)
+    resolved = all(s["resolved_refs"] and s["resolved_refs"]["status"] == "True" for s in summaries)
+    if verdict is None:
+        return dict(state="ready", accepted=True, resolved_refs=True, reason="Accepted",
+                    message="%s: Accepted and ResolvedRefs are True" % _name(route), parents=summaries)
+    return dict(state=verdict[0], accepted=accepted, resolved_refs=resolved, reason=verdict[1],
+                message=verdict[2], parents=summaries)
+
+
+def _cond_view(cond):
+    if not cond:
+        return None
+    return dict(status=cond.get("status"), reason=cond.get("reason"), message=cond.get("message"),
+                last_transition=cond.get("lastTransitionTime"))
+
+
+# --------------------------------------------------------------------------------------------- #
+# Pods
+# --------------------------------------------------------------------------------------------- #
+
+
+def _container(pod, container):
+    statuses = pod.get("status", {}).get("containerStatuses") or []
+    for cs in statuses:
+        if cs.get("name") == container:
+            return cs
+    return statuses[0] if statuses else None
+
+
+def pod_status(pod, container="engine"):
+    """Where one engine pod stands, with its timestamps (epoch seconds)."""
+    meta = pod.get("metadata", {})
+    status = pod.get("status", {})
+    conds = status.get("conditions") or []
+    sched = condition(conds, "PodScheduled")
+    ready = condition(conds, "Ready")
+    cs = _container(pod, container) or {}
+    state = cs.get("state") or {}
+    last = (cs.get("lastState") or {}).get("terminated")
+    out = dict(
+        name=meta.get("name"),
+        phase=status.get("phase"),
+        node=pod.get("spec", {}).get("nodeName"),
+        created=parse_time(meta.get("creationTimestamp")),
+        scheduled=parse_time(sched.get("lastTransitionTime")) if sched and sched.get("status") == "True" else None,
+        started=parse_time((state.get("running") or {}).get("startedAt")),
+        ready=parse_time(ready.get("lastTransitionTime")) if ready and ready.get("status") == "True" else None,
+        restarts=int(cs.get("restartCount") or 0),
+        waiting_reason=(state.get("waiting") or {}).get("reason"),
+        last_exit=None,
+        unschedulable=None,
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+    term = state.get("terminated") or last
+    if term:
+        out["last_exit"] = dict(exit_code=term.get("exitCode"), reason=term.get("reason"),
+                                finished=term.get("finishedAt"), message=term.get("message"))
+    if sched and sched.get("status") == "False":
+        out["unschedulable"] = "%s: %s" % (sched.get("reason", "Unschedulable"), sched.get("message", ""))
+
+    if out["ready"] is not None:
+        out["state"], out["message"] = "ready", "%s is Ready" % out["name"]
+    elif status.get("phase") in ("Succeeded", "Failed") or state.get("terminated"):
+        out["state"], out["message"] = "failed", _exit_message(out, "exited")
+    elif out["restarts"] > 0:
+        out["state"], out["message"] = "failed", _exit_message(out, "restarted %d time(s)" % out["restarts"])
+    elif out["waiting_reason"] in FATAL_WAITING:
+        out["state"] = "failed"
+        out["message"] = "%s: container %s is %s: %s. %s" % (
+            out["name"], container, out["waiting_reason"], (state.get("waiting") or {}).get("message", ""),
+            FATAL_WAITING[out["waiting_reason"]])
+    elif out["unschedulable"]:
+        out["state"], out["message"] = "unscheduled", "%s is not scheduled: %s" % (out["name"], out["unschedulable"])
+    elif out["waiting_reason"] in PULL_WAITING:
+        out["state"] = "starting"
+        out["message"] = "%s: %s: %s" % (out["name"], out["waiting_reason"], (state.get("waiting") or {}).get("message", ""))
+    else:
+        out["state"] = "starting"
+        doing = "loading (started, not Ready)" if out["started"] else status.get("phase") or "pending"
+        out["message"] = "%s: %s" % (out["name"], out["waiting_reason"] or doing)
+    return out
+
+
+def _exit_message(out, what):
+    ex = out["last_exit"] or {}
+    code = ex.get("exit_code")
+    msg = "%s: engine container %s; last exit code %s (reason %s" % (out["name"], what, code, ex.get("reason"))
+    msg += ", finished %s)" % ex.get("finished") if ex.get("finished") else ")"
+    if code == 0:
+        msg += ". An engine server never exits 0 on its own: this is a crash whose status was masked by a " \
+               "wrapper (pipeline/nohup) or an external stop; read the engine log (kubectl logs --previous)"
+    elif code == 137:
+        msg += ". 137 = SIGKILL: OOM kill or a probe kill; check the startup probe window and memory limits"
+    return msg
+
+
+# --------------------------------------------------------------------------------------------- #
+# Rollout verdict
+# --------------------------------------------------------------------------------------------- #
+
+
+def evaluate(pods, route=None, now=None, replicas=1, schedule_timeout=900, gateway_name=None, check_route=True,
+             container="engine"):
+    """One verdict: ``dict(state=ready|waiting|failed, message, pods, route)``.
+
+    ``failed`` is final (an engine restarted or exited, a container can never be created, a pod stayed
+    unschedulable longer than ``schedule_timeout`` seconds). Route conditions that are False are left
+    to the caller's route deadline, because a controller may still converge.
+    """
+    live = [pod_status(p, container) for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    rstate = route_status(route, gateway_name) if check_route else None
+    failed = [p for p in live if p["state"] == "failed"]
+    if failed:
+        return dict(state="failed", message="; ".join(p["message"] for p in failed), pods=live, route=rstate)
+    if now is not None:
+        stuck = [p for p in live if p["state"] == "unscheduled" and p["created"] is not None
+                 and now - p["created"] > schedule_timeout]
+        if stuck:
+            return dict(state="failed", pods=live, route=rstate,
+                        message="; ".join("%s (for %ds, limit %ds)" % (p["message"], now - p["created"], schedule_timeout)
+                                          for p in stuck))
+    ready = [p for p in live if p["state"] == "ready"]
+    waiting = []
+    if len(ready) < replicas:
+        others = [p["message"] for p in live if p["state"] != "ready"]
+        waiting.append("%d/%d engine pod(s) Ready%s" % (len(ready), replicas, (": " + "; ".join(others)) if others else ""))
+    if rstate is not None and rstate["state"] != "ready":
+        waiting.append(rstate["message"])
+    if waiting:
+        return dict(state="waiting", message="; ".join(waiting), pods=live, route=rstate)
+    return dict(state="ready", message="%d/%d pod(s) Ready%s" % (len(ready), replicas,
+                "; " + rstate["message"] if rstate else ""), pods=live, route=rstate)
+
+
+# --------------------------------------------------------------------------------------------- #
+# Cold-start timeline
+# --------------------------------------------------------------------------------------------- #
+
+
+def cold_start_timeline(pod=None, marks=None):
+    """Merge a pod's own timestamps with probe marks into the cold-start timeline.
+
+    ``marks`` maps ``port_open``, ``health_ok``, ``model_listed``, ``first_correct_response`` (and
+    optionally any pod stage, e.g. ``pod_created`` for a local process start) to RFC 3339 or epoch
+    times. Returns ``dict(stages=[{stage, label, at, t_s, step_s}], slo_seconds, missing)``; ``t_s``
+    counts from pod creation, ``step_s`` from the previous recorded stage. ``slo_seconds`` is pod created
+    -> first correct response (None while either is unknown).
+    """
+    times = {}
+    if pod is not None:
+        ps = pod_status(pod)
+        times.update(pod_created=ps["created"], scheduled=ps["scheduled"], container_started=ps["started"],
+                     pod_ready=ps["ready"])
+    for key, value in (marks or {}).items():
+        if key not in dict(STAGES):
+            raise ValueError("unknown timeline stage %r; known: %s" % (key, ", ".join(STAGE_KEYS)))
+        if value is not None:
+            times[key] = parse_time(value)
+    origin = times.get("pod_created")
+    labels = dict(STAGES)
+    rank = dict((k, i) for i, k in enumerate(STAGE_KEYS))
+    missing = [k for k in STAGE_KEYS if times.get(k) is None and k != "pod_ready"]
+    # ordered by time (ties keep the natural order): a probe that starts after the pod is Ready sees the
+    # port open after Ready, and the table shows it that way rather than inventing an earlier time
+    recorded = sorted((k for k in STAGE_KEYS if times.get(k) is not None), key=lambda k: (times[k], rank[k]))
+    stages, prev = [], None
+    for key in recorded:
+        at = times[key]
+        stages.append(dict(stage=key, label=labels[key], at=iso(at),
+                           t_s=round(at - origin, 3) if origin is not None else None,
+                           step_s=round(at - prev, 3) if prev is not None else None))
+        prev = at
+    first = times.get("first_correct_response")
+    slo = round(first - origin, 3) if origin is not None and first is not None else None
+    return dict(stages=stages, slo_seconds=slo, missing=missing)
+
+
+PROBE_MILESTONES = {"port_open": "port_open", "health": "health_ok", "models": "model_listed",
+                    "first_correct": "first_correct_response"}
+
+
+def marks_from_probe(probe_timeline, since):
+    """engine_probe's ``timeline`` (seconds after ``since``) -> absolute marks for :func:`cold_start_timeline`."""
+    origin = parse_time(since)
+    marks = {}
+    for key, stage in PROBE_MILESTONES.items():
+        value = (probe_timeline or {}).get(key)
+        if isinstance(value, (int, float)) and origin is not None:
+            marks[stage] = origin + value
+    return marks
+
+
+def format_timeline(timeline, title="cold start"):
+    """A fixed-width table of a :func:`cold_start_timeline` result."""
+    rows = [("stage", "at (UTC)", "t (s)", "step (s)")]
+    for s in timeline["stages"]:
+        rows.append((s["label"], s["at"], _num(s["t_s"]), _num(s["step_s"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["%s: pod created -> first correct response = %s s" % (title, _num(timeline["slo_seconds"]))]
+    for i, r in enumerate(rows):
+        lines.append("  ".join(c.ljust(widths[j]) if j < 2 else c.rjust(widths[j]) for j, c in enumerate(r)))
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    if timeline["missing"]:
+        lines.append("not recorded: %s" % ", ".join(timeline["missing"]))
+    return "\n".join(lines)
+
+
+def _num(v):
+    return "-" if v is None else ("%.1f" % v)
+
+
+def timeline_json(timeline):
+    return json.dumps(timeline, indent=2, sort_keys=True) + "\n"
+
+
+# --------------------------------------------------------------------------------------------- #
+# Polling loop (I/O injected)
+# --------------------------------------------------------------------------------------------- #
+
+
+def wait_rollout(fetch, timeout, route_timeout=300, schedule_timeout=900, poll_interval=10, replicas=1,
+                 gateway_name=None, check_route=True, container="engine", clock=None, sleep=None, now=None):
+    """Poll ``fetch() -> (pods, route)`` until the rollout is ready, failed, or ``timeout`` seconds pass.
+
+    A route condition that stays False for ``route_timeout`` seconds fails the wait with its reason.
+    Returns the last :func:`evaluate` verdict with ``elapsed`` and ``polls`` added; ``state`` is
+    ``ready``, ``failed`` or ``timeout``.
+    """
+    import time
+
+    clock = clock or time.monotonic
+    sleep = sleep or time.sleep
+    now = now or time.time
+    start = clock()
+    route_bad_since = None
+    polls = 0
+    while True:
+        pods, route = fetch()
+        polls += 1
+        verdict = evaluate(pods, route, now=now(), replicas=replicas, schedule_timeout=schedule_timeout,
+                           gateway_name=gateway_name, check_route=check_route, container=container)
+        elapsed = clock() - start
+        verdict.update(elapsed=round(elapsed, 1), polls=polls)
+        if verdict["state"] in ("ready", "failed"):
+            return verdict
+        rstate = verdict["route"]
+        if rstate is not None and rstate["state"] == "failed":
+            route_bad_since = elapsed if route_bad_since is None else route_bad_since
+            if elapsed - route_bad_since >= route_timeout:
+                verdict.update(state="failed", message="route not usable for %ds: %s" % (route_timeout, rstate["message"]))
+                return verdict
+        else:
+            route_bad_since = None
+        if elapsed >= timeout:
+            verdict.update(state="timeout", message="not ready after %ds: %s" % (timeout, verdict["message"]))
+            return verdict
+        sleep(min(poll_interval, max(0.0, timeout - elapsed)) or poll_interval)

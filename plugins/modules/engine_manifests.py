@@ -1,0 +1,385 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: llmops.serving contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: engine_manifests
+short_description: Build the Kubernetes objects that serve one model with vLLM or SGLang behind AIBrix
+version_added: "0.1.0"
+description:
+  - Builds a Deployment (exactly O(tp_size) GPUs, staged revision mounted read-only, C(/dev/shm) in
+    memory, startup probe covering O(startup_timeout)), a Service whose name is a DNS-1035 label derived
+    from O(served_model_name), the AIBrix HTTPRoute C(<model>-router) in O(gateway_namespace) pointing at
+    that Service and, when O(namespace) differs from O(gateway_namespace), a C(v1beta1) ReferenceGrant
+    for exactly that Service.
+  - The pod carries the AIBrix labels C(model.aibrix.ai/name) (= O(served_model_name) = the request's
+    model), C(model.aibrix.ai/port) and C(model.aibrix.ai/engine).
+  - Loader settings follow O(model_source) and the expected concurrent weight reads
+    (pods x TP ranks x threads per rank) are returned in RV(read_concurrency).
+  - Every input is validated before anything is written; errors name the option and the fix.
+  - With O(render_dir) the objects are written there as YAML plus a C(kustomization.yaml); without it
+    nothing is written and the objects are only returned (apply them with M(kubernetes.core.k8s)).
+options:
+  engine:
+    description: Inference engine.
+    type: str
+    choices: [vllm, sglang]
+    default: vllm
+  served_model_name:
+    description:
+      - The model name clients send; also the AIBrix label value and the engine's C(--served-model-name).
+      - Must be a valid label value and C(<name>-router) a DNS-1123 subdomain.
+    type: str
+    required: true
+  namespace:
+    description: Namespace of the Deployment, Service and ReferenceGrant.
+    type: str
+    required: true
+  gateway_namespace:
+    description: Namespace of the AIBrix gateway and of the HTTPRoute.
+    type: str
+    default: aibrix-system
+  gateway_name:
+    description: Name of the AIBrix Gateway the route attaches to.
+    type: str
+    default: aibrix-eg
+  model_path:
+    description:
+      - Absolute path of the model revision; the same path on the node and in the container.
+      - With O(model_source=staged_nvme) it is the staged revision on the node's NVMe (hostPath, read-only).
+    type: path
+    required: true
+  model_source:
+    description:
+      - Where the weights are read from; picks the loader settings.
+      - C(staged_nvme) - vLLM C(--safetensors-load-strategy lazy); SGLang multithread load with 8 threads.
+      - C(shared_fs) - vLLM C(prefetch) with 2 threads per rank; SGLang multithread load with 2 threads.
+    type: str
+    choices: [staged_nvme, shared_fs]
+    default: staged_nvme
+  model_pvc:
+    description: With O(model_source=shared_fs), a PersistentVolumeClaim holding the models (else a hostPath).
+    type: str
+  model_pvc_sub_path:
+    description: Path of the revision inside O(model_pvc).
+    type: str
+  tp_size:
+    description: Tensor-parallel size; the pod requests exactly this many GPUs.
+    type: int
+    default: 8
+  replicas:
+    description: Number of engine pods.
+    type: int
+    default: 1
+  image:
+    description: Engine container image, preferably pinned by digest.
+    type: str
+    required: true
+  image_pull_policy:
+    description: Container image pull policy.
+    type: str
+    choices: [Always, IfNotPresent, Never]
+    default: IfNotPresent
+  image_pull_secret:
+    description: Name of an existing image pull Secret (referenced, never created here).
+    type: str
+  port:
+    description: Engine HTTP port (container port, Service port, AIBrix port label).
+    type: int
+    default: 8000
+  profile:
+    description:
+      - Built-in engine arguments. C(glm-5.2-fp8) is the field-tested GLM-5.2 FP8 TP=8 command line
+        (fp8 KV cache, 131072 context, glm47/glm45 parsers, prefix caching; SGLang with EAGLE and metrics).
+    type: str
+    choices: [glm-5.2-fp8, none]
+    default: glm-5.2-fp8
+  engine_args:
+    description:
+      - Flag name (without C(--)) to value, applied over the profile and loader settings.
+      - C(true) gives a bare flag; C(false) or C(null) removes the flag; dicts become JSON.
+    type: dict
+    default: {}
+  extra_args:
+    description: Arguments appended verbatim to the engine command line.
+    type: list
+    elements: str
+    default: []
+  command:
+    description:
+      - Container entrypoint (exec form). Defaults to C(vllm serve) or C(python3 -m sglang.launch_server).
+      - A shell wrapper is refused unless its script C(exec)s the engine without a pipeline or background job.
+    type: list
+    elements: str
+  gpu_resource:
+    description: Extended resource name of the GPUs.
+    type: str
+    default: nvidia.com/gpu
+  resources:
+    description: Extra C(requests)/C(limits) (cpu, memory, RDMA devices); the GPU count is always O(tp_size).
+    type: dict
+    default: {}
+  node_selector:
+    description: Pod nodeSelector.
+    type: dict
+    default: {}
+  affinity:
+    description: Pod affinity (Kubernetes C(affinity) object).
+    type: dict
+    default: {}
+  tolerations:
+    description:
+      - Pod tolerations; each must name a taint C(key). C(operator=Exists) without a key is refused.
+    type: list
+    elements: dict
+    default: []
+  startup_timeout:
+    description: Seconds the startup probe allows the engine to load, compile and warm up.
+    type: int
+    default: 3600
+  probe_period:
+    description: Startup probe period in seconds.
+    type: int
+    default: 10
+  kernel_cache_dir:
+    description: Node path of the kernel cache directory, mounted at the same path.
+    type: path
+  kernel_cache_env:
+    description: Environment pointing the engine's JIT caches inside O(kernel_cache_dir).
+    type: dict
+    default: {}
+  env:
+    description:
+      - Extra container env entries (C(name) with C(value) or C(valueFrom)).
+      - Names that look like secrets must use C(valueFrom.secretKeyRef).
+    type: list
+    elements: dict
+    default: []
+  hf_token_secret:
+    description: Secret holding the Hugging Face token, exposed as C(HF_TOKEN) through C(secretKeyRef).
+    type: dict
+    suboptions:
+      name:
+        description: Secret name.
+        type: str
+        required: true
+      key:
+        description: Key in the Secret.
+        type: str
+        default: token
+  shm_size:
+    description: Size limit of the in-memory C(/dev/shm) emptyDir (Kubernetes quantity).
+    type: str
+    default: 64Gi
+  loader_threads:
+    description: Loader threads per TP rank; default by O(model_source) (8 on NVMe, 2 on a shared FS).
+    type: int
+  read_streams_warn:
+    description: Warn when the expected concurrent reads from a shared FS exceed this.
+    type: int
+    default: 16
+  service_name:
+    description: Service (and Deployment) name; derived from O(served_model_name) when unset.
+    type: str
+  manage_route:
+    description: Create the HTTPRoute (and ReferenceGrant) here instead of leaving it to the AIBrix controller.
+    type: bool
+    default: true
+  route_paths:
+    description: Path prefixes the HTTPRoute matches (with header C(model) = the model name).
+    type: list
+    elements: str
+    default: [/v1/completions, /v1/chat/completions, /v1/messages, /v1/embeddings, /v1/rerank, /v1/classify,
+              /generate, /generatevideo, /v1/audio/transcriptions, /v1/audio/translations]
+  route_timeout:
+    description: HTTPRoute request timeout (Gateway API duration).
+    type: str
+    default: 120s
+  labels:
+    description: Extra pod labels.
+    type: dict
+    default: {}
+  annotations:
+    description: Extra pod annotations (for example C(model.aibrix.ai/config)).
+    type: dict
+    default: {}
+  render_dir:
+    description:
+      - Directory to write the manifests to. Unset - only return them.
+      - Files this module rendered before and no longer produces are removed.
+    type: path
+attributes:
+  check_mode:
+    description: Can run in check mode and return changed status prediction without modifying target.
+    support: full
+    details: Reports which files would change without writing them.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: full
+    details: Shows the per-file before/after of O(render_dir).
+author:
+  - LLMOps Serving maintainers (@llmops-serving)
+"""
+
+EXAMPLES = r"""
+- name: Render the vLLM engine for GitOps
+  llmops.serving.engine_manifests:
+    engine: vllm
+    served_model_name: glm-5.2-fp8-vllm
+    namespace: llm-serving
+    model_path: /mnt/nvme/models/GLM-5.2-FP8/v1
+    image: vllm/vllm-openai@sha256:0123abcd
+    tolerations:
+      - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}
+    render_dir: /srv/gitops/llm-serving/glm-5.2-fp8-vllm
+
+- name: Build the SGLang objects and apply them
+  llmops.serving.engine_manifests:
+    engine: sglang
+    served_model_name: glm-5.2-fp8-sglang-test
+    namespace: llm-lab
+    model_path: /mnt/shared/models/GLM-5.2-FP8/v1
+    model_source: shared_fs
+    image: lmsysorg/sglang:v0.5.16
+  register: engine_objects
+
+- name: Apply
+  kubernetes.core.k8s:
+    definition: "{{ engine_objects.objects }}"
+    apply: true
+"""
+
+RETURN = r"""
+objects:
+  description: The objects in apply order (Service, ReferenceGrant, HTTPRoute, Deployment).
+  returned: always
+  type: list
+  elements: dict
+service_name:
+  description: DNS-1035 Service (and Deployment) name.
+  returned: always
+  type: str
+  sample: glm-5-2-fp8-vllm
+deployment_name:
+  description: Deployment name.
+  returned: always
+  type: str
+route_name:
+  description: HTTPRoute name (C(<model>-router)); null when O(manage_route=false).
+  returned: always
+  type: str
+  sample: glm-5.2-fp8-vllm-router
+reference_grant_name:
+  description: ReferenceGrant name; null when the engine runs in the gateway namespace.
+  returned: always
+  type: str
+pod_selector:
+  description: Labels selecting the engine pods.
+  returned: always
+  type: dict
+command:
+  description: The engine's full argv (entrypoint and arguments).
+  returned: always
+  type: list
+  elements: str
+read_concurrency:
+  description: Expected concurrent weight reads (pods, tp_ranks, threads_per_rank, concurrent_reads, summary).
+  returned: always
+  type: dict
+  sample: {pods: 1, tp_ranks: 8, threads_per_rank: 2, concurrent_reads: 16, model_source: shared_fs}
+probe_windows:
+  description: Seconds each probe tolerates failures (startup, readiness, liveness).
+  returned: always
+  type: dict
+files:
+  description: Files written (or that would be written) under O(render_dir).
+  returned: always
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.llmops.serving.plugins.module_utils import _k8s_engine
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            engine=dict(type="str", choices=["vllm", "sglang"], default="vllm"),
+            served_model_name=dict(type="str", required=True),
+            namespace=dict(type="str", required=True),
+            gateway_namespace=dict(type="str", default="aibrix-system"),
+            gateway_name=dict(type="str", default="aibrix-eg"),
+            model_path=dict(type="path", required=True),
+            model_source=dict(type="str", choices=["staged_nvme", "shared_fs"], default="staged_nvme"),
+            model_pvc=dict(type="str"),
+            model_pvc_sub_path=dict(type="str"),
+            tp_size=dict(type="int", default=8),
+            replicas=dict(type="int", default=1),
+            image=dict(type="str", required=True),
+            image_pull_policy=dict(type="str", choices=["Always", "IfNotPresent", "Never"], default="IfNotPresent"),
+            image_pull_secret=dict(type="str", no_log=False),
+            port=dict(type="int", default=8000),
+            profile=dict(type="str", choices=["glm-5.2-fp8", "none"], default="glm-5.2-fp8"),
+            engine_args=dict(type="dict", default={}),
+            extra_args=dict(type="list", elements="str", default=[]),
+            command=dict(type="list", elements="str"),
+            gpu_resource=dict(type="str", default="nvidia.com/gpu"),
+            resources=dict(type="dict", default={}),
+            node_selector=dict(type="dict", default={}),
+            affinity=dict(type="dict", default={}),
+            tolerations=dict(type="list", elements="dict", default=[]),
+            startup_timeout=dict(type="int", default=3600),
+            probe_period=dict(type="int", default=10),
+            kernel_cache_dir=dict(type="path"),
+            kernel_cache_env=dict(type="dict", default={}),
+            env=dict(type="list", elements="dict", default=[]),
+            hf_token_secret=dict(type="dict", no_log=False, options=dict(
+                name=dict(type="str", required=True),
+                key=dict(type="str", default="token", no_log=False),
+            )),
+            shm_size=dict(type="str", default="64Gi"),
+            loader_threads=dict(type="int"),
+            read_streams_warn=dict(type="int", default=16),
+            service_name=dict(type="str"),
+            manage_route=dict(type="bool", default=True),
+            route_paths=dict(type="list", elements="str", default=list(_k8s_engine.AIBRIX_ROUTE_PATHS)),
+            route_timeout=dict(type="str", default="120s"),
+            labels=dict(type="dict", default={}),
+            annotations=dict(type="dict", default={}),
+            render_dir=dict(type="path"),
+        ),
+        supports_check_mode=True,
+    )
+    params = dict(module.params)
+    render_dir = params.pop("render_dir")
+    try:
+        built = _k8s_engine.build(params)
+    except _k8s_engine.SpecError as e:
+        module.fail_json(msg=str(e))
+    for warning in built.pop("warnings"):
+        module.warn(warning)
+    result = dict(changed=False, files=[], **built)
+    if render_dir:
+        files, stale, changes = _k8s_engine.plan_render(render_dir, built["objects"])
+        result["files"] = sorted(files)
+        result["changed"] = bool(changes)
+        if module._diff and changes:
+            result["diff"] = [
+                dict(before_header=name, after_header=name, before=before, after=after)
+                for name, (before, after) in sorted(changes.items())
+            ]
+        if changes and not module.check_mode:
+            try:
+                _k8s_engine.write_render(render_dir, files, stale)
+            except OSError as e:
+                module.fail_json(msg="render_dir: cannot write %s: %s" % (render_dir, e))
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

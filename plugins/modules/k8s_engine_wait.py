@@ -1,0 +1,239 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: llmops.serving contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: k8s_engine_wait
+short_description: Wait until engine pods are Ready and their AIBrix HTTPRoute is Accepted and ResolvedRefs
+version_added: "0.1.0"
+description:
+  - Polls the engine pods (by label selector) and the HTTPRoute until all O(replicas) pods are Ready and
+    every parent of the route reports C(Accepted)/C(Accepted) and C(ResolvedRefs)/C(ResolvedRefs), which is
+    what the AIBrix gateway checks before it routes.
+  - Fails at once when an engine container restarted or exited (including C(Completed)/exit 0, which for
+    a server is a masked crash), cannot be created, or a pod stays unschedulable longer than
+    O(schedule_timeout); the message carries the exit code or the scheduler's reason.
+  - Fails when a route condition stays False for O(route_timeout), naming the reason
+    (C(NotAllowedByListeners), C(BackendNotFound), C(RefNotPermitted), ...) and its usual fix.
+  - Returns each pod's cold-start timestamps (created, scheduled, container started, Ready).
+requirements:
+  - kubernetes (Python client)
+options:
+  kubeconfig:
+    description: Path to a kubeconfig. Unset - in-cluster config, then the default kubeconfig.
+    type: path
+  context:
+    description: Kubeconfig context.
+    type: str
+  namespace:
+    description: Namespace of the engine pods.
+    type: str
+    required: true
+  selector:
+    description: Labels selecting the engine pods (RV(llmops.serving.engine_manifests#module:pod_selector)).
+    type: dict
+    required: true
+  replicas:
+    description: Number of pods that must be Ready.
+    type: int
+    default: 1
+  container:
+    description: Name of the engine container in the pod.
+    type: str
+    default: engine
+  route_name:
+    description: HTTPRoute to check. Unset - only the pods are checked.
+    type: str
+  gateway_namespace:
+    description: Namespace of the HTTPRoute.
+    type: str
+    default: aibrix-system
+  gateway_name:
+    description: Only this Gateway's parent status is considered (others are ignored when present).
+    type: str
+    default: aibrix-eg
+  timeout:
+    description: Seconds to wait in total; cover image pull plus the engine's startup window.
+    type: int
+    default: 4500
+  route_timeout:
+    description: Seconds a False route condition may persist before the wait fails.
+    type: int
+    default: 300
+  schedule_timeout:
+    description: Seconds a pod may stay unschedulable before the wait fails.
+    type: int
+    default: 900
+  poll_interval:
+    description: Seconds between polls.
+    type: int
+    default: 10
+attributes:
+  check_mode:
+    description: Can run in check mode and return changed status prediction without modifying target.
+    support: full
+    details: Read-only. In check mode the state is read once and reported without waiting.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: none
+author:
+  - LLMOps Serving maintainers (@llmops-serving)
+"""
+
+EXAMPLES = r"""
+- name: Wait for the engine and its route
+  llmops.serving.k8s_engine_wait:
+    namespace: llm-serving
+    selector: "{{ engine_objects.pod_selector }}"
+    route_name: "{{ engine_objects.route_name }}"
+    timeout: 4500
+  register: engine_rollout
+"""
+
+RETURN = r"""
+state:
+  description: C(ready), or (with a failure) C(failed) / C(timeout).
+  returned: always
+  type: str
+message:
+  description: What is ready, or what is wrong and why.
+  returned: always
+  type: str
+elapsed:
+  description: Seconds waited.
+  returned: always
+  type: float
+pods:
+  description: Per pod - name, node, state, restarts, last_exit, and epoch timestamps created/scheduled/started/ready.
+  returned: always
+  type: list
+  elements: dict
+route:
+  description: Route verdict - state, accepted, resolved_refs, reason, message, per-parent conditions.
+  returned: when O(route_name) is set
+  type: dict
+timelines:
+  description: Per pod cold-start stages known from the API (created, scheduled, container started, Ready).
+  returned: always
+  type: list
+  elements: dict
+"""
+
+import json
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.llmops.serving.plugins.module_utils import _k8s_wait
+
+try:
+    from kubernetes import client as k8s_client
+    from kubernetes import config as k8s_config
+    from kubernetes.client.rest import ApiException
+    HAS_K8S = True
+    K8S_IMPORT_ERROR = None
+except ImportError:
+    HAS_K8S = False
+    K8S_IMPORT_ERROR = traceback.format_exc()
+
+
+def make_fetch(params):
+    """Return ``fetch() -> (pods, route)`` reading the live cluster."""
+    if params["kubeconfig"]:
+        k8s_config.load_kube_config(config_file=params["kubeconfig"], context=params["context"])
+    else:
+        try:
+            k8s_config.load_incluster_config()
+        except k8s_config.ConfigException:
+            k8s_config.load_kube_config(context=params["context"])
+    api = k8s_client.ApiClient()
+    core = k8s_client.CoreV1Api(api)
+    custom = k8s_client.CustomObjectsApi(api)
+    selector = ",".join("%s=%s" % kv for kv in sorted(params["selector"].items()))
+
+    # Raw JSON (no client models): the objects exactly as the API server sends them, as recorded in tests.
+    def fetch():
+        resp = core.list_namespaced_pod(params["namespace"], label_selector=selector, _preload_content=False)
+        pods = json.loads(resp.data).get("items", [])
+        route = None
+        if params["route_name"]:
+            try:
+                resp = custom.get_namespaced_custom_object(
+                    "gateway.networking.k8s.io", "v1", params["gateway_namespace"], "httproutes", params["route_name"],
+                    _preload_content=False)
+                route = json.loads(resp.data)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+        return pods, route
+
+    return fetch
+
+
+def _pod_marks(ps):
+    return dict(pod_created=ps["created"], scheduled=ps["scheduled"], container_started=ps["started"], pod_ready=ps["ready"])
+
+
+def run(module, fetch):
+    p = module.params
+    check_route = bool(p["route_name"])
+    if module.check_mode:
+        pods, route = fetch()
+        verdict = _k8s_wait.evaluate(pods, route, replicas=p["replicas"], gateway_name=p["gateway_name"],
+                                     check_route=check_route, container=p["container"])
+        verdict.update(elapsed=0.0)
+    else:
+        verdict = _k8s_wait.wait_rollout(
+            fetch, timeout=p["timeout"], route_timeout=p["route_timeout"], schedule_timeout=p["schedule_timeout"],
+            poll_interval=p["poll_interval"], replicas=p["replicas"], gateway_name=p["gateway_name"],
+            check_route=check_route, container=p["container"])
+    result = dict(
+        changed=False,
+        state=verdict["state"],
+        message=verdict["message"],
+        elapsed=verdict["elapsed"],
+        pods=verdict["pods"],
+        timelines=[dict(pod=ps["name"], **_k8s_wait.cold_start_timeline(marks=_pod_marks(ps))) for ps in verdict["pods"]],
+    )
+    if check_route:
+        result["route"] = verdict["route"]
+    if verdict["state"] == "ready" or (module.check_mode and verdict["state"] == "waiting"):
+        module.exit_json(**result)
+    module.fail_json(msg=verdict["message"], **result)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            kubeconfig=dict(type="path"),
+            context=dict(type="str"),
+            namespace=dict(type="str", required=True),
+            selector=dict(type="dict", required=True),
+            replicas=dict(type="int", default=1),
+            container=dict(type="str", default="engine"),
+            route_name=dict(type="str"),
+            gateway_namespace=dict(type="str", default="aibrix-system"),
+            gateway_name=dict(type="str", default="aibrix-eg"),
+            timeout=dict(type="int", default=4500),
+            route_timeout=dict(type="int", default=300),
+            schedule_timeout=dict(type="int", default=900),
+            poll_interval=dict(type="int", default=10),
+        ),
+        supports_check_mode=True,
+    )
+    if not module.params["selector"]:
+        module.fail_json(msg="selector: must name at least one label, e.g. the pod_selector engine_manifests returns")
+    if not HAS_K8S:
+        module.fail_json(msg=missing_required_lib("kubernetes"), exception=K8S_IMPORT_ERROR)
+    try:
+        fetch = make_fetch(module.params)
+    except Exception as e:  # kubeconfig problems surface as many exception types
+        module.fail_json(msg="kubeconfig: cannot load a Kubernetes client configuration: %s" % e)
+    run(module, fetch)
+
+
+if __name__ == "__main__":
+    main()

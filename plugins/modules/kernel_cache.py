@@ -1,0 +1,331 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: llmops.serving contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: kernel_cache
+short_description: Verify, prebuild, copy, garbage-collect and audit fingerprinted kernel-cache directories
+version_added: "0.1.0"
+description:
+  - Manages C(<cache_root>/<engine>/<fingerprint>/) directories on node-local storage. Each holds one
+    subdirectory per cache kind (vLLM C(torch_compile), C(inductor), C(triton), C(deep_gemm),
+    C(flashinfer); SGLang C(sglang), C(deep_gemm), C(jit), C(triton), C(inductor), C(flashinfer)) and a
+    C(manifest.json) with the fingerprint components, every file's size and sha256, the producer host
+    and the creation time.
+  - O(operation=verify) checks the published directory against its manifest and the expected
+    O(components) before the engine starts. A tampered, incomplete or foreign directory is moved to
+    C(<cache_root>/.quarantine/) and reported, never mounted.
+  - O(operation=prebuild) builds the cache once per fingerprint. Under a per-fingerprint lock it
+    re-checks, runs O(warmup_command) with every cache variable pointing into a private C(.partial-*)
+    directory, writes the manifest, verifies it and renames it into place. Callers that waited for
+    another builder report a hit.
+  - O(operation=sync) copies a verified directory from O(source_root) (a shared cache store, or the
+    local cache when pushing to the store) into O(cache_root), hashing every file while copying, then
+    renames it into place. Progress (bytes, rate, ETA) goes to C(.logs/<fingerprint>.sync.log).
+  - O(operation=gc) keeps the newest O(keep) fingerprints of O(engine). A fingerprint listed in
+    O(in_use) or referenced by a running process (its environment or mapped files under O(proc_root))
+    is never removed. Stale C(.partial-*) directories whose lock is free are removed too.
+  - O(operation=report) reads the engine log after start and decides C(hit) or C(miss). A start that
+    recompiled (for example vLLM's C(Compiling model again due to a load failure) or SGLang's DeepGEMM
+    pre-compile banner) is a miss, and so is one that wrote new or changed files into the restored
+    directory. Poisoned-cache signatures and MoE tuned-config fallbacks are reported too.
+  - Every operation returns RV(env), the environment the engine needs, built from O(mount_path).
+options:
+  operation:
+    description: What to do.
+    type: str
+    required: true
+    choices: [verify, prebuild, sync, gc, report]
+  cache_root:
+    description: Node-local root of the kernel caches (C(<cache_root>/<engine>/<fingerprint>)).
+    type: path
+    required: true
+  engine:
+    description: Serving engine.
+    type: str
+    required: true
+    choices: [vllm, sglang]
+  fingerprint:
+    description: RV(llmops.serving.kernel_fingerprint#module:fingerprint). Required except for O(operation=gc).
+    type: str
+  components:
+    description:
+      - RV(llmops.serving.kernel_fingerprint#module:components). Required for O(operation=verify),
+        O(operation=prebuild) and O(operation=sync); a directory whose manifest components differ is
+        never used.
+    type: dict
+  label:
+    description: Readable label recorded in the manifest.
+    type: str
+    default: ""
+  mount_path:
+    description:
+      - Where the engine sees the fingerprint directory (the container mount path in Kubernetes).
+        Defaults to the fingerprint directory itself (a local engine).
+    type: str
+  quarantine:
+    description: Move an unusable directory aside during O(operation=verify). When false it is only reported.
+    type: bool
+    default: true
+  allow_extra:
+    description:
+      - Accept files that are not in the manifest (kernels an engine added after a partial miss).
+        Changed or missing files always fail verification.
+    type: bool
+    default: true
+  warmup_command:
+    description:
+      - Command that fills the caches, as an argument list. SGLang - C(python -m sglang.compile_deep_gemm)
+        with the launch arguments. vLLM - the engine itself with O(warmup_mode=serve).
+      - Required for O(operation=prebuild).
+    type: list
+    elements: str
+  warmup_mode:
+    description:
+      - V(run) waits for the command to exit 0. V(serve) starts it, waits for a first correct response
+        from O(warmup_url), then stops it.
+    type: str
+    default: run
+    choices: [run, serve]
+  warmup_url:
+    description: OpenAI completions or chat URL polled in V(serve) mode.
+    type: str
+  warmup_body:
+    description: JSON request body posted to O(warmup_url).
+    type: dict
+    default: {}
+  warmup_expect:
+    description: Substring the response text must contain; any non-empty text counts when empty.
+    type: str
+    default: ""
+  warmup_timeout:
+    description: Seconds the warm-up may take.
+    type: int
+    default: 3600
+  warmup_env:
+    description: Extra environment for the warm-up (the cache variables are always set by the module).
+    type: dict
+    default: {}
+  warmup_chdir:
+    description: Working directory of the warm-up.
+    type: path
+  lock_timeout:
+    description: Seconds to wait for another builder of the same fingerprint.
+    type: int
+    default: 7200
+  source_root:
+    description: Cache root to copy from for O(operation=sync).
+    type: path
+  keep:
+    description: Newest fingerprints per engine kept by O(operation=gc) (in-use ones are kept on top).
+    type: int
+    default: 3
+  in_use:
+    description: Fingerprints that O(operation=gc) must keep (mounted by running pods).
+    type: list
+    elements: str
+    default: []
+  proc_root:
+    description: Root of procfs scanned for running processes that reference a fingerprint; tests point it at a fixture tree.
+    type: path
+    default: /proc
+  log_path:
+    description: Engine log read by O(operation=report).
+    type: path
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details: Reports what would be quarantined, built, copied or removed without doing it.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: none
+author:
+  - llmops.serving maintainers (@llmops)
+"""
+
+EXAMPLES = r"""
+- name: Verify the restored cache before the engine starts
+  llmops.serving.kernel_cache:
+    operation: verify
+    cache_root: /mnt/nvme/kernel-cache
+    engine: sglang
+    fingerprint: "{{ fp.fingerprint }}"
+    components: "{{ fp.components }}"
+    mount_path: /cache
+  register: kc
+
+- name: Prebuild the DeepGEMM cache once
+  llmops.serving.kernel_cache:
+    operation: prebuild
+    cache_root: /mnt/nvme/kernel-cache
+    engine: sglang
+    fingerprint: "{{ fp.fingerprint }}"
+    components: "{{ fp.components }}"
+    warmup_command: [/opt/sglang/bin/python, -m, sglang.compile_deep_gemm, --model-path, /mnt/nvme/models/m/rev, --tp, "8"]
+
+- name: Report whether the engine start hit the cache
+  llmops.serving.kernel_cache:
+    operation: report
+    cache_root: /mnt/nvme/kernel-cache
+    engine: vllm
+    fingerprint: "{{ fp.fingerprint }}"
+    log_path: /var/tmp/llmops/run/vllm.log
+
+- name: Keep the newest three fingerprints
+  llmops.serving.kernel_cache:
+    operation: gc
+    cache_root: /mnt/nvme/kernel-cache
+    engine: vllm
+    keep: 3
+    in_use: ["{{ fp.fingerprint }}"]
+"""
+
+RETURN = r"""
+status:
+  description:
+    - verify - V(hit), V(missing) or V(quarantined) (or the verification status when O(quarantine=false)).
+    - prebuild - V(built), V(hit) or V(would_build). sync - V(copied), V(hit) or V(would_copy).
+    - report - V(hit), V(miss) or V(unknown). gc - V(done).
+  returned: always
+  type: str
+cache_dir:
+  description: The fingerprint directory on this host.
+  returned: unless O(operation=gc)
+  type: str
+env:
+  description: Environment variables for the engine, all pointing inside O(mount_path).
+  returned: unless O(operation=gc)
+  type: dict
+  sample: {TRITON_CACHE_DIR: /cache/triton, SGLANG_DG_CACHE_DIR: /cache/deep_gemm}
+problems:
+  description: What failed verification (changed, missing or extra files; differing components).
+  returned: when verified
+  type: list
+  elements: str
+quarantined_to:
+  description: Where an unusable directory was moved.
+  returned: when something was quarantined
+  type: str
+details:
+  description: The full result of the operation (manifest summary, timings, log evidence, gc lists).
+  returned: always
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.llmops.serving.plugins.module_utils import _kcache
+
+NEEDS_COMPONENTS = ("verify", "prebuild", "sync")
+
+
+def _http_post(module):
+    from ansible.module_utils.urls import open_url
+
+    def post(url, body, timeout):
+        resp = open_url(url, data=module.jsonify(body), headers={"Content-Type": "application/json"},
+                        method="POST", timeout=timeout)
+        return resp.getcode(), resp.read().decode("utf-8", "replace")
+
+    return post
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            operation=dict(type="str", required=True, choices=["verify", "prebuild", "sync", "gc", "report"]),
+            cache_root=dict(type="path", required=True),
+            engine=dict(type="str", required=True, choices=sorted(_kcache.KINDS)),
+            fingerprint=dict(type="str"),
+            components=dict(type="dict"),
+            label=dict(type="str", default=""),
+            mount_path=dict(type="str"),
+            quarantine=dict(type="bool", default=True),
+            allow_extra=dict(type="bool", default=True),
+            warmup_command=dict(type="list", elements="str"),
+            warmup_mode=dict(type="str", default="run", choices=["run", "serve"]),
+            warmup_url=dict(type="str"),
+            warmup_body=dict(type="dict", default={}),
+            warmup_expect=dict(type="str", default=""),
+            warmup_timeout=dict(type="int", default=3600),
+            warmup_env=dict(type="dict", default={}),
+            warmup_chdir=dict(type="path"),
+            lock_timeout=dict(type="int", default=7200),
+            source_root=dict(type="path"),
+            keep=dict(type="int", default=3),
+            in_use=dict(type="list", elements="str", default=[]),
+            proc_root=dict(type="path", default="/proc"),
+            log_path=dict(type="path"),
+        ),
+        required_if=[
+            ("operation", "verify", ("fingerprint", "components")),
+            ("operation", "prebuild", ("fingerprint", "components", "warmup_command")),
+            ("operation", "sync", ("fingerprint", "components", "source_root")),
+            ("operation", "report", ("fingerprint", "log_path")),
+            ("warmup_mode", "serve", ("warmup_url",)),
+        ],
+        supports_check_mode=True,
+    )
+    p = module.params
+    op, engine, root = p["operation"], p["engine"], p["cache_root"]
+    if p["keep"] < 1:
+        module.fail_json(msg="keep: %d keeps nothing; set keep to 1 or more" % p["keep"])
+    if op in NEEDS_COMPONENTS and p["components"].get("engine") not in (None, engine):
+        module.fail_json(msg="components: computed for engine %s, not %s; pass the kernel_fingerprint result "
+                             "of this engine" % (p["components"].get("engine"), engine))
+    try:
+        if op == "gc":
+            res = _kcache.gc(root, engine, p["keep"], p["in_use"], p["proc_root"], module.check_mode)
+            module.exit_json(changed=res.pop("changed"), status="done", details=res)
+        fp = p["fingerprint"]
+        cache_dir = _kcache.fingerprint_dir(root, engine, fp)
+        env = _kcache.cache_env(engine, p["mount_path"] or cache_dir)
+        if op == "verify":
+            res = _kcache.restore(root, engine, fp, p["components"], p["allow_extra"], module.check_mode,
+                                  p["quarantine"], mount_path=p["mount_path"])
+        elif op == "prebuild":
+            warmup = dict(command=p["warmup_command"], mode=p["warmup_mode"], url=p["warmup_url"],
+                          body=p["warmup_body"], expect=p["warmup_expect"], timeout=p["warmup_timeout"],
+                          cwd=p["warmup_chdir"])
+            res = _kcache.prebuild(root, engine, fp, p["components"], warmup, label=p["label"],
+                                   extra_env=dict((k, str(v)) for k, v in p["warmup_env"].items()),
+                                   lock_timeout=p["lock_timeout"], allow_extra=p["allow_extra"],
+                                   check_mode=module.check_mode, http_post=_http_post(module))
+        elif op == "sync":
+            res = _kcache.sync(p["source_root"], root, engine, fp, p["components"], p["lock_timeout"],
+                               p["allow_extra"], module.check_mode)
+        else:
+            try:
+                with open(p["log_path"], "r", errors="replace") as f:
+                    text = f.read()
+            except OSError as e:
+                module.fail_json(msg="log_path: cannot read %s (%s); point it at the engine's log" % (p["log_path"], e))
+            res = _kcache.analyze_log(text, engine, cache_dir if not p["mount_path"] else p["mount_path"])
+            # kernels written into the restored dir during the start are a miss even without a log line
+            ver = _kcache.verify_dir(cache_dir, fp, None, allow_extra=False)
+            res["cache_unchanged"] = ver["ok"]
+            if ver["status"] in ("tampered", "incomplete"):
+                res["result"] = "miss"
+                res["miss_lines"].append("cache changed during start: %s" % "; ".join(ver["problems"][:5]))
+            res["status"] = res["result"]
+            res["changed"] = False
+    except (_kcache.KCacheError, OSError) as e:
+        module.fail_json(msg=str(e))
+    verify = res.pop("verify", None) or {}
+    out = dict(changed=res.pop("changed", False), status=res["status"], cache_dir=cache_dir, env=env,
+               details=res)
+    if verify:
+        out["problems"] = verify.get("problems", [])
+        res["manifest"] = verify.get("manifest")
+        res["extra_files"] = verify.get("extra_files", [])
+    if res.get("quarantined_to"):
+        out["quarantined_to"] = res["quarantined_to"]
+    module.exit_json(**out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: llmops.serving contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: kernel_fingerprint
+short_description: Compute the compile fingerprint that names an engine's kernel-cache directory
+version_added: "0.1.0"
+description:
+  - Hashes every input that changes the kernels an engine JIT-compiles (DeepGEMM, Triton, Inductor /
+    torch.compile, tvm-ffi, FlashInfer) into one short hex RV(fingerprint).
+  - Components are the engine and its version or commit; torch, triton, deep_gemm, sgl-kernel,
+    flashinfer and CUDA runtime versions; the driver version; GPU name and compute capability;
+    TP/PP/DP/EP sizes; model revision, architecture and quantization (read from the model's
+    C(config.json)); kv-cache dtype; and the kernel-affecting engine arguments.
+  - Hostnames, IPs, ports, absolute paths and dict order never change the fingerprint. Engine
+    arguments count only when they are on the engine's allow list (speculative settings,
+    C(--max-num-batched-tokens), compilation config, CUDA-graph sizes, attention/MoE backends, ...);
+    paths inside their values are reduced to their last component.
+  - With O(gather=true) the versions are read from the engine's Python environment (package metadata,
+    nothing imported) and the GPU from C(nvidia-smi); explicit values always win. On a host without a
+    GPU the CPU architecture and ISA features stand in for the GPU.
+options:
+  engine:
+    description: Serving engine whose caches are fingerprinted.
+    type: str
+    required: true
+    choices: [vllm, sglang]
+  engine_version:
+    description: Engine version or commit (e.g. C(0.11.2) or C(0.5.16b1+g1a2b3c4)). Gathered when empty and O(gather=true).
+    type: str
+  versions:
+    description:
+      - Library versions. C(torch), C(triton) and C(cuda) must be known (given or gathered); use C(none)
+        for one that does not exist on the host (CUDA on a CPU build). The others default to C(absent).
+    type: dict
+    default: {}
+    suboptions:
+      torch:
+        description: PyTorch version.
+        type: str
+      triton:
+        description: Triton version.
+        type: str
+      deep_gemm:
+        description: DeepGEMM version.
+        type: str
+      sgl_kernel:
+        description: sgl-kernel version.
+        type: str
+      flashinfer:
+        description: FlashInfer version.
+        type: str
+      cuda:
+        description: CUDA runtime version the engine's torch was built for.
+        type: str
+  driver_version:
+    description: NVIDIA driver version. Gathered from C(nvidia-smi) when empty and O(gather=true).
+    type: str
+  gpu_name:
+    description: GPU name as C(nvidia-smi) prints it (C(NVIDIA H20)). Gathered when empty and O(gather=true).
+    type: str
+  compute_capability:
+    description: GPU compute capability (C(9.0)). Gathered when empty and O(gather=true).
+    type: str
+  parallel:
+    description: Parallel layout of one engine instance.
+    type: dict
+    default: {}
+    suboptions:
+      tp:
+        description: Tensor-parallel size.
+        type: int
+        default: 1
+      pp:
+        description: Pipeline-parallel size.
+        type: int
+        default: 1
+      dp:
+        description: Data-parallel size.
+        type: int
+        default: 1
+      ep:
+        description: Expert-parallel size.
+        type: int
+        default: 1
+  model_path:
+    description: Staged model directory; its C(config.json) gives architecture and quantization.
+    type: path
+    required: true
+  model_revision:
+    description:
+      - Model revision (commit SHA). When empty, a hash of the canonical C(config.json) stands in, so a
+        changed config still changes the fingerprint.
+    type: str
+  kv_cache_dtype:
+    description: KV-cache dtype the engine runs with (C(auto), C(fp8), C(fp8_e4m3), ...).
+    type: str
+    default: auto
+  engine_args:
+    description: The engine's launch arguments; only kernel-affecting ones are counted (see RV(ignored_args)).
+    type: list
+    elements: str
+    default: []
+  gather:
+    description: Read missing versions on the target (O(engine_python) package metadata, O(nvidia_smi)).
+    type: bool
+    default: false
+  engine_python:
+    description: The engine's Python interpreter, used when O(gather=true).
+    type: path
+    default: python3
+  nvidia_smi:
+    description: Name or path of C(nvidia-smi), used when O(gather=true).
+    type: str
+    default: nvidia-smi
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details: Read-only; runs the same in check mode.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: none
+author:
+  - llmops.serving maintainers (@llmops)
+"""
+
+EXAMPLES = r"""
+- name: Fingerprint the SGLang kernel caches of a TP=8 FP8 deployment
+  llmops.serving.kernel_fingerprint:
+    engine: sglang
+    model_path: /mnt/nvme/models/glm-5.2-fp8/3f2a9c1
+    model_revision: 3f2a9c1e0b7d4c55aa01f4b9e2d8c7a6b5f4e3d2
+    parallel: {tp: 8}
+    kv_cache_dtype: fp8_e4m3
+    engine_args: [--speculative-algorithm, EAGLE, --speculative-num-steps, "3", --port, "30000"]
+    gather: true
+    engine_python: /opt/sglang/bin/python
+  register: fp
+
+- name: Explicit values, nothing gathered
+  llmops.serving.kernel_fingerprint:
+    engine: vllm
+    engine_version: 0.11.2
+    versions: {torch: 2.9.0, triton: 3.5.0, cuda: "12.8", deep_gemm: 2.1.0, flashinfer: 0.5.2}
+    driver_version: 570.86.15
+    gpu_name: NVIDIA H20
+    compute_capability: "9.0"
+    parallel: {tp: 8}
+    model_path: /mnt/nvme/models/dsv3/abc123
+    model_revision: abc123
+"""
+
+RETURN = r"""
+fingerprint:
+  description: Short hex digest (16 characters) naming the cache directory C(<cache_root>/<engine>/<fingerprint>).
+  returned: success
+  type: str
+  sample: 9f3c2a51d07e4b18
+components:
+  description: Every input of the hash, sorted by name.
+  returned: success
+  type: dict
+  sample: {engine: sglang, engine_version: 0.5.16b1, tp: 8, triton: 3.6.0, quantization: "fp8:fmt=e4m3:block=128x128"}
+label:
+  description: Readable summary of the main components (not unique; use RV(fingerprint) as the key).
+  returned: success
+  type: str
+  sample: sglang0.5.16b1-torch2.9.1-triton3.6.0-cuda12.9-NVIDIA_H20-cc9.0-tp8pp1dp1ep1-fp8-kvfp8_e4m3-3f2a9c1e0b7d
+ignored_args:
+  description: Engine argument names that were not counted because they do not affect kernels.
+  returned: success
+  type: list
+  elements: str
+  sample: [host, port, served-model-name]
+gathered:
+  description: What O(gather=true) found on the target before explicit values were applied; empty otherwise.
+  returned: success
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.llmops.serving.plugins.module_utils import _fingerprint, _preflight
+
+_VERSION_OPTS = dict((k, dict(type="str")) for k in _fingerprint.VERSION_KEYS)
+_PARALLEL_OPTS = dict((k, dict(type="int", default=1)) for k in _fingerprint.PARALLEL_KEYS)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            engine=dict(type="str", required=True, choices=list(_fingerprint.ENGINES)),
+            engine_version=dict(type="str"),
+            versions=dict(type="dict", default={}, options=_VERSION_OPTS),
+            driver_version=dict(type="str"),
+            gpu_name=dict(type="str"),
+            compute_capability=dict(type="str"),
+            parallel=dict(type="dict", default={}, options=_PARALLEL_OPTS),
+            model_path=dict(type="path", required=True),
+            model_revision=dict(type="str"),
+            kv_cache_dtype=dict(type="str", default="auto"),
+            engine_args=dict(type="list", elements="str", default=[]),
+            gather=dict(type="bool", default=False),
+            engine_python=dict(type="path", default="python3"),
+            nvidia_smi=dict(type="str", default="nvidia-smi"),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    inventory = None
+    try:
+        if p["gather"]:
+            inventory = _preflight.gpu_inventory(p["nvidia_smi"])
+        result = _fingerprint.compute(
+            engine=p["engine"], engine_version=p["engine_version"], versions=p["versions"],
+            driver_version=p["driver_version"], gpu_name=p["gpu_name"],
+            compute_capability=p["compute_capability"], parallel=p["parallel"],
+            model_path=p["model_path"], model_revision=p["model_revision"],
+            kv_cache_dtype=p["kv_cache_dtype"], engine_args=p["engine_args"], gather=p["gather"],
+            engine_python=p["engine_python"], gpu_inventory=inventory,
+        )
+    except ValueError as e:
+        module.fail_json(msg=str(e))
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,278 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: llmops.serving contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: model_stage
+short_description: Stage a model revision from a shared filesystem to node-local disk, verified and resumable
+version_added: "0.1.0"
+description:
+  - Copies the revision directory O(src) (read-only, authoritative) to O(dest) on local NVMe so engines
+    load from local disk instead of every rank reading the shared filesystem.
+  - The copy is built in C(<dest>.partial/) and published with one C(rename) together with the completion
+    marker C(<dest>/.llmops-staged.json) (file list, sizes, mtimes, verify mode, source). Nothing
+    half-copied is ever visible at O(dest).
+  - A killed copy resumes; files completely written before the kill are re-verified and reused.
+  - A re-run on a published revision compares the marker with the sizes and mtimes in O(src) without
+    reading data and reports C(changed=false).
+  - A second run for the same O(dest) on the same host waits on C(<dest>.lock) and then finds the revision
+    published.
+  - At most O(read_streams) files of O(src) are open at once on this host; with O(fleet_slots_dir) every
+    stream also holds a lease in that shared directory, capping readers across all hosts and all
+    concurrent runs at O(fleet_read_streams).
+  - Copies use C(copy_file_range) (falling back to C(sendfile), then read/write) except with
+    O(verify=sha256), where the single read also feeds the hash.
+options:
+  src:
+    description: Revision directory on the shared filesystem. Never written.
+    type: path
+    required: true
+  dest:
+    description: Published revision directory on local disk, usually C(<root>/<name>/<revision>).
+    type: path
+    required: true
+  state:
+    description:
+      - V(present) stages the revision.
+      - V(absent) removes O(dest) (and any C(<dest>.partial)); refused when O(dest) is listed in O(pinned),
+        when a process has a file under it open or mapped, or when it was not staged by this module.
+    type: str
+    choices: [present, absent]
+    default: present
+  verify:
+    description:
+      - V(size) compares sizes only.
+      - V(headers) parses every C(*.safetensors) header (8-byte length + JSON) and checks that the file size is
+        8 + N + the largest data offset, that every tensor spans shape x dtype bytes, that tensors do not
+        overlap, and that every tensor named in C(model.safetensors.index.json) exists in the shard it names.
+        The copy's header is compared with the source's, so no second full read is needed.
+      - V(sha256) does the header checks and hashes every file during the copy against O(checksums).
+    type: str
+    choices: [size, headers, sha256]
+    default: headers
+  checksums:
+    description:
+      - A C(sha256sum)-format manifest (C(<hex>  <relative path>) per line) used by O(verify=sha256).
+      - Defaults to C(SHA256SUMS) in O(src) when that file exists. Every file of O(src) except the manifest must
+        be listed.
+    type: path
+  read_streams:
+    description: Most files of O(src) this host reads at once (also the most fleet slots it holds).
+    type: int
+    default: 4
+  fleet_slots_dir:
+    description:
+      - Lease directory on the shared filesystem that caps concurrent readers fleet-wide. Every host and every
+        concurrent run must use the same directory and the same O(fleet_read_streams).
+      - Leases are exclusive-create files with a heartbeat; a lease whose holder died (same host) or that
+        has not been refreshed for O(fleet_stale_seconds) is taken over.
+    type: path
+  fleet_read_streams:
+    description: Fleet-wide cap on concurrent read streams. Required with O(fleet_slots_dir); ignored without it.
+    type: int
+  fleet_host_id:
+    description: Name this host uses in its leases. Defaults to the hostname.
+    type: str
+  fleet_stale_seconds:
+    description: A lease unchanged for this long (seen by a waiter) is considered abandoned.
+    type: float
+    default: 60.0
+  min_free_bytes:
+    description:
+      - The copy refuses to start unless the dest filesystem keeps this many bytes free after it, computed
+        from the real sizes of the files still to copy.
+    type: int
+    default: 0
+  progress_file:
+    description:
+      - JSON file rewritten every second while copying, with C(bytes_done), C(bytes_total), C(files_done),
+        C(files_total), C(rate_bytes_per_second), C(eta_seconds), C(percent) and a readable C(message).
+    type: path
+  fsync:
+    description: Flush every copied file and the directories to disk before publishing.
+    type: bool
+    default: true
+  lock_timeout:
+    description: Seconds to wait for another run holding the lock on O(dest).
+    type: int
+    default: 3600
+  keep_revisions:
+    description:
+      - After staging, keep this many staged revisions in the parent directory of O(dest) (newest first, O(dest)
+        included) and remove older ones that are neither pinned nor in use. V(0) removes nothing.
+    type: int
+    default: 0
+  pinned:
+    description: Revisions never removed, as directory names (revision ids) or absolute paths.
+    type: list
+    elements: str
+    default: []
+  proc_root:
+    description: Root of procfs, searched for processes using a revision; tests point this at a fixture tree.
+    type: path
+    default: /proc
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details: Reads and verifies O(src) and reports what would be copied and removed; writes nothing.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: full
+    details: Shows the staged file list (path and size) before and after.
+author:
+  - LLMOps Serving maintainers (@llmops-serving)
+"""
+
+EXAMPLES = r"""
+- name: Stage a revision to local NVMe, at most 16 shared-FS readers across the fleet
+  llmops.serving.model_stage:
+    src: /mnt/shared/models/glm-5.2-fp8/3f2a9c1d7e44
+    dest: /mnt/nvme/models/glm-5.2-fp8/3f2a9c1d7e44
+    read_streams: 4
+    fleet_slots_dir: /mnt/shared/.llmops/stage-slots
+    fleet_read_streams: 16
+    min_free_bytes: "{{ 50 * 1024 ** 3 }}"
+    progress_file: /var/tmp/llmops/stage-glm.json
+    keep_revisions: 2
+    pinned: [3f2a9c1d7e44]
+
+- name: Verify every byte against SHA256SUMS shipped with the revision
+  llmops.serving.model_stage:
+    src: /mnt/shared/models/tiny-llama/abc123
+    dest: /mnt/nvme/models/tiny-llama/abc123
+    verify: sha256
+
+- name: Remove an old revision (refused while an engine maps it)
+  llmops.serving.model_stage:
+    src: /mnt/shared/models/tiny-llama/old
+    dest: /mnt/nvme/models/tiny-llama/old
+    state: absent
+"""
+
+RETURN = r"""
+dest:
+  description: Absolute path of the published revision.
+  returned: always
+  type: str
+files_total:
+  description: Files in O(src).
+  returned: state=present
+  type: int
+files_copied:
+  description: Files copied by this run (would be copied, in check mode).
+  returned: state=present
+  type: int
+files_skipped:
+  description: Files already staged, or complete and verified in C(<dest>.partial) from an interrupted run.
+  returned: state=present
+  type: int
+copied_files:
+  description: Relative paths counted in RV(files_copied).
+  returned: state=present
+  type: list
+  elements: str
+bytes_total:
+  description: Bytes in O(src) (real file sizes).
+  returned: state=present
+  type: int
+bytes_copied:
+  description: Bytes copied by this run (would be copied, in check mode).
+  returned: state=present
+  type: int
+seconds:
+  description: Wall time of the module.
+  returned: state=present
+  type: float
+read_bytes_per_second:
+  description: RV(bytes_copied) divided by the copy phase's wall time.
+  returned: state=present
+  type: float
+verify:
+  description: Verification mode used.
+  returned: state=present
+  type: str
+peak_read_streams:
+  description: Most files of O(src) this run had open at once.
+  returned: state=present
+  type: int
+fleet_wait_seconds:
+  description: Seconds read streams spent waiting for a fleet slot, summed over streams.
+  returned: state=present
+  type: float
+pruned:
+  description: Older revisions removed by O(keep_revisions) (would be removed, in check mode).
+  returned: state=present
+  type: list
+  elements: str
+kept_in_use:
+  description: Older revisions O(keep_revisions) would remove but kept because a process uses them.
+  returned: state=present
+  type: list
+  elements: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.llmops.serving.plugins.module_utils import _safetensors
+from ansible_collections.llmops.serving.plugins.module_utils import _stage
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            src=dict(type="path", required=True),
+            dest=dict(type="path", required=True),
+            state=dict(type="str", choices=["present", "absent"], default="present"),
+            verify=dict(type="str", choices=["size", "headers", "sha256"], default="headers"),
+            checksums=dict(type="path"),
+            read_streams=dict(type="int", default=4),
+            fleet_slots_dir=dict(type="path"),
+            fleet_read_streams=dict(type="int"),
+            fleet_host_id=dict(type="str"),
+            fleet_stale_seconds=dict(type="float", default=60.0),
+            min_free_bytes=dict(type="int", default=0),
+            progress_file=dict(type="path"),
+            fsync=dict(type="bool", default=True),
+            lock_timeout=dict(type="int", default=3600),
+            keep_revisions=dict(type="int", default=0),
+            pinned=dict(type="list", elements="str", default=[]),
+            proc_root=dict(type="path", default="/proc"),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    for name in ("read_streams", "fleet_read_streams"):
+        if p[name] is not None and p[name] < 1:
+            module.fail_json(msg="%s: must be at least 1 (got %d)" % (name, p[name]))
+    for name in ("min_free_bytes", "keep_revisions", "lock_timeout"):
+        if p[name] < 0:
+            module.fail_json(msg="%s: must not be negative (got %d)" % (name, p[name]))
+    try:
+        if p["state"] == "absent":
+            result = _stage.remove(p["dest"], pinned=p["pinned"], check_mode=module.check_mode,
+                                   lock_timeout=p["lock_timeout"], proc_root=p["proc_root"])
+        else:
+            result = _stage.stage(
+                p["src"], p["dest"], verify=p["verify"], checksums=p["checksums"],
+                read_streams=p["read_streams"], fleet_slots_dir=p["fleet_slots_dir"],
+                fleet_read_streams=p["fleet_read_streams"], fleet_host_id=p["fleet_host_id"],
+                fleet_stale_seconds=p["fleet_stale_seconds"], min_free_bytes=p["min_free_bytes"],
+                progress_file=p["progress_file"], check_mode=module.check_mode, diff=module._diff,
+                lock_timeout=p["lock_timeout"], fsync=p["fsync"], keep_revisions=p["keep_revisions"],
+                pinned=p["pinned"], proc_root=p["proc_root"])
+    except _safetensors.CheckpointError as e:
+        module.fail_json(msg="verify: %s: %s; dest %s was left untouched" % (e.path, e.reason, p["dest"]),
+                         file=e.path, reason=e.reason)
+    except _stage.StageError as e:
+        module.fail_json(msg=str(e))
+    except OSError as e:
+        module.fail_json(msg="%s: %s (dest %s)" % (getattr(e, "filename", None) or "io", e, p["dest"]))
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""Header/index verification on hand-built good and broken safetensors files."""
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from ansible_collections.llmops.serving.plugins.module_utils import _safetensors as st
+
+
+def build(tensors, pad_header=0, trailing=b"", raw_header=None):
+    """tensors: name -> (dtype, shape, nbytes). Returns the bytes of a safetensors file."""
+    header, data, off = {}, b"", 0
+    for name, (dtype, shape, nbytes) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + nbytes]}
+        data += bytes((off + i) % 251 for i in range(nbytes))
+        off += nbytes
+    header["__metadata__"] = {"format": "pt"}
+    hb = raw_header if raw_header is not None else json.dumps(header).encode()
+    hb += b" " * pad_header
+    return struct.pack("<Q", len(hb)) + hb + data + trailing
+
+
+GOOD = {"a": ("F32", [2, 3], 24), "b": ("BF16", [4], 8), "c": ("F8_E4M3", [5], 5), "d": ("F4", [4], 2)}
+
+
+def write(tmp_path, name, blob):
+    p = tmp_path / name
+    p.write_bytes(blob)
+    return str(p)
+
+
+def test_good_file_lists_tensors_and_sizes(tmp_path):
+    path = write(tmp_path, "m.safetensors", build(GOOD, pad_header=3))
+    summary, raw = st.verify_file(path)
+    assert summary["tensors"] == ["a", "b", "c", "d"]
+    assert summary["data_bytes"] == 24 + 8 + 5 + 2
+    assert raw.startswith(b"{")
+
+
+def test_truncated_file_is_reported_with_sizes(tmp_path):
+    blob = build(GOOD)
+    path = write(tmp_path, "m.safetensors", blob[:-1])
+    with pytest.raises(st.CheckpointError) as e:
+        st.verify_file(path)
+    assert e.value.path == path
+    assert "truncated" in e.value.reason and str(len(blob)) in e.value.reason
+
+
+def test_trailing_bytes_are_rejected(tmp_path):
+    path = write(tmp_path, "m.safetensors", build(GOOD, trailing=b"xx"))
+    with pytest.raises(st.CheckpointError, match="trailing bytes"):
+        st.verify_file(path)
+
+
+def test_header_length_past_end_of_file(tmp_path):
+    path = write(tmp_path, "m.safetensors", struct.pack("<Q", 10 ** 6) + b"{}")
+    with pytest.raises(st.CheckpointError, match="header length 1000000 points past end of file"):
+        st.verify_file(path)
+
+
+def test_header_length_over_limit(tmp_path):
+    path = write(tmp_path, "m.safetensors", struct.pack("<Q", st.MAX_HEADER_BYTES + 1) + b"{}")
+    with pytest.raises(st.CheckpointError, match="exceeds"):
+        st.verify_file(path)
+
+
+def test_file_shorter_than_length_prefix(tmp_path):
+    path = write(tmp_path, "m.safetensors", b"\x01\x02")
+    with pytest.raises(st.CheckpointError, match="shorter than the 8-byte"):
+        st.verify_file(path)
+
+
+def test_garbage_json_header(tmp_path):
+    path = write(tmp_path, "m.safetensors", build({}, raw_header=b"{not json"))
+    with pytest.raises(st.CheckpointError, match="not valid UTF-8 JSON"):
+        st.verify_file(path)
+
+
+def test_duplicate_tensor_names(tmp_path):
+    hb = b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}'
+    path = write(tmp_path, "m.safetensors", struct.pack("<Q", len(hb)) + hb + b"\0")
+    with pytest.raises(st.CheckpointError, match="duplicate key"):
+        st.verify_file(path)
+
+
+def test_span_not_matching_shape_times_dtype(tmp_path):
+    blob = build({"w": ("F16", [3, 3], 17)})  # needs 18
+    path = write(tmp_path, "m.safetensors", blob)
+    with pytest.raises(st.CheckpointError, match=r"tensor w: data_offsets span 17 bytes but shape \[3, 3\] x F16 needs 18"):
+        st.verify_file(path)
+
+
+def test_unknown_dtype_and_bad_shape(tmp_path):
+    path = write(tmp_path, "a.safetensors", build({"w": ("Q7", [1], 1)}))
+    with pytest.raises(st.CheckpointError, match="unknown dtype 'Q7'"):
+        st.verify_file(path)
+    path = write(tmp_path, "b.safetensors", build({"w": ("U8", [-1], 0)}))
+    with pytest.raises(st.CheckpointError, match="non-negative"):
+        st.verify_file(path)
+
+
+def test_sub_byte_dtype_must_fill_whole_bytes(tmp_path):
+    path = write(tmp_path, "m.safetensors", build({"w": ("F4", [3], 2)}))
+    with pytest.raises(st.CheckpointError, match="not a whole number of bytes"):
+        st.verify_file(path)
+
+
+def test_overlapping_tensors(tmp_path):
+    hb = json.dumps({"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]},
+                     "b": {"dtype": "U8", "shape": [4], "data_offsets": [2, 6]}}).encode()
+    path = write(tmp_path, "m.safetensors", struct.pack("<Q", len(hb)) + hb + b"\0" * 6)
+    with pytest.raises(st.CheckpointError, match="tensor b overlaps tensor a"):
+        st.verify_file(path)
+
+
+def test_bad_metadata_type(tmp_path):
+    hb = json.dumps({"__metadata__": {"x": 1}}).encode()
+    path = write(tmp_path, "m.safetensors", struct.pack("<Q", len(hb)) + hb)
+    with pytest.raises(st.CheckpointError, match="__metadata__"):
+        st.verify_file(path)
+
+
+def _index(tmp_path, wmap):
+    p = tmp_path / st.INDEX_NAME
+    p.write_text(json.dumps({"metadata": {"total_size": 1}, "weight_map": wmap}))
+    return str(p)
+
+
+def test_index_consistent_with_shards(tmp_path):
+    path = _index(tmp_path, {"a": "s1.safetensors", "b": "s2.safetensors"})
+    st.check_index(path, st.load_index(path), {"s1.safetensors": {"a"}, "s2.safetensors": {"b", "x"}})
+
+
+def test_index_tensor_missing_from_its_shard(tmp_path):
+    path = _index(tmp_path, {"a": "s1.safetensors", "b": "s1.safetensors"})
+    with pytest.raises(st.CheckpointError) as e:
+        st.check_index(path, st.load_index(path), {"s1.safetensors": {"a"}})
+    assert e.value.path.endswith("s1.safetensors")
+    assert "tensor b is missing from its shard" in e.value.reason
+
+
+def test_index_names_missing_shard(tmp_path):
+    path = _index(tmp_path, {"a": "s9.safetensors"})
+    with pytest.raises(st.CheckpointError, match="missing shard"):
+        st.check_index(path, st.load_index(path), {"s1.safetensors": {"a"}})
+
+
+def test_index_without_weight_map(tmp_path):
+    p = tmp_path / st.INDEX_NAME
+    p.write_text(json.dumps({"metadata": {}}))
+    with pytest.raises(st.CheckpointError, match="weight_map"):
+        st.load_index(str(p))
+
+
+def test_files_written_by_the_safetensors_library_pass(tmp_path):
+    torch = pytest.importorskip("torch")
+    save_file = pytest.importorskip("safetensors.torch").save_file
+    path = str(tmp_path / "lib.safetensors")
+    save_file({"w": torch.zeros((3, 5), dtype=torch.bfloat16), "b": torch.ones(7, dtype=torch.float32),
+               "e": torch.zeros((0, 4), dtype=torch.int64)}, path)
+    summary, _raw = st.verify_file(path)
+    assert summary["tensors"] == ["b", "e", "w"]

@@ -1,0 +1,71 @@
+"""engine_manifests as a playbook sees it: render, idempotence, check and diff mode, refusals."""
+from __future__ import annotations
+
+import os
+
+import yaml
+from ansible.module_utils.common.warnings import get_warning_messages
+
+from ansible_collections.llmops.serving.plugins.modules import engine_manifests
+
+ARGS = dict(
+    engine="vllm",
+    served_model_name="glm-5.2-fp8-vllm",
+    namespace="llm-lab",
+    model_path="/mnt/nvme/models/GLM-5.2-FP8/v1",
+    image="vllm/vllm-openai:v0.26.0",
+    tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+)
+
+
+def test_returns_objects_without_writing(run_module, tmp_path):
+    r = run_module(engine_manifests, ARGS)
+    assert not r.get("failed"), r
+    assert r["changed"] is False and r["files"] == []
+    assert r["service_name"] == "glm-5-2-fp8-vllm"
+    assert r["route_name"] == "glm-5.2-fp8-vllm-router"
+    assert [o["kind"] for o in r["objects"]] == ["Service", "ReferenceGrant", "HTTPRoute", "Deployment"]
+    assert r["read_concurrency"]["concurrent_reads"] == 8
+
+
+def test_render_then_idempotent(run_module, tmp_path):
+    out = tmp_path / "gitops"
+    r1 = run_module(engine_manifests, dict(ARGS, render_dir=str(out)))
+    assert r1["changed"] is True
+    assert sorted(os.listdir(out)) == sorted(r1["files"] + [".llmops-manifests.json"])
+    dep = yaml.safe_load((out / "40-deployment-glm-5-2-fp8-vllm.yaml").read_text())
+    assert dep["spec"]["template"]["metadata"]["labels"]["model.aibrix.ai/name"] == "glm-5.2-fp8-vllm"
+    r2 = run_module(engine_manifests, dict(ARGS, render_dir=str(out)))
+    assert r2["changed"] is False
+
+
+def test_check_mode_reports_but_does_not_write(run_module, tmp_path):
+    out = tmp_path / "gitops"
+    r = run_module(engine_manifests, dict(ARGS, render_dir=str(out)), check_mode=True)
+    assert r["changed"] is True
+    assert not out.exists()
+
+
+def test_diff_shows_the_changed_file_only(run_module, tmp_path):
+    out = tmp_path / "gitops"
+    run_module(engine_manifests, dict(ARGS, render_dir=str(out)))
+    r = run_module(engine_manifests, dict(ARGS, render_dir=str(out), startup_timeout=5400), check_mode=True, diff=True)
+    assert r["changed"] is True
+    assert [d["after_header"] for d in r["diff"]] == ["40-deployment-glm-5-2-fp8-vllm.yaml"]
+    assert "failureThreshold: 360" in r["diff"][0]["before"] and "failureThreshold: 540" in r["diff"][0]["after"]
+    # check mode left the file as it was
+    assert "failureThreshold: 360" in (out / "40-deployment-glm-5-2-fp8-vllm.yaml").read_text()
+
+
+def test_refuses_key_less_exists_toleration_before_writing(run_module, tmp_path):
+    out = tmp_path / "gitops"
+    r = run_module(engine_manifests, dict(ARGS, render_dir=str(out), tolerations=[{"operator": "Exists"}]))
+    assert r["failed"] is True
+    assert "tolerations[0]: operator Exists without a key" in r["msg"]
+    assert not out.exists()
+
+
+def test_shared_fs_over_budget_warns(run_module):
+    r = run_module(engine_manifests, dict(ARGS, engine="sglang", model_source="shared_fs", replicas=4))
+    assert r["read_concurrency"]["concurrent_reads"] == 64
+    assert any("exceeds read_streams_warn" in w for w in get_warning_messages())

@@ -1,0 +1,151 @@
+"""k8s_engine_wait: the module's verdicts and messages over recorded API objects (the client is faked)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import yaml
+
+from ansible_collections.llmops.serving.plugins.module_utils import _k8s_wait
+from ansible_collections.llmops.serving.plugins.modules import k8s_engine_wait
+
+FIX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "fixtures", "k8s")
+with open(os.path.join(FIX, "pods.yaml")) as f:
+    PODS = yaml.safe_load(f)
+with open(os.path.join(FIX, "routes.yaml")) as f:
+    ROUTES = yaml.safe_load(f)
+
+ARGS = dict(namespace="llm-lab", selector={"app.kubernetes.io/name": "glm-5-2-fp8-vllm"},
+            route_name="glm-5.2-fp8-vllm-router", timeout=60, route_timeout=20, poll_interval=1)
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    """Serve a scripted sequence of (pods, route) reads; never sleeps."""
+    state = {"seq": []}
+    monkeypatch.setattr(k8s_engine_wait, "HAS_K8S", True)
+    monkeypatch.setattr(k8s_engine_wait, "make_fetch", lambda params: lambda: (
+        state["seq"].pop(0) if len(state["seq"]) > 1 else state["seq"][0]))
+    clock = {"t": 0.0}
+    real = _k8s_wait.wait_rollout
+
+    def fast(fetch, **kw):
+        return real(fetch, clock=lambda: clock["t"], sleep=lambda s: clock.__setitem__("t", clock["t"] + s),
+                    now=lambda: _k8s_wait.parse_time("2026-08-02T08:00:05Z") + clock["t"], **kw)
+
+    monkeypatch.setattr(_k8s_wait, "wait_rollout", fast)
+    return state
+
+
+def test_ready_returns_pod_timeline(run_module, cluster):
+    cluster["seq"] = [([PODS["loading"]], ROUTES["accepted"]), ([PODS["ready"]], ROUTES["accepted"])]
+    r = run_module(k8s_engine_wait, ARGS)
+    assert not r.get("failed"), r
+    assert r["state"] == "ready" and r["route"]["accepted"] and r["route"]["resolved_refs"]
+    stages = [s["stage"] for s in r["timelines"][0]["stages"]]
+    assert stages == ["pod_created", "scheduled", "container_started", "pod_ready"]
+
+
+def test_ref_not_permitted_fails_with_reason(run_module, cluster):
+    cluster["seq"] = [([PODS["ready"]], ROUTES["ref_not_permitted"])]
+    r = run_module(k8s_engine_wait, ARGS)
+    assert r["failed"] is True
+    assert "RefNotPermitted" in r["msg"] and "ReferenceGrant" in r["msg"]
+
+
+def test_crashed_engine_fails_with_exit_status(run_module, cluster):
+    cluster["seq"] = [([PODS["completed_exit0"]], ROUTES["accepted"])]
+    r = run_module(k8s_engine_wait, ARGS)
+    assert r["failed"] is True and r["state"] == "failed"
+    assert "exit code 0" in r["msg"]
+
+
+def test_check_mode_reads_once_and_does_not_fail_while_waiting(run_module, cluster):
+    cluster["seq"] = [([PODS["loading"]], ROUTES["accepted"])]
+    r = run_module(k8s_engine_wait, ARGS, check_mode=True)
+    assert not r.get("failed") and r["state"] == "waiting"
+
+
+def test_empty_selector_is_refused(run_module):
+    r = run_module(k8s_engine_wait, dict(ARGS, selector={}))
+    assert r["failed"] is True and r["msg"].startswith("selector:")
+
+
+class _FakeApiServer:
+    """A minimal API server on a port of 18300-18309 serving recorded objects through the real client."""
+
+    def __init__(self, pods, route):
+        import http.server
+        import threading
+        from urllib.parse import urlparse, parse_qs
+
+        outer = self
+        self.requests = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                url = urlparse(self.path)
+                outer.requests.append((url.path, parse_qs(url.query)))
+                if url.path == "/api/v1/namespaces/llm-lab/pods":
+                    body, code = {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": pods}, 200
+                elif url.path == "/apis/gateway.networking.k8s.io/v1/namespaces/aibrix-system/httproutes/glm-5.2-fp8-vllm-router" and route:
+                    body, code = route, 200
+                else:
+                    body, code = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}, 404
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        for port in range(18300, 18310):
+            try:
+                self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+                break
+            except OSError:
+                continue
+        else:
+            pytest.skip("no free port in 18300-18309")
+        self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def kubeconfig(self, path):
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "lab",
+            "clusters": [{"name": "lab", "cluster": {"server": self.url}}],
+            "users": [{"name": "lab", "user": {}}],
+            "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "lab"}}]}))
+        return str(path)
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_real_client_path_reads_pods_and_route(run_module, tmp_path):
+    pytest.importorskip("kubernetes")
+    srv = _FakeApiServer([PODS["ready"]], ROUTES["accepted"])
+    try:
+        r = run_module(k8s_engine_wait, dict(ARGS, kubeconfig=srv.kubeconfig(tmp_path / "kubeconfig")))
+    finally:
+        srv.close()
+    assert not r.get("failed"), r
+    assert r["state"] == "ready" and r["pods"][0]["name"] == "glm-5-2-fp8-vllm-7d9c6b5f4-k7w9m"
+    assert r["pods"][0]["created"] == _k8s_wait.parse_time("2026-08-02T08:00:05Z")
+    assert ("/api/v1/namespaces/llm-lab/pods", {"labelSelector": ["app.kubernetes.io/name=glm-5-2-fp8-vllm"]}) in srv.requests
+
+
+def test_real_client_missing_route_times_out_with_not_found(run_module, tmp_path):
+    pytest.importorskip("kubernetes")
+    srv = _FakeApiServer([PODS["ready"]], None)
+    try:
+        r = run_module(k8s_engine_wait, dict(ARGS, kubeconfig=srv.kubeconfig(tmp_path / "kubeconfig"), timeout=1, poll_interval=1))
+    finally:
+        srv.close()
+    assert r["failed"] is True and r["state"] == "timeout"
+    assert "HTTPRoute does not exist" in r["msg"]

@@ -1,0 +1,55 @@
+"""llmops.serving.pd_manifests: render to a directory, idempotent, honest check and diff mode."""
+from __future__ import annotations
+
+import os
+
+import yaml
+
+from ansible_collections.llmops.serving.plugins.modules import pd_manifests
+
+ARGS = dict(model_name="glm-5.2-fp8", image="vllm/vllm-openai:v0.10.1", model_path="/models/glm",
+            ucx_net_devices="mlx5_0:1,mlx5_1:1")
+
+
+def test_renders_writes_and_is_idempotent(run_module, tmp_path):
+    dest = str(tmp_path / "pd")
+    check = run_module(pd_manifests, dict(ARGS, dest=dest), check_mode=True, diff=True)
+    assert check["changed"] is True and not os.path.exists(dest)
+    assert any(d["after_header"].endswith("stormservice-glm-5-2-fp8.yaml") for d in check["diff"])
+    first = run_module(pd_manifests, dict(ARGS, dest=dest))
+    assert first["changed"] is True
+    assert first["files"] == ["10-stormservice-glm-5-2-fp8.yaml", "kustomization.yaml"]
+    with open(os.path.join(dest, first["files"][0])) as f:
+        obj = yaml.safe_load(f)
+    assert obj["kind"] == "StormService" and obj == first["objects"][0]
+    again = run_module(pd_manifests, dict(ARGS, dest=dest))
+    assert again["changed"] is False
+
+
+def test_switching_transport_rewrites_only_ucx_tls(run_module, tmp_path):
+    dest = str(tmp_path / "pd")
+    run_module(pd_manifests, dict(ARGS, dest=dest, transport="rdma"))
+    r = run_module(pd_manifests, dict(ARGS, dest=dest, transport="tcp"), diff=True)
+    assert r["changed"] is True and len(r["diff"]) == 1
+    before = r["diff"][0]["before"].splitlines()
+    after = r["diff"][0]["after"].splitlines()
+    changed = [(a, b) for a, b in zip(before, after) if a != b]
+    assert len(before) == len(after) and len(changed) == 2
+    assert all("rc,ud,sm,self" in a and "tcp,sm,self" in b for a, b in changed)
+
+
+def test_switching_mode_removes_stale_files(run_module, tmp_path):
+    dest = str(tmp_path / "pd")
+    run_module(pd_manifests, dict(ARGS, dest=dest))
+    r = run_module(pd_manifests, dict(ARGS, dest=dest, mode="deployments", proxy_source="print('proxy')\n"))
+    assert r["removed"] == ["10-stormservice-glm-5-2-fp8.yaml"]
+    assert not os.path.exists(os.path.join(dest, "10-stormservice-glm-5-2-fp8.yaml"))
+    assert [o["kind"] for o in r["objects"]] == ["Deployment", "Service", "Deployment", "Service", "ConfigMap",
+                                                 "Deployment", "Service"]
+
+
+def test_bad_input_fails_before_writing(run_module, tmp_path):
+    dest = str(tmp_path / "pd")
+    r = run_module(pd_manifests, dict(ARGS, dest=dest, gpus=2))
+    assert r["failed"] and r["msg"].startswith("gpus: 2 GPUs cannot hold tensor parallel size 8")
+    assert not os.path.exists(dest)
