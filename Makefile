@@ -15,8 +15,7 @@ export PATH := $(VENV)/bin:$(PATH)
 .PHONY: demo test venv install lint sanity unit integration molecule clean stop
 
 demo: install
-	ansible-playbook playbooks/site.yml -i inventories/local
-	ansible-playbook playbooks/verify_transport.yml -i inventories/local
+	ansible-playbook -i inventories/local playbooks/site.yml playbooks/verify_transport.yml
 
 # pytest runs last so that its summary line closes the output.
 test: install lint sanity molecule

@@ -707,6 +707,9 @@ def gc(cache_root, engine, keep, in_use=(), proc_root="/proc", check_mode=False,
 
 # ---- hit / miss from the engine log ------------------------------------------------------------------
 
+START_BANNER = re.compile(r"^==== \S+ starting: ", re.M)
+
+
 def analyze_log(text, engine, cache_dir=None):
     """Decide whether a start used the restored cache, from the engine's own log lines.
 
@@ -715,6 +718,11 @@ def analyze_log(text, engine, cache_dir=None):
     """
     signs = LOG_SIGNS[engine]
     hits, misses, poison, moe, dirs = [], [], [], [], []
+    # engine_process appends every start to one log behind a "==== <time> starting:" banner: judge only
+    # the latest start, never an older one's compile lines.
+    starts = [m.start() for m in START_BANNER.finditer(text)]
+    if starts:
+        text = text[starts[-1]:]
     for line in text.splitlines():
         if any(s in line for s in signs["miss"]):
             misses.append(line.strip()[-300:])

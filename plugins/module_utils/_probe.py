@@ -265,6 +265,9 @@ def _check_tool_call(http, check, model, warnings):
     choice_opt = check.get("tool_choice") or "required"
     msg, choice, headers, ms = _chat(http, check, model, {"tools": tools, "tool_choice": choice_opt})
     calls = msg.get("tool_calls") or []
+    if not calls and choice.get("finish_reason") == "length":
+        raise CheckFailed("tool_call: the answer hit max_tokens (%s) before the tool call was complete; raise "
+                          "max_tokens" % check.get("max_tokens"))
     if not calls:
         raise CheckFailed("tool_call: no tool_calls in the answer (content: %r); is the engine started with a tool "
                           "call parser (vLLM --enable-auto-tool-choice --tool-call-parser ...)?"

@@ -75,7 +75,7 @@ def test_every_probe_kind_on_the_real_engine(run_module, local_engine, reference
         {"type": "completion", "prompt": first["prompt"], "expect_token_ids": first["token_ids"]},
         {"type": "chat", "prompt": "Hello", "max_tokens": 8, "expect": chat_text},
         {"type": "json_schema", "prompt": "Answer yes or no.", "schema": schema, "max_tokens": 32},
-        {"type": "tool_call", "prompt": "Weather in Paris?", "tools": tools, "max_tokens": 48,
+        {"type": "tool_call", "prompt": "Weather in Paris?", "tools": tools, "max_tokens": 128,
          "expect_function": "get_weather"},
         {"type": "stream", "prompt": first["prompt"], "max_tokens": 16, "expect": first["text"],
          "stream_timeout": 60},

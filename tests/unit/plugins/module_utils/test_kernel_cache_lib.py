@@ -299,3 +299,16 @@ def test_triton_groups_follow_the_directory(tmp_path):
     with open(grp, "w") as f:
         json.dump({"child_paths": {"k.cubin": "/cache/triton/KEYHASH/evil.cubin"}}, f)
     assert _kcache.verify_dir(final_b, FP, COMPONENTS)["status"] == "tampered"
+
+
+def test_analyze_log_judges_only_the_latest_start():
+    from ansible_collections.llmops.serving.plugins.module_utils import _kcache
+
+    old = ("==== 2026-11-29T23:52:00Z starting: python -m vllm.entrypoints.openai.api_server\n"
+           "INFO [decorators.py:743] [backbone] saved AOT compiled function to /root/.cache/vllm/x\n"
+           "Compiling model again due to a load failure\n"
+           "==== 2026-11-29T23:59:00Z exited: returncode=0\n")
+    new = "==== 2026-11-30T00:30:00Z starting: python -m vllm.entrypoints.openai.api_server\nINFO ready\n"
+    both = _kcache.analyze_log(old + new, "vllm")
+    assert both["miss_lines"] == []
+    assert _kcache.analyze_log(old, "vllm")["result"] == "miss"
