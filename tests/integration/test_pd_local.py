@@ -39,9 +39,7 @@ def pd_pair(tmp_path_factory):
     model = generate_model(str(base / "models"), name="tiny-llama", seed=0)
     root = base / "llmops"
     common = ["-e", "pd_disagg_platform=local", "-e", "pd_disagg_local_model_path=%s" % model["path"],
-              "-e", "pd_disagg_local_python=%s" % sys.executable,
-              # eager engines start without compiling: two compiling engines on 2 cores starve each other
-              "-e", '{"pd_disagg_engine_extra_args": ["--enforce-eager"]}']
+              "-e", "pd_disagg_local_python=%s" % sys.executable]
     yield {"root": root, "common": common, "model": model}
     # Stop through the role itself (pd_state=absent), whatever the tests did.
     stop_play = base / "stop.yml"
