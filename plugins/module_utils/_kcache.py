@@ -33,6 +33,8 @@ import subprocess
 import tempfile
 import time
 
+from ansible_collections.llmops.serving.plugins.module_utils import _fsutil
+
 MANIFEST = "manifest.json"
 MANIFEST_SCHEMA = 1
 QUARANTINE = ".quarantine"
@@ -548,17 +550,7 @@ def prebuild(cache_root, engine, fingerprint, components, warmup, label="", extr
         return res
 
 
-def _fsync_dir(path):
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+_fsync_dir = _fsutil.fsync_dir
 
 
 # ---- copy between a shared store and node-local NVMe -----------------------------------------------

@@ -8,6 +8,8 @@ import json
 import os
 import subprocess
 
+from ansible_collections.llmops.serving.plugins.module_utils import _fsutil
+
 GPU_QUERY = "name,count,compute_cap,driver_version,memory.total,pci.bus_id"
 
 
@@ -109,12 +111,7 @@ def rdma_devices(sysfs_root):
 
 def disk_space(path):
     """Free/total bytes of the filesystem that holds ``path`` (or its nearest existing parent)."""
-    probe = os.path.abspath(path)
-    while not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
+    probe = _fsutil.nearest_existing(path)
     st = os.statvfs(probe)
     return {
         "path": path,

@@ -30,6 +30,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+from ansible_collections.llmops.serving.plugins.module_utils import _fsutil
 from ansible_collections.llmops.serving.plugins.module_utils import _fleet_slots
 from ansible_collections.llmops.serving.plugins.module_utils import _safetensors
 
@@ -449,27 +450,11 @@ def _unlink(path):
         pass
 
 
-def _fsync_dir(path):
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+_fsync_dir = _fsutil.fsync_dir
 
 
 def _free_bytes(path):
-    probe = path
-    while not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
-    st = os.statvfs(probe)
+    st = os.statvfs(_fsutil.nearest_existing(path))
     return st.f_bavail * st.f_frsize
 
 
