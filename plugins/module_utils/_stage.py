@@ -611,13 +611,7 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
         return _finish_check(src, dest, verify, checksums, result, diff, t0, _finish)
 
     with DestLock(dest, lock_timeout):
-        files = scan_tree(src)
-        result["files_total"] = len(files)
-        result["bytes_total"] = sum(f["size"] for f in files)
-        marker = read_marker(dest) if os.path.isdir(dest) else None
-        if os.path.exists(dest) and marker is None:
-            raise StageError("dest: %s exists but has no %s, so it was not staged by this module; remove it "
-                             "or choose another dest" % (dest, MARKER))
+        files, marker = _scan_src_and_marker(src, dest, result)
         if marker is not None and marker.get("source") == src and _meta(marker["files"]) == _meta(files):
             if _strength(marker.get("verify")) >= _strength(verify):
                 result["files_skipped"] = len(files)
@@ -700,7 +694,8 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
         return _finish()
 
 
-def _finish_check(src, dest, verify, checksums, result, diff, t0, finish):
+def _scan_src_and_marker(src, dest, result):
+    """List src, record its totals in ``result`` and read dest's marker; refuse a dest not staged by us."""
     files = scan_tree(src)
     result["files_total"] = len(files)
     result["bytes_total"] = sum(f["size"] for f in files)
@@ -708,6 +703,11 @@ def _finish_check(src, dest, verify, checksums, result, diff, t0, finish):
     if os.path.exists(dest) and marker is None:
         raise StageError("dest: %s exists but has no %s, so it was not staged by this module; remove it "
                          "or choose another dest" % (dest, MARKER))
+    return files, marker
+
+
+def _finish_check(src, dest, verify, checksums, result, diff, t0, finish):
+    files, marker = _scan_src_and_marker(src, dest, result)
     if marker is not None and marker.get("source") == src and _meta(marker["files"]) == _meta(files) \
             and _strength(marker.get("verify")) >= _strength(verify):
         result["files_skipped"] = len(files)
