@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: llmops.serving contributors
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """vLLM-CPU engine start on the tiny demo model: cold (empty cache, built through the kernel_cache
 prebuild path) vs restored (a fresh process on a copy synced into another cache root, as a second
 node would get it).

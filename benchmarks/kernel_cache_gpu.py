@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: llmops.serving contributors
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """GPU: a set of real Triton kernels compiled through the kernel_cache prebuild path, then restored.
 
 Per run: (1) ``_kcache.prebuild`` on "node A" runs benchmarks/kernel_cache_triton_set.py as the

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: llmops.serving contributors
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """A set of real Triton kernels compiled (or loaded from TRITON_CACHE_DIR) in one fresh process.
 
 The kernel is a fused-MoE-style grouped GEMM, the shape of vLLM's / SGLang's ``fused_moe_kernel``:

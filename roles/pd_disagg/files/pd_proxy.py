@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: llmops.serving contributors
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Prefill/decode router for vLLM NixlConnector pairs (standard library only).
 
 Speaks the protocol of AIBrix's ``pd`` routing strategy and of vLLM's P/D proxy:
