@@ -448,6 +448,7 @@ class _Copier:
             offset += n
             self.progress.add(n)
 
+
 class RawFile:
     """A file descriptor that uses O_DIRECT while the filesystem and the alignment allow it.
 
