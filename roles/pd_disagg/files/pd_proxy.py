@@ -239,6 +239,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self._error(502, msg)
             return
         route = {"prefill-target-pod-ip": p.addr, "target-pod-ip": d.addr, "x-request-id": request_id}
+        ok = resp.status == 200
+        recorded = []
+
+        def done():
+            # recorded before the client sees the end of the answer, so /proxy/stats read right after an
+            # answer always includes it
+            recorded.append(True)
+            r.count(decode_s=time.monotonic() - t0, completed=1 if ok else 0, failed=0 if ok else 1)
+
         try:
             self.send_response(resp.status)
             self.send_header("Content-Type", resp.getheader("Content-Type", "application/json"))
@@ -253,16 +262,20 @@ class Handler(http.server.BaseHTTPRequestHandler):
                         break
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                     self.wfile.flush()
+                done()
                 self.wfile.write(b"0\r\n\r\n")
             else:
                 data = resp.read()
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
+                done()
                 self.wfile.write(data)
+        except (OSError, http.client.HTTPException) as e:
+            if not recorded:  # decode broke off mid-answer: the client got a truncated answer
+                r.count(failed=1, last_error="decode %s broke off: %s" % (d.addr, e))
+            raise
         finally:
             conn.close()
-        ok = resp.status == 200
-        r.count(decode_s=time.monotonic() - t0, completed=1 if ok else 0, failed=0 if ok else 1)
 
 
 def build_server(host, port, router):

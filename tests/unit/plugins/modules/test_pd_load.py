@@ -31,6 +31,7 @@ class Engine(http.server.BaseHTTPRequestHandler):
     role = "colocated"
     seen = None
     drop_kv = False
+    truncate = False
 
     def log_message(self, *a):
         pass
@@ -63,6 +64,13 @@ class Engine(http.server.BaseHTTPRequestHandler):
             if not kv or kv.get("remote_engine_id") != "p-engine":
                 self._send(400, {"error": "no kv"})
                 return
+            if self.truncate:  # promise 1000 bytes, send a few, hang up: an engine dying mid-answer
+                self.send_response(200)
+                self.send_header("Content-Length", "1000")
+                self.end_headers()
+                self.wfile.write(b'{"choices": [')
+                self.close_connection = True
+                return
             self._send(200, {"choices": [{"text": greedy(body["prompt"], body["max_tokens"])}]})
         else:
             self._send(200, {"choices": [{"text": greedy(body["prompt"], body["max_tokens"])}]})
@@ -79,11 +87,12 @@ def pair():
     seen = []
     servers = []
     for role, port in (("prefill", PREFILL), ("decode", DECODE), ("colocated", COLOCATED)):
-        handler = type("E" + role, (Engine,), {"role": role, "seen": seen, "drop_kv": False})
+        handler = type("E" + role, (Engine,), {"role": role, "seen": seen, "drop_kv": False, "truncate": False})
         servers.append(_serve(http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)))
     router = pd_proxy.Router(["http://127.0.0.1:%d" % PREFILL], ["http://127.0.0.1:%d" % DECODE])
     servers.append(_serve(pd_proxy.build_server("127.0.0.1", PROXY, router)))
-    yield {"seen": seen, "router": router, "prefill_handler": servers[0].RequestHandlerClass}
+    yield {"seen": seen, "router": router, "prefill_handler": servers[0].RequestHandlerClass,
+           "decode_handler": servers[1].RequestHandlerClass}
     for s in servers:
         s.shutdown()
         s.server_close()
@@ -136,6 +145,22 @@ def test_prefill_without_kv_params_is_a_clear_502(run_module, pair):
     assert r["failed"] and "HTTP Error 502" in r["msg"]
     assert "returned no kv_transfer_params" in r["msg"] and "NixlConnector" in r["msg"]
     assert pair["router"].stats["failed"] == 1
+
+
+def test_decode_breaking_off_mid_answer_counts_as_failed(pair, capsys):
+    from urllib.error import URLError
+    from urllib.request import Request, urlopen
+    from http.client import HTTPException
+    pair["decode_handler"].truncate = True
+    req = Request("http://127.0.0.1:%d/v1/completions" % PROXY, method="POST",
+                  data=json.dumps({"model": "tiny", "prompt": "abc", "max_tokens": 2}).encode(),
+                  headers={"Content-Type": "application/json"})
+    with pytest.raises((URLError, HTTPException, ConnectionError)):
+        with urlopen(req, timeout=10) as resp:
+            resp.read()
+    stats = pair["router"].stats
+    assert stats["completed"] == 0 and stats["failed"] == 1
+    assert "broke off" in stats["last_error"] and "127.0.0.1:%d" % DECODE in stats["last_error"]
 
 
 def test_proxy_health_and_models(pair):
