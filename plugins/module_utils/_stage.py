@@ -374,7 +374,7 @@ class _Copier:
                     digest = self._copy_user(fin, fout, size, src_path)
                 else:
                     digest = None
-                    self._copy_kernel(fin.fd, fout.fd, size, src_path)
+                    self._copy_kernel(fin, fout, size, src_path)
                 if fin.went_direct and fout.went_direct:
                     with self._lock:
                         self.direct_files += 1
@@ -389,13 +389,12 @@ class _Copier:
             self._leave()
             fin.close()
 
-    def _copy_user(self, fin, fout, size, src_path):
-        """Read into one aligned buffer, hash it in sha256 mode, write it out."""
+    def _copy_user(self, fin, fout, size, src_path, offset=0):
+        """Read into one aligned buffer, hash it in sha256 mode, write it out (from ``offset`` on)."""
         h = hashlib.sha256() if self.mode == "sha256" else None
         buf = mmap.mmap(-1, DIRECT_BUF)  # anonymous mappings are page-aligned, as O_DIRECT needs
         try:
             with memoryview(buf) as mv:
-                offset = 0
                 while offset < size:
                     self._check_cancel()
                     with mv[:DIRECT_BUF if fin.direct else HASH_BUF] as target:
@@ -418,31 +417,27 @@ class _Copier:
             raise StageError("cancelled after another file failed")
 
     def _copy_kernel(self, fin, fout, size, src_path):
+        """In-kernel copy of two buffered files; where neither call works, the rest goes through _copy_user."""
         offset = 0
         use = "copy_file_range" if hasattr(os, "copy_file_range") else "sendfile"
         while offset < size:
             self._check_cancel()
             count = min(CHUNK, size - offset)
-            n = 0
-            if use == "copy_file_range":
-                try:
-                    n = os.copy_file_range(fin, fout, count, offset, offset)
-                except OSError as e:
-                    if e.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM):
-                        raise
+            try:
+                if use == "copy_file_range":
+                    n = os.copy_file_range(fin.fd, fout.fd, count, offset, offset)
+                else:
+                    os.lseek(fout.fd, offset, os.SEEK_SET)
+                    n = os.sendfile(fout.fd, fin.fd, offset, count)
+            except OSError as e:
+                if use == "copy_file_range" and e.errno in (errno.EXDEV, errno.EINVAL, errno.ENOSYS,
+                                                            errno.EOPNOTSUPP, errno.EPERM):
                     use = "sendfile"
                     continue
-            elif use == "sendfile":
-                try:
-                    os.lseek(fout, offset, os.SEEK_SET)
-                    n = os.sendfile(fout, fin, offset, count)
-                except OSError as e:
-                    if e.errno not in (errno.EINVAL, errno.ENOSYS):
-                        raise
-                    use = "readwrite"
-                    continue
-            else:
-                n = _pread_write(fin, fout, offset, count)
+                if use == "sendfile" and e.errno in (errno.EINVAL, errno.ENOSYS):
+                    self._copy_user(fin, fout, size, src_path, offset)
+                    return
+                raise
             if n == 0:
                 raise _safetensors.CheckpointError(src_path, "file ended early at byte %d of %d" % (offset, size))
             offset += n
@@ -516,14 +511,6 @@ class RawFile:
 
     def close(self):
         os.close(self.fd)
-
-
-def _pread_write(fin, fout, offset, count):
-    data = os.pread(fin, min(count, HASH_BUF), offset)
-    written = 0
-    while written < len(data):
-        written += os.pwrite(fout, data[written:], offset + written)
-    return len(data)
 
 
 def _fadvise(fd, advice):

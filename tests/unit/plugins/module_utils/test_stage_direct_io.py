@@ -1,4 +1,4 @@
-"""model_stage's O_DIRECT copy path: unaligned sizes, and buffered fallback wherever direct I/O is refused."""
+"""model_stage's copy paths: O_DIRECT at unaligned sizes, and each fallback (direct refused, kernel copy refused)."""
 from __future__ import annotations
 
 import errno
@@ -122,3 +122,20 @@ def test_other_io_errors_are_not_swallowed_by_the_fallback(tree, monkeypatch):
     with pytest.raises(_stage.StageError, match="copy of .*buffer.* failed: .*Input/output error"):
         _stage.stage(tree["src"], tree["dest"], verify="size")
     assert not os.path.exists(tree["dest"])
+
+
+def test_buffered_copy_falls_back_from_copy_file_range_to_sendfile_to_read_write(tree, monkeypatch):
+    calls = {"copy_file_range": 0, "sendfile": 0}
+
+    def refuse(name, err):
+        def call(*args):
+            calls[name] += 1
+            raise OSError(err, os.strerror(err))
+        return call
+
+    monkeypatch.setattr(os, "copy_file_range", refuse("copy_file_range", errno.EXDEV))
+    monkeypatch.setattr(os, "sendfile", refuse("sendfile", errno.EINVAL))
+    r = _stage.stage(tree["src"], tree["dest"], verify="headers", direct_io=False)
+    assert r["changed"] and r["direct_io_files"] == 0
+    assert calls["copy_file_range"] and calls["sendfile"]
+    _assert_identical(tree["src"], tree["dest"])
