@@ -454,29 +454,28 @@ class RawFile:
 
     def __init__(self, path, flags, direct, mode=0o600):
         self.direct = False
-        self._was_direct = False
         self.refused = False  # the filesystem refused O_DIRECT (at open or later), not just an unaligned tail
         if direct and hasattr(os, "O_DIRECT"):
             try:
                 self.fd = os.open(path, flags | os.O_DIRECT, mode)
-                self.direct = True
+                self.direct = self.opened_direct = True
                 return
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise
                 self.refused = True
         self.fd = os.open(path, flags, mode)
+        self.opened_direct = False
 
     @property
     def went_direct(self):
         """True when the data moved with O_DIRECT (apart from an unaligned tail)."""
-        return not self.refused and (self.direct or self._was_direct)
+        return self.opened_direct and not self.refused
 
     def buffered(self, refused=False):
         if self.direct:
             fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
             self.direct = False
-            self._was_direct = True
         self.refused = self.refused or refused
 
     def read_at(self, mv, offset):
