@@ -45,6 +45,11 @@ def _no_duplicates(pairs):
     return out
 
 
+def _short(err):
+    """A JSON error without the document text (``json`` errors carry only a position, but stay bounded)."""
+    return str(err)[:160]
+
+
 def read_header_bytes(fobj, path, file_size):
     """Read the raw header from an open binary file; returns ``(N, header_bytes)``."""
     if file_size < 8:
@@ -66,10 +71,15 @@ def read_header_bytes(fobj, path, file_size):
 
 def parse_header(path, n, data):
     """Decode the JSON header; returns the dict of tensors (without ``__metadata__``)."""
+    if not data.startswith(b"{"):
+        # safetensors/src/tensor.rs: SafeTensorError::InvalidHeaderStart
+        raise CheckpointError(path, "header does not start with '{'")
     try:
         header = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except RecursionError:
+        raise CheckpointError(path, "header JSON is nested too deeply to be a safetensors header")
     except (UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError(path, "header is not valid UTF-8 JSON (%s)" % e)
+        raise CheckpointError(path, "header is not valid UTF-8 JSON (%s)" % _short(e))
     if not isinstance(header, dict):
         raise CheckpointError(path, "header is not a JSON object")
     meta = header.pop("__metadata__", None)
@@ -114,11 +124,19 @@ def check_header(path, n, header, file_size):
                 path, "tensor %s: data_offsets span %d bytes but shape %s x %s needs %d"
                 % (name, offs[1] - offs[0], info["shape"], info["dtype"], want))
         spans.append((offs[0], offs[1], name))
+    # Upstream rule (huggingface/safetensors, safetensors/src/tensor.rs, Metadata::validate): sorted by offset,
+    # each tensor starts exactly where the previous one ended and the last one ends at the end of the buffer,
+    # so there is neither an overlap nor a hole (bytes no tensor owns) for safe_open to refuse later.
     spans.sort()
     prev_end, prev_name = 0, None
     for begin, end, name in spans:
         if begin < prev_end:
             raise CheckpointError(path, "tensor %s overlaps tensor %s" % (name, prev_name))
+        if begin > prev_end:
+            raise CheckpointError(
+                path, "tensor %s starts at byte %d but %s ends at %d: a hole of %d bytes no tensor owns "
+                "(safe_open refuses such a file)" % (name, begin, prev_name or "the data buffer's start", prev_end,
+                                                     begin - prev_end))
         prev_end, prev_name = end, name
     data_end = max((s[1] for s in spans), default=0)
     expected = 8 + n + data_end

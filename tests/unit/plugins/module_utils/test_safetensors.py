@@ -162,3 +162,49 @@ def test_files_written_by_the_safetensors_library_pass(tmp_path):
                "e": torch.zeros((0, 4), dtype=torch.int64)}, path)
     summary, _raw = st.verify_file(path)
     assert summary["tensors"] == ["b", "e", "w"]
+
+
+# Upstream rules restated here: huggingface/safetensors safetensors/src/tensor.rs (Metadata::validate:
+# InvalidOffset when a tensor does not start where the previous ended; MetadataIncompleteBuffer when the
+# tensors do not cover the whole buffer; InvalidHeaderStart when the header is not a JSON object).
+
+def test_hole_between_tensors_is_refused_like_safe_open(tmp_path):
+    header = {"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]},
+              "b": {"dtype": "U8", "shape": [4], "data_offsets": [8, 12]}}
+    hb = json.dumps(header).encode()
+    path = write(tmp_path, "hole.safetensors", struct.pack("<Q", len(hb)) + hb + b"\1" * 12)
+    with pytest.raises(st.CheckpointError, match="hole of 4 bytes"):
+        st.verify_file(path)
+
+
+def test_hole_before_the_first_tensor_is_refused(tmp_path):
+    header = {"a": {"dtype": "U8", "shape": [4], "data_offsets": [4, 8]}}
+    hb = json.dumps(header).encode()
+    path = write(tmp_path, "lead.safetensors", struct.pack("<Q", len(hb)) + hb + b"\1" * 8)
+    with pytest.raises(st.CheckpointError, match="hole"):
+        st.verify_file(path)
+
+
+@pytest.mark.parametrize("nest", ["[" * 20000 + "]" * 20000, '{"a":' * 20000 + "1" + "}" * 20000])
+def test_nested_json_bomb_is_a_clean_error(tmp_path, nest):
+    hb = ('{"x": %s}' % nest).encode()
+    path = write(tmp_path, "bomb.safetensors", struct.pack("<Q", len(hb)) + hb)
+    with pytest.raises(st.CheckpointError) as e:
+        st.verify_file(path)
+    assert "nested too deeply" in e.value.reason
+
+
+def test_header_that_is_not_an_object_is_refused_before_parsing(tmp_path):
+    hb = b"[1, 2, 3]"
+    path = write(tmp_path, "list.safetensors", struct.pack("<Q", len(hb)) + hb)
+    with pytest.raises(st.CheckpointError, match="start with"):
+        st.verify_file(path)
+
+
+def test_json_error_does_not_echo_the_header(tmp_path):
+    secret = "hf_" + "S" * 40
+    hb = ('{"a": "%s", oops}' % secret).encode()
+    path = write(tmp_path, "bad.safetensors", struct.pack("<Q", len(hb)) + hb)
+    with pytest.raises(st.CheckpointError) as e:
+        st.verify_file(path)
+    assert secret not in str(e.value)
