@@ -232,9 +232,31 @@ def test_tcp_control_cannot_pass_with_untrusted_counters(tmp_path):
     assert not v["passed"] and any("N/A (no PMA)" in w for w in v["warnings"])
 
 
-def test_tcp_control_after_counter_reset_is_not_confirmed(tmp_path):
-    v = _run(tree(tmp_path, "ib_hca"), lambda r: set_counter(r, "mlx5_ib0", 1, "port_xmit_data", 0), "tcp")
-    assert not v["passed"] and any("reset" in w for w in v["warnings"])
+@pytest.mark.parametrize("expect", ["tcp", "rdma", "any"])
+def test_port_counter_that_went_backwards_is_an_error_in_every_mode(tmp_path, expect):
+    # The other port moved 4 GiB, enough for expect rdma on its own: the reset must still not pass.
+    def mutate(r):
+        set_counter(r, "mlx5_0", 1, "port_xmit_data", 0)
+        bump(r, "mlx5_1", 1, "port_xmit_data", 1 << 30)
+    v = _run(tree(tmp_path, "roce_mlx5"), mutate, expect, direction="tx")
+    assert not v["passed"] and v["status"] == "error" and v["rdma_bytes"] is None
+    assert [m["kind"] for m in v["mismatch"]] == ["counter_reset"]
+    assert v["summary"].startswith("expect %s: ERROR" % expect)
+    assert "mlx5_0/1 port_xmit_data went backwards since the baseline (1200000000, now 0" in v["summary"]
+    assert "take a new baseline" in v["summary"]
+
+
+def test_packet_counter_that_went_backwards_is_an_error(tmp_path):
+    v = _run(tree(tmp_path, "ib_hca"), lambda r: set_counter(r, "mlx5_ib0", 1, "port_rcv_packets", 0), "any")
+    assert v["status"] == "error" and "mlx5_ib0/1 port_rcv_packets went backwards" in v["summary"]
+
+
+def test_hw_counter_that_went_down_only_warns(tmp_path):
+    # Some mlx5 hw_counters are 32-bit and wrap (notes: DPDK "net/mlx5: fix imissed counter overflow").
+    v = _run(tree(tmp_path, "roce_mlx5"), lambda r: set_counter(r, "mlx5_0", 1, "rx_read_requests", 1, hw=True),
+             "tcp")
+    assert v["passed"] and v["mismatch"] == []
+    assert any("hw_counters went down" in w and "rx_read_requests" in w for w in v["warnings"])
 
 
 def test_expect_any_only_reports(tmp_path):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import shutil
 import threading
@@ -83,12 +84,15 @@ def test_tcp_control_on_host_without_rdma_says_so(run_module, tmp_path):
     assert "no RDMA devices" in r["msg"] and "no RDMA port could carry the transfer" in r["msg"]
 
 
-def test_counter_reset_is_reported_and_control_not_confirmed(run_module, tmp_path):
+def test_counter_reset_is_an_error_with_the_fix(run_module, tmp_path):
     root = tree(tmp_path, "roce_mlx5")
     before = run_module(rdma_counters, {"sysfs_root": root})
     bump(root, "mlx5_0", 1, "port_rcv_data", -900_000_000)
-    r = run_module(rdma_counters, {"sysfs_root": root, "baseline": before["snapshot"], "expect": "tcp"})
-    assert r["failed"] and "cannot confirm RDMA stayed idle" in r["msg"]
+    r = run_module(rdma_counters, {"sysfs_root": root, "baseline": before["snapshot"], "expect": "any"})
+    assert r["failed"] and r["msg"].startswith("expect any: ERROR")
+    assert "mlx5_0/1 port_rcv_data went backwards since the baseline" in r["msg"]
+    assert "take a new baseline" in r["msg"]
+    assert r["verdict"]["status"] == "error" and r["mismatch"][0]["kind"] == "counter_reset"
     assert r["deltas"]["ports"]["mlx5_0/1"]["status"]["port_rcv_data"] == "reset"
     assert r["deltas"]["ports"]["mlx5_0/1"]["rx_bytes"] is None
 
@@ -111,7 +115,7 @@ def test_missing_device_fails_before_reading(run_module, tmp_path):
 def test_bad_baseline_and_bad_numbers_name_the_option(run_module, tmp_path):
     root = tree(tmp_path, "roce_mlx5")
     r = run_module(rdma_counters, {"sysfs_root": root, "baseline": {"foo": 1}})
-    assert r["failed"] and r["msg"].startswith("baseline: expected the 'snapshot'")
+    assert r["failed"] and r["msg"].startswith("baseline: schema is missing: this is not the 'snapshot'")
     r = run_module(rdma_counters, {"sysfs_root": root, "min_bytes": -1})
     assert r["failed"] and r["msg"].startswith("min_bytes: must be >= 0")
     r = run_module(rdma_counters, {"sysfs_root": root, "min_nixl_ratio": 0})
@@ -195,3 +199,147 @@ def test_nixl_metrics_url_is_fetched_at_snapshot_and_compare(run_module, tmp_pat
     assert r["kv"]["bytes"] == pytest.approx(38.18e9) and r["kv"]["failures"] == 0
     down = run_module(rdma_counters, {"sysfs_root": root, "nixl_metrics": url.replace("/metrics", "/nope")})
     assert down["failed"] and down["msg"].startswith("nixl_metrics: cannot read %s" % url.replace("/metrics", "/nope"))
+
+
+# ---- like with like: host, ports, baseline files ----------------------------------------------------
+
+BOOT_A = "f8b03bce-ed06-4c61-826b-7ea3da125e3e"
+BOOT_B = "0c1d2e3f-4a5b-4c6d-8e7f-901234567890"
+SECRET = "hunter2-SECRET-TOKEN"
+
+
+def fake_proc(tmp_path, name, boot_id, hostname):
+    root = tmp_path / name
+    (root / "sys" / "kernel" / "random").mkdir(parents=True)
+    (root / "sys" / "kernel" / "random" / "boot_id").write_text(boot_id + "\n")
+    (root / "sys" / "kernel" / "hostname").write_text(hostname + "\n")
+    return str(root)
+
+
+def test_snapshot_of_another_host_fails_naming_both_hosts(run_module, tmp_path):
+    root = tree(tmp_path, "roce_mlx5")
+    a = run_module(rdma_counters, {"sysfs_root": root, "proc_root": fake_proc(tmp_path, "pa", BOOT_A, "node-a")})
+    assert a["snapshot"]["host"] == {"boot_id": BOOT_A, "hostname": "node-a"}
+    bump(root, "mlx5_0", 1, "port_xmit_data", 1 << 30)
+    r = run_module(rdma_counters, {"sysfs_root": root, "proc_root": fake_proc(tmp_path, "pb", BOOT_B, "node-b"),
+                                   "baseline": a["snapshot"], "expect": "rdma", "direction": "tx"})
+    assert r["failed"] and r["msg"].startswith("expect rdma: ERROR")
+    assert "taken on host node-a" in r["msg"] and "this is host node-b" in r["msg"]
+    assert r["mismatch"][0]["kind"] == "host_changed" and r["verdict"]["status"] == "error"
+    assert r["deltas"]["totals"] is None
+    assert r["snapshot"]["host"]["boot_id"] == BOOT_B  # the fresh snapshot is there to retake the baseline
+
+
+def test_port_that_disappeared_fails_even_for_expect_any(run_module, tmp_path):
+    root = tree(tmp_path, "roce_mlx5")
+    before = run_module(rdma_counters, {"sysfs_root": root})
+    shutil.rmtree(os.path.join(root, "class", "infiniband", "mlx5_1"))
+    r = run_module(rdma_counters, {"sysfs_root": root, "baseline": before["snapshot"]})
+    assert r["failed"] and "mlx5_1/1 was in the baseline but is gone now" in r["msg"]
+    assert [m["kind"] for m in r["mismatch"]] == ["port_disappeared"]
+
+
+def test_other_devices_than_the_baseline_fail(run_module, tmp_path):
+    root = tree(tmp_path, "roce_mlx5")
+    before = run_module(rdma_counters, {"sysfs_root": root, "devices": ["mlx5_1"]})
+    r = run_module(rdma_counters, {"sysfs_root": root, "baseline": before["snapshot"], "expect": "tcp"})
+    assert r["failed"] and "the baseline covered devices mlx5_1, ports all, this run reads devices all" in r["msg"]
+
+
+def test_prefill_metrics_expired_requests_warn_under_tcp(run_module, tmp_path):
+    root = tree(tmp_path, "roce_mlx5")
+    expired = prom("vllm_decode_before.txt").replace(
+        'vllm:nixl_num_kv_expired_reqs_total{engine="0",model_name="glm-5.2-fp8"} 0.0',
+        'vllm:nixl_num_kv_expired_reqs_total{engine="0",model_name="glm-5.2-fp8"} 4.0')
+    assert expired != prom("vllm_decode_before.txt")
+    before = run_module(rdma_counters, {"sysfs_root": root, "nixl_metrics": prom("vllm_decode_before.txt"),
+                                        "prefill_metrics": prom("vllm_decode_before.txt")})
+    r = run_module(rdma_counters, {"sysfs_root": root, "baseline": before["snapshot"], "expect": "tcp",
+                                   "nixl_metrics": prom("vllm_decode_after.txt"), "prefill_metrics": expired})
+    assert not r.get("failed"), r["msg"]
+    assert r["kv_prefill"]["kv_expired_reqs"] == 4 and r["verdict"]["kv_expired_reqs"] == 4
+    assert any("the prefill engine reports 4 KV requests that expired" in w for w in r["verdict"]["warnings"])
+
+
+def test_bad_prefill_metrics_names_the_option(run_module, tmp_path):
+    r = run_module(rdma_counters, {"sysfs_root": tree(tmp_path, "no_rdma"), "prefill_metrics": "<html>oops</html>"})
+    assert r["failed"] and r["msg"].startswith("prefill_metrics: not Prometheus text")
+
+
+def test_baseline_file_round_trip_compares(run_module, tmp_path):
+    root = tree(tmp_path, "roce_mlx5")
+    before = run_module(rdma_counters, {"sysfs_root": root})
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(before["snapshot"]))
+    bump(root, "mlx5_0", 1, "port_xmit_data", 1 << 20)
+    r = run_module(rdma_counters, {"sysfs_root": root, "baseline_file": str(path), "expect": "rdma",
+                                   "direction": "tx", "min_bytes": 4 << 20})
+    assert not r.get("failed"), r["msg"]
+    assert r["verdict"]["rdma_bytes"] == 4 << 20 and r["file"] == str(path)
+
+
+def _write(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+    return str(path)
+
+
+@pytest.mark.parametrize("content,msg", [
+    (SECRET.encode(), "is not JSON (Expecting value at line 1 column 1)"),
+    (b'{"schema": 2, "ports": {"a/1": "' + SECRET.encode(), "is not JSON (Unterminated string"),
+    (b"", "is not JSON (Expecting value at line 1 column 1)"),
+    (b"\xff\xfe" + SECRET.encode(), "is not UTF-8 text"),
+    (b"[" * 200000 + b"]" * 200000, "nests too deeply"),
+    (b'{"schema": NaN}', "is not JSON (NaN is not a JSON number)"),
+    (json.dumps([SECRET]).encode(), ": must be a mapping (the 'snapshot' of an earlier rdma_counters run), not a list"),
+    (json.dumps(SECRET).encode(), ": must be a mapping (the 'snapshot' of an earlier rdma_counters run), not a string"),
+    (json.dumps({"schema": 2, "taken_at": 1, "host": {"boot_id": None, "hostname": None},
+                 "selection": {"devices": [], "ports": []},
+                 "ports": {"mlx5_0/1": {"device": "mlx5_0", "port": 1, "identity": {"node_guid": None, "gid0": None},
+                                        "hw_counters": {}, "counters": {"port_xmit_data": SECRET}}}}).encode(),
+     ": ports.mlx5_0/1.counters.port_xmit_data must be a non-negative integer below 2**64 (got a string)"),
+], ids=["text", "truncated", "empty", "not-utf8", "nesting-bomb", "nan", "list", "string", "counter-string"])
+def test_malformed_baseline_file_names_file_and_field(run_module, tmp_path, content, msg):
+    path = _write(tmp_path / "baseline.json", content)
+    r = run_module(rdma_counters, {"sysfs_root": tree(tmp_path, "roce_mlx5"), "baseline_file": path})
+    assert r["failed"] and r["msg"].startswith("baseline_file: %s" % path), r["msg"]
+    assert msg in r["msg"], r["msg"]
+    assert SECRET not in r["msg"] and r["file"] == path
+    assert "verdict" not in r and "snapshot" not in r  # nothing was read before the baseline was refused
+
+
+def test_baseline_file_that_is_missing_or_a_directory(run_module, tmp_path):
+    root = tree(tmp_path, "roce_mlx5")
+    missing = str(tmp_path / "nope.json")
+    r = run_module(rdma_counters, {"sysfs_root": root, "baseline_file": missing})
+    assert r["failed"] and r["msg"].startswith("baseline_file: %s cannot be opened (No such file or directory)"
+                                               % missing)
+    fifo = str(tmp_path / "fifo.json")
+    os.mkfifo(fifo)
+    r = run_module(rdma_counters, {"sysfs_root": root, "baseline_file": fifo})
+    assert r["failed"] and r["msg"] == ("baseline_file: %s is not a regular file; point baseline_file at the JSON "
+                                        "file the baseline run wrote" % fifo)
+
+
+def test_baseline_and_baseline_file_are_exclusive(run_module, tmp_path):
+    root = tree(tmp_path, "roce_mlx5")
+    before = run_module(rdma_counters, {"sysfs_root": root})
+    r = run_module(rdma_counters, {"sysfs_root": root, "baseline": before["snapshot"],
+                                   "baseline_file": str(tmp_path / "b.json")})
+    assert r["failed"] and "mutually exclusive" in r["msg"]
+
+
+@pytest.mark.parametrize("mutate,field", [
+    (lambda s: s["ports"]["mlx5_0/1"]["counters"].update(port_rcv_data=SECRET), "ports.mlx5_0/1.counters.port_rcv_data"),
+    (lambda s: s.update(kv={"bytes": SECRET}), "kv.bytes"),
+    (lambda s: s["ports"]["mlx5_0/1"].pop("counters"), "ports.mlx5_0/1.counters is missing"),
+    (lambda s: s.update(host=[SECRET]), "host must be a mapping (got a list)"),
+])
+def test_malformed_baseline_option_is_a_clean_error(run_module, tmp_path, mutate, field):
+    root = tree(tmp_path, "roce_mlx5")
+    snap = run_module(rdma_counters, {"sysfs_root": root})["snapshot"]
+    mutate(snap)
+    r = run_module(rdma_counters, {"sysfs_root": root, "baseline": snap, "expect": "tcp",
+                                   "nixl_metrics": prom("vllm_decode_after.txt")})
+    assert r["failed"] and r["msg"].startswith("baseline: " + field), r["msg"]
+    assert SECRET not in r["msg"]
