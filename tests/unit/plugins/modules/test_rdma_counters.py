@@ -343,3 +343,11 @@ def test_malformed_baseline_option_is_a_clean_error(run_module, tmp_path, mutate
                                    "nixl_metrics": prom("vllm_decode_after.txt")})
     assert r["failed"] and r["msg"].startswith("baseline: " + field), r["msg"]
     assert SECRET not in r["msg"]
+
+
+def test_unreachable_metrics_url_does_not_echo_credentials(run_module, tmp_path, metrics_server):
+    url = "http://scrape:%s@127.0.0.1:%d/nope?token=%s" % (SECRET, METRICS_PORT, SECRET)
+    r = run_module(rdma_counters, {"sysfs_root": tree(tmp_path, "no_rdma"), "nixl_metrics": url})
+    assert r["failed"] and r["msg"].startswith("nixl_metrics: cannot read http://***@127.0.0.1:%d/nope?***:"
+                                               % METRICS_PORT), r["msg"]
+    assert SECRET not in r["msg"]
