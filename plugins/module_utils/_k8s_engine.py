@@ -6,8 +6,9 @@
 :func:`build` turns the engine inputs into a Deployment, a Service with a DNS-1035 name, the AIBrix
 HTTPRoute ``<model>-router`` in the gateway namespace pointing at that Service and, when the engine
 runs in another namespace, a ReferenceGrant for exactly that Service. Everything is validated first;
-a bad input raises :class:`SpecError` naming the field and the fix. :func:`render` writes the objects
-to a directory for GitOps users.
+a bad input raises :class:`SpecError` naming the field and the fix. Credentials are refused wherever they
+could be rendered (env, kernel_cache_env, engine_args, extra_args, command, then the built objects) by the
+one rule in :mod:`_secrets`; :mod:`_render_dir` writes the objects to a directory for GitOps users.
 """
 from __future__ import annotations
 
@@ -15,14 +16,9 @@ import json
 import math
 import os
 import re
-import tempfile
 
 from ansible_collections.llmops.serving.plugins.module_utils import _k8s_names as names
-
-try:
-    from ansible.module_utils.common.yaml import HAS_YAML, yaml_dump
-except ImportError:  # pragma: no cover - very old ansible-core
-    HAS_YAML = False
+from ansible_collections.llmops.serving.plugins.module_utils import _secrets
 
 AIBRIX_NAME = "model.aibrix.ai/name"
 AIBRIX_PORT = "model.aibrix.ai/port"
@@ -94,7 +90,6 @@ MANAGED_FLAGS = {
 LOADER_THREADS = {"staged_nvme": 8, "shared_fs": 2}
 
 SHELLS = {"sh", "bash", "dash", "zsh", "ash", "ksh"}
-SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIAL|PRIVATE_KEY)", re.I)
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 TOLERATION_EFFECTS = {"NoSchedule", "PreferNoSchedule", "NoExecute"}
@@ -143,7 +138,12 @@ DEFAULTS = dict(
 
 
 class SpecError(ValueError):
-    """An input the objects cannot be built from; ``str()`` names the field and the fix."""
+    """An input the objects cannot be built from; ``str()`` names the field and the fix.
+
+    ``secret_values`` holds the plain-text credentials that were refused (for ``no_log_values``), never shown.
+    """
+
+    secret_values = ()
 
 
 # --------------------------------------------------------------------------------------------- #
@@ -207,26 +207,27 @@ def check_command(command):
         reasons.append("the script does not 'exec' the engine, so the shell stays PID 1")
     if reasons:
         raise SpecError(
-            "command: %r wraps the engine in a shell that masks its exit status (%s). A crashed engine "
+            "command: the %s script wraps the engine in a shell that masks its exit status (%s). A crashed engine "
             "would show as Completed/exit 0; run the engine directly (exec form) or 'exec' it as the last "
-            "step of the script." % (command, "; ".join(reasons))
+            "step of the script." % (os.path.basename(command[0]), "; ".join(reasons))
         )
 
 
-def check_env(env):
-    if not isinstance(env, list):
-        raise SpecError("env: must be a list of {name, value} or {name, valueFrom} entries")
-    for i, item in enumerate(env):
-        if not isinstance(item, dict) or not item.get("name"):
-            raise SpecError("env[%d]: each entry needs a 'name'" % i)
-        if "value" in item and "valueFrom" in item:
-            raise SpecError("env[%d] (%s): set either value or valueFrom, not both" % (i, item["name"]))
-        if "value" in item and SECRET_ENV.search(item["name"]):
-            raise SpecError(
-                "env[%d] (%s): looks like a secret but has a plain-text value, which would be stored in "
-                "the manifest; reference a Secret instead: valueFrom: {secretKeyRef: {name: ..., key: ...}}"
-                % (i, item["name"])
-            )
+def check_credentials(p):
+    """Refuse plain-text credentials in everything that reaches the container; normalises ``p["env"]``."""
+    for field, kind in (("engine_args", dict), ("kernel_cache_env", dict), ("extra_args", list)):
+        if p[field] is not None and not isinstance(p[field], kind):
+            raise SpecError("%s: must be a %s" % (field, "mapping" if kind is dict else "list"))
+    scan = _secrets.Scan(env_field="env")
+    scan.mapping(p["kernel_cache_env"], "kernel_cache_env")
+    if p["hf_token_secret"]:
+        scan.refs["HF_TOKEN"] = "secret"
+    p["env"] = scan.env(p["env"] or [], "env", SpecError)
+    scan.flags(p["engine_args"], "engine_args")
+    scan.argv(p["extra_args"], "extra_args")
+    if isinstance(p["command"], list):
+        scan.command(p["command"], "command")
+    scan.refuse(SpecError, hint="for the Hugging Face token, hf_token_secret renders HF_TOKEN from a Secret")
 
 
 def _flag_name(token):
@@ -411,6 +412,8 @@ def _env(p):
 
 
 def _validate(p):
+    # Credentials first: no later message can then quote one.
+    check_credentials(p)
     if p["engine"] not in ("vllm", "sglang"):
         raise SpecError("engine: %r is not vllm or sglang" % (p["engine"],))
     if p["profile"] not in PROFILES:
@@ -459,7 +462,6 @@ def _validate(p):
             raise SpecError("labels: %r is set by the collection and cannot be overridden" % key)
     check_tolerations(p["tolerations"] or [])
     check_command(p["command"])
-    check_env(p["env"] or [])
     check_args(p["engine"], p["engine_args"] or {}, p["extra_args"] or [])
 
 
@@ -595,6 +597,9 @@ def build(params):
             },
         })
     objects.append(deployment)
+    net = _secrets.Scan(env_field="env")
+    net.objects(objects)
+    net.refuse(SpecError)
     startup_window = startup["periodSeconds"] * startup["failureThreshold"]
     return dict(
         objects=objects,
@@ -612,76 +617,3 @@ def build(params):
                            liveness_seconds=liveness["periodSeconds"] * liveness["failureThreshold"]),
         warnings=warnings,
     )
-
-
-# --------------------------------------------------------------------------------------------- #
-# Rendering to a directory
-# --------------------------------------------------------------------------------------------- #
-
-MARKER = ".llmops-manifests.json"
-
-
-def dump(obj):
-    if HAS_YAML:
-        return yaml_dump(obj, default_flow_style=False, sort_keys=False)
-    return json.dumps(obj, indent=2) + "\n"
-
-
-def file_name(index, obj):
-    return "%02d-%s-%s.yaml" % (index, obj["kind"].lower(), obj["metadata"]["name"])
-
-
-def plan_render(directory, objects):
-    """Return ``(files, stale, changes)`` without writing: the new file texts, previously rendered
-    files no longer produced, and ``{name: (before, after)}`` for every file that differs."""
-    files = {}
-    for i, obj in enumerate(objects):
-        files[file_name((i + 1) * 10, obj)] = "---\n" + dump(obj)
-    files["kustomization.yaml"] = dump({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [n for n in files if n != "kustomization.yaml"]})
-    previous = []
-    marker = os.path.join(directory, MARKER)
-    if os.path.isfile(marker):
-        try:
-            with open(marker) as f:
-                previous = json.load(f).get("files", [])
-        except ValueError:
-            previous = []
-    stale = sorted(n for n in previous if n not in files and os.path.exists(os.path.join(directory, n)))
-    changes = {}
-    for name, text in files.items():
-        path = os.path.join(directory, name)
-        before = None
-        if os.path.exists(path):
-            with open(path) as f:
-                before = f.read()
-        if before != text:
-            changes[name] = (before or "", text)
-    for name in stale:
-        with open(os.path.join(directory, name)) as f:
-            changes[name] = (f.read(), "")
-    return files, stale, changes
-
-
-def write_render(directory, files, stale):
-    if not os.path.isdir(directory):
-        os.makedirs(directory)
-    for name, text in files.items():
-        _atomic_write(os.path.join(directory, name), text)
-    for name in stale:
-        os.unlink(os.path.join(directory, name))
-    _atomic_write(os.path.join(directory, MARKER), json.dumps({"files": sorted(files)}, indent=2) + "\n")
-
-
-def _atomic_write(path, text):
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -14,12 +14,16 @@ Modes:
   gateway answers 503 (StormService gets no HTTPRoute).
 * ``deployments``: a Deployment + Service per role plus the collection's P/D proxy (a ConfigMap with
   its source, a Deployment and a Service named after the model).
+
+Credentials are refused in ``env`` and ``extra_args`` and in the built objects by the one rule in
+:mod:`_secrets`; a Secret is referenced through an ``env`` entry with ``valueFrom.secretKeyRef``.
 """
 from __future__ import annotations
 
 import json
 
 from ansible_collections.llmops.serving.plugins.module_utils import _k8s_names as names
+from ansible_collections.llmops.serving.plugins.module_utils import _secrets
 
 AIBRIX_NAME = "model.aibrix.ai/name"
 AIBRIX_PORT = "model.aibrix.ai/port"
@@ -32,14 +36,21 @@ ROLES = ("prefill", "decode")
 PROXY_PATH = "/opt/pd-proxy/pd_proxy.py"
 
 
+# Environment the renderer sets on every engine container; env entries cannot replace them.
+MANAGED_ENV = frozenset({"UCX_TLS", "UCX_NET_DEVICES", "POD_IP", "VLLM_NIXL_SIDE_CHANNEL_HOST",
+                         "VLLM_NIXL_SIDE_CHANNEL_PORT", "PYTHONHASHSEED", "SGLANG_DISAGGREGATION_NIXL_BACKEND"})
+
+
 class SpecError(ValueError):
-    """Bad input; the message names the field and the fix."""
+    """Bad input; the message names the field and the fix. ``secret_values``: refused credentials, never shown."""
+
+    secret_values = ()
 
 
 DEFAULTS = dict(
     engine="vllm", transport="rdma", mode="stormservice", namespace="llm", model_name=None,
     image=None, model_path=None, model_host_path=None, tp_size=8, gpus=8, port=8000,
-    extra_args=[], ucx_tls={"rdma": "rc,ud,sm,self,cuda_copy,cuda_ipc", "tcp": "tcp,sm,self,cuda_copy,cuda_ipc"},
+    extra_args=[], env=[], ucx_tls={"rdma": "rc,ud,sm,self,cuda_copy,cuda_ipc", "tcp": "tcp,sm,self,cuda_copy,cuda_ipc"},
     ucx_net_devices="all", side_channel_port=5600, kv_connector="NixlConnector", kv_buffer_device="cuda",
     sglang_transfer_backend="nixl", sglang_ib_device="", sglang_bootstrap_port=8998,
     rdma_resource="rdma/rdma_shared_device_a", rdma_count=1, prefill_node_selector={},
@@ -48,7 +59,24 @@ DEFAULTS = dict(
 )
 
 
+def check_credentials(p):
+    """Refuse plain-text credentials in env and extra_args; normalises ``p["env"]``."""
+    if not isinstance(p["extra_args"], list) or not all(isinstance(a, str) for a in p["extra_args"]):
+        raise SpecError("extra_args: must be a list of strings")
+    scan = _secrets.Scan(env_field="env")
+    p["env"] = scan.env(p["env"], "env", SpecError)
+    scan.argv(p["extra_args"], "extra_args")
+    scan.refuse(SpecError)
+    taken = sorted(MANAGED_ENV.intersection(e["name"] for e in p["env"]))
+    if taken:
+        raise SpecError("env: %s is set by the collection (transport, NIXL side channel and hash seed must match "
+                        "the rest of the pair); use ucx_tls, ucx_net_devices, side_channel_port instead"
+                        % ", ".join(taken))
+
+
 def validate(p):
+    # Credentials first: no later message can then quote one.
+    check_credentials(p)
     for key in ("model_name", "image", "model_path"):
         if not p.get(key):
             raise SpecError("%s: required" % key)
@@ -116,7 +144,7 @@ def engine_env(p):
         ]
     elif p["sglang_transfer_backend"] == "nixl":
         env.append({"name": "SGLANG_DISAGGREGATION_NIXL_BACKEND", "value": "UCX"})
-    return env
+    return env + [dict(e) for e in p["env"]]
 
 
 def pod_spec(p, role):
@@ -288,6 +316,8 @@ def build(params):
     p = dict(DEFAULTS)
     p.update({k: v for k, v in params.items() if v is not None})
     validate(p)
-    if p["mode"] == "stormservice":
-        return [storm_service(p)]
-    return deployments(p)
+    objects = [storm_service(p)] if p["mode"] == "stormservice" else deployments(p)
+    net = _secrets.Scan(env_field="env")
+    net.objects(objects)
+    net.refuse(SpecError)
+    return objects

@@ -20,6 +20,14 @@ description:
   - Loader settings follow O(model_source) and the expected concurrent weight reads
     (pods x TP ranks x threads per rank) are returned in RV(read_concurrency).
   - Every input is validated before anything is written; errors name the option and the fix.
+  - Plain-text credentials are refused wherever they would be rendered - O(env), O(kernel_cache_env),
+    O(engine_args), O(extra_args), O(command) and the built objects - and the error names the field
+    (for example C(env.HF_TOKEN) or C(extra_args[3])), never the value. A credential is a name whose last
+    word is C(TOKEN), C(KEY), C(SECRET), C(PASSWORD), C(PASSWD), C(PASSPHRASE) or C(APIKEY), or
+    C(AWS_ACCESS_KEY_ID)/C(S3_ACCESS_KEY_ID) (C(HF_HUB_DISABLE_IMPLICIT_TOKEN) is not one); a credential flag
+    C(--api-key), C(--hf-token), C(--admin-api-key) (abbreviated, with C(_) or C(=)); or a value shaped like a
+    Hugging Face token, an AWS access key id or a private key. Reference a Secret instead (an O(env) entry with
+    C(valueFrom.secretKeyRef), and C($(NAME)) in arguments).
   - With O(render_dir) the objects are written there as YAML plus a C(kustomization.yaml); without it
     nothing is written and the objects are only returned (apply them with M(kubernetes.core.k8s)).
 options:
@@ -101,10 +109,17 @@ options:
     description:
       - Flag name (without C(--)) to value, applied over the profile and loader settings.
       - C(true) gives a bare flag; C(false) or C(null) removes the flag; dicts become JSON.
+      - A credential flag (C(api-key)) takes a Secret through C($(NAME)) with C(NAME) an O(env) entry from
+        C(valueFrom.secretKeyRef); a plain value is refused.
+      - Not written to the target's log; the values are rendered and returned as they are.
     type: dict
     default: {}
   extra_args:
-    description: Arguments appended verbatim to the engine command line.
+    description:
+      - Arguments appended verbatim to the engine command line.
+      - C(--api-key x) and C(--api-key=x) are refused; write C(--api-key=$(API_KEY)) with C(API_KEY) an O(env)
+        entry from C(valueFrom.secretKeyRef), or set C(VLLM_API_KEY) from a Secret.
+      - Not written to the target's log; the values are rendered and returned as they are.
     type: list
     elements: str
     default: []
@@ -112,6 +127,7 @@ options:
     description:
       - Container entrypoint (exec form). Defaults to C(vllm serve) or C(python3 -m sglang.launch_server).
       - A shell wrapper is refused unless its script C(exec)s the engine without a pipeline or background job.
+      - Its words (a shell script's too) are checked for credentials like O(extra_args).
     type: list
     elements: str
   gpu_resource:
@@ -148,13 +164,19 @@ options:
     description: Node path of the kernel cache directory, mounted at the same path.
     type: path
   kernel_cache_env:
-    description: Environment pointing the engine's JIT caches inside O(kernel_cache_dir).
+    description:
+      - Environment pointing the engine's JIT caches inside O(kernel_cache_dir).
+      - Rendered as plain values, so credentials are refused here like in O(env).
     type: dict
     default: {}
   env:
     description:
-      - Extra container env entries (C(name) with C(value) or C(valueFrom)).
-      - Names that look like secrets must use C(valueFrom.secretKeyRef).
+      - Extra container env entries (C(name) with C(value) or C(valueFrom)); later entries replace earlier ones
+        of the same name. Numbers and booleans become strings.
+      - C(valueFrom) holds one of C(secretKeyRef) or C(configMapKeyRef) (both with C(name) and C(key)),
+        C(fieldRef) or C(resourceFieldRef).
+      - A credential (see the description) must use C(valueFrom.secretKeyRef); a plain C(value) is refused.
+      - Not written to the target's log; the values are rendered and returned as they are.
     type: list
     elements: dict
     default: []
@@ -208,8 +230,12 @@ options:
     default: {}
   render_dir:
     description:
-      - Directory to write the manifests to. Unset - only return them.
-      - Files this module rendered before and no longer produces are removed.
+      - Directory to write the manifests to (created when missing). Unset - only return them.
+      - Files this module rendered before and no longer produces are removed; they are listed in
+        C(.llmops-manifests.json) in that directory. An entry of that file that is absolute, contains C(..) or
+        leads through a symlink is refused before anything is written or deleted, and so is a marker that is not
+        the JSON this module writes (C({"files": [...]})): fix or delete the marker. A stale file that is a
+        symlink is removed as a link, never followed.
     type: path
 attributes:
   check_mode:
@@ -219,7 +245,9 @@ attributes:
   diff_mode:
     description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
-    details: Shows the per-file before/after of O(render_dir).
+    details:
+      - Shows the per-file before/after of O(render_dir), the marker included.
+      - The previous content of a file that holds a plain-text credential is not shown.
 author:
   - LLMOps Serving maintainers (@llmops-serving)
 """
@@ -299,11 +327,23 @@ files:
   returned: always
   type: list
   elements: str
+removed:
+  description: Files rendered before, no longer produced, and removed (or that would be removed) from O(render_dir).
+  returned: always
+  type: list
+  elements: str
+file:
+  description: The file or directory a O(render_dir) error is about (for example the marker).
+  returned: failure
+  type: str
 """
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _k8s_engine
+from ansible_collections.llmops.serving.plugins.module_utils import _k8s_engine, _render_dir, _secrets
+
+# Options rendered into the containers: kept out of the target's log (no_log), returned as rendered.
+RENDERED_OPTIONS = ("engine_args", "extra_args", "command", "kernel_cache_env", "env")
 
 
 def main():
@@ -325,9 +365,9 @@ def main():
             image_pull_secret=dict(type="str", no_log=False),
             port=dict(type="int", default=8000),
             profile=dict(type="str", choices=["glm-5.2-fp8", "none"], default="glm-5.2-fp8"),
-            engine_args=dict(type="dict", default={}),
-            extra_args=dict(type="list", elements="str", default=[]),
-            command=dict(type="list", elements="str"),
+            engine_args=dict(type="dict", default={}, no_log=True),
+            extra_args=dict(type="list", elements="str", default=[], no_log=True),
+            command=dict(type="list", elements="str", no_log=True),
             gpu_resource=dict(type="str", default="nvidia.com/gpu"),
             resources=dict(type="dict", default={}),
             node_selector=dict(type="dict", default={}),
@@ -336,8 +376,8 @@ def main():
             startup_timeout=dict(type="int", default=3600),
             probe_period=dict(type="int", default=10),
             kernel_cache_dir=dict(type="path"),
-            kernel_cache_env=dict(type="dict", default={}),
-            env=dict(type="list", elements="dict", default=[]),
+            kernel_cache_env=dict(type="dict", default={}, no_log=True),
+            env=dict(type="list", elements="dict", default=[], no_log=True),
             hf_token_secret=dict(type="dict", no_log=False, options=dict(
                 name=dict(type="str", required=True),
                 key=dict(type="str", default="token", no_log=False),
@@ -355,29 +395,23 @@ def main():
         ),
         supports_check_mode=True,
     )
+    _secrets.unmask_rendered_options(module, RENDERED_OPTIONS)
     params = dict(module.params)
     render_dir = params.pop("render_dir")
     try:
         built = _k8s_engine.build(params)
     except _k8s_engine.SpecError as e:
+        module.no_log_values.update(e.secret_values)
         module.fail_json(msg=str(e))
     for warning in built.pop("warnings"):
         module.warn(warning)
-    result = dict(changed=False, files=[], **built)
+    result = dict(changed=False, files=[], removed=[], **built)
     if render_dir:
-        files, stale, changes = _k8s_engine.plan_render(render_dir, built["objects"])
-        result["files"] = sorted(files)
-        result["changed"] = bool(changes)
-        if module._diff and changes:
-            result["diff"] = [
-                dict(before_header=name, after_header=name, before=before, after=after)
-                for name, (before, after) in sorted(changes.items())
-            ]
-        if changes and not module.check_mode:
-            try:
-                _k8s_engine.write_render(render_dir, files, stale)
-            except OSError as e:
-                module.fail_json(msg="render_dir: cannot write %s: %s" % (render_dir, e))
+        try:
+            result.update(_render_dir.apply(render_dir, _render_dir.manifest_files(built["objects"]),
+                                            check_mode=module.check_mode, diff=module._diff, field="render_dir"))
+        except _render_dir.RenderDirError as e:
+            module.fail_json(msg=str(e), file=e.file)
     module.exit_json(**result)
 
 

@@ -24,6 +24,10 @@ description:
     O(proxy_source), Deployment, and a Service named after the model that AIBrix's HTTPRoute targets).
   - With O(dest) the objects are written there as YAML with a C(kustomization.yaml); files it rendered before and
     no longer produces are removed.
+  - Plain-text credentials are refused in O(env), O(extra_args) and the built objects, by the rule of
+    M(llmops.serving.engine_manifests) (names ending in C(TOKEN), C(KEY), C(SECRET), C(PASSWORD) and the like,
+    C(--api-key)/C(--hf-token) values, token-shaped values); the error names the field, never the value.
+    Reference a Secret instead (an O(env) entry with C(valueFrom.secretKeyRef), C($(NAME)) in arguments).
 options:
   engine:
     description: Inference engine.
@@ -72,9 +76,26 @@ options:
     type: int
     default: 8000
   extra_args:
-    description: Extra engine arguments for both roles.
+    description:
+      - Extra engine arguments for both roles.
+      - C(--api-key x) and C(--api-key=x) are refused; write C(--api-key=$(API_KEY)) with C(API_KEY) an O(env)
+        entry from C(valueFrom.secretKeyRef).
+      - Not written to the target's log; the values are rendered and returned as they are.
     type: list
     elements: str
+    default: []
+  env:
+    description:
+      - Extra env entries of both engine containers (C(name) with C(value) or C(valueFrom)); numbers and
+        booleans become strings.
+      - C(valueFrom) holds one of C(secretKeyRef) or C(configMapKeyRef) (both with C(name) and C(key)),
+        C(fieldRef) or C(resourceFieldRef). Credentials (C(HF_TOKEN), C(VLLM_API_KEY), C(AWS_SECRET_ACCESS_KEY))
+        must use C(valueFrom.secretKeyRef).
+      - The variables the module sets (C(UCX_TLS), C(UCX_NET_DEVICES), C(POD_IP), C(VLLM_NIXL_SIDE_CHANNEL_HOST),
+        C(VLLM_NIXL_SIDE_CHANNEL_PORT), C(PYTHONHASHSEED), C(SGLANG_DISAGGREGATION_NIXL_BACKEND)) are refused.
+      - Not written to the target's log; the values are rendered and returned as they are.
+    type: list
+    elements: dict
     default: []
   ucx_tls:
     description: C(UCX_TLS) value per transport (keys C(rdma) and C(tcp)).
@@ -147,7 +168,12 @@ options:
     type: str
     default: ""
   dest:
-    description: Directory the YAML files are written to; without it the objects are only returned.
+    description:
+      - Directory the YAML files are written to (created when missing); without it the objects are only returned.
+      - Files rendered before are listed in C(.llmops-manifests.json) there; an entry that is absolute, contains
+        C(..) or leads through a symlink is refused before anything is written or deleted, and so is a marker
+        that is not the JSON this module writes (C({"files": [...]})): fix or delete the marker. A stale file
+        that is a symlink is removed as a link, never followed.
     type: path
 attributes:
   check_mode:
@@ -157,7 +183,9 @@ attributes:
   diff_mode:
     description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
-    details: Shows the rendered files before and after.
+    details:
+      - Shows the rendered files before and after, the marker included.
+      - The previous content of a file that holds a plain-text credential is not shown.
 author:
   - LLMOps Serving maintainers (@llmops-serving)
 """
@@ -187,15 +215,22 @@ files:
   type: list
   elements: str
 removed:
-  description: Files rendered before and removed now.
+  description: Files rendered before and removed now (or that would be removed in check mode).
   returned: when O(dest) is set
   type: list
   elements: str
+file:
+  description: The file or directory a O(dest) error is about (for example the marker).
+  returned: failure
+  type: str
 """
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _k8s_engine, _pd_manifests
+from ansible_collections.llmops.serving.plugins.module_utils import _pd_manifests, _render_dir, _secrets
+
+# Options rendered into the containers: kept out of the target's log (no_log), returned as rendered.
+RENDERED_OPTIONS = ("extra_args", "env")
 
 
 def main():
@@ -212,7 +247,8 @@ def main():
             tp_size=dict(type="int", default=8),
             gpus=dict(type="int", default=8),
             port=dict(type="int", default=8000),
-            extra_args=dict(type="list", elements="str", default=[]),
+            extra_args=dict(type="list", elements="str", default=[], no_log=True),
+            env=dict(type="list", elements="dict", default=[], no_log=True),
             ucx_tls=dict(type="dict", default={"rdma": "rc,ud,sm,self,cuda_copy,cuda_ipc",
                                                "tcp": "tcp,sm,self,cuda_copy,cuda_ipc"}),
             ucx_net_devices=dict(type="str", default="all"),
@@ -235,21 +271,21 @@ def main():
         ),
         supports_check_mode=True,
     )
+    _secrets.unmask_rendered_options(module, RENDERED_OPTIONS)
     p = dict(module.params)
     dest = p.pop("dest")
     try:
         objects = _pd_manifests.build(p)
     except _pd_manifests.SpecError as e:
+        module.no_log_values.update(e.secret_values)
         module.fail_json(msg=str(e))
     result = dict(changed=False, objects=objects)
     if dest:
-        files, stale, changes = _k8s_engine.plan_render(dest, objects)
-        result.update(files=sorted(files), removed=stale, changed=bool(changes))
-        if module._diff and changes:
-            result["diff"] = [{"before_header": n, "after_header": n, "before": b, "after": a}
-                              for n, (b, a) in sorted(changes.items())]
-        if changes and not module.check_mode:
-            _k8s_engine.write_render(dest, files, stale)
+        try:
+            result.update(_render_dir.apply(dest, _render_dir.manifest_files(objects), check_mode=module.check_mode,
+                                            diff=module._diff, field="dest"))
+        except _render_dir.RenderDirError as e:
+            module.fail_json(msg=str(e), file=e.file)
     module.exit_json(**result)
 
 

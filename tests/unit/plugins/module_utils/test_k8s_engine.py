@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from ansible_collections.llmops.serving.plugins.module_utils import _k8s_engine as k8s
+from ansible_collections.llmops.serving.plugins.module_utils import _render_dir
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCHEMAS = os.path.join(HERE, "..", "..", "fixtures", "schemas", "gateway-api-v1.4.1")
@@ -28,6 +29,10 @@ VLLM = dict(
                       "TRITON_CACHE_DIR": "/mnt/nvme/kernel-cache/vllm/0c1d2e3f4a5b/triton"},
     hf_token_secret={"name": "hf-token", "key": "token"},
     image_pull_secret="registry-pull",
+    # a Secret reference for the API key, and tuning knobs whose names contain TOKEN but hold no credential
+    env=[{"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": "engine-api", "key": "key"}}},
+         {"name": "VLLM_MAX_TOKENS_PER_EXPERT_FP4_MOE", "value": "163840"},
+         {"name": "TOKENIZERS_PARALLELISM", "value": "false"}],
 )
 SGLANG = dict(VLLM, engine="sglang", served_model_name="glm-5.2-fp8-sglang-test",
               image="lmsysorg/sglang:v0.5.16b1", model_source="shared_fs",
@@ -254,7 +259,9 @@ def test_unmanaged_route_leaves_aibrix_labels_on_deployment():
         ({"command": ["bash", "-c", "vllm serve /m 2>&1 | tee -a /log/engine.log"]}, r"pipeline.*Completed/exit 0"),
         ({"command": ["sh", "-c", "nohup vllm serve /m & wait"]}, r"nohup"),
         ({"command": ["bash", "-c", "vllm serve /m"]}, r"does not 'exec'"),
-        ({"env": [{"name": "HF_TOKEN", "value": "hf_abc"}]}, r"env\[0\] \(HF_TOKEN\).*secretKeyRef"),
+        ({"env": [{"name": "HF_TOKEN", "value": "hf_abc"}]}, r"^env\.HF_TOKEN: plain-text credential .*secretKeyRef"),
+        ({"env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s"}}}]}, r"env\.X: valueFrom\.secretKeyRef needs .* key"),
+        ({"env": [{"name": "X", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]}, r"env\.X: set either"),
         ({"extra_args": ["--served-model-name=other"]}, r"extra_args: '--served-model-name=other' is set by the collection"),
         ({"engine_args": {"port": 9000}}, r"engine_args: 'port' is set by the collection"),
         ({"served_model_name": "Qwen3-8B"}, r"served_model_name: .*DNS-1123"),
@@ -281,18 +288,31 @@ def test_exec_shell_wrapper_is_accepted():
 
 def test_render_writes_yaml_and_kustomization(tmp_path):
     b = k8s.build(VLLM)
-    files, stale, changes = k8s.plan_render(str(tmp_path), b["objects"])
-    assert stale == [] and set(changes) == set(files)
-    k8s.write_render(str(tmp_path), files, stale)
+    files = _render_dir.manifest_files(b["objects"])
+    plan = _render_dir.plan(str(tmp_path), files)
+    assert plan.stale == [] and set(plan.changes) == set(files) | {_render_dir.MARKER}
+    _render_dir.write(plan)
     kust = yaml.safe_load((tmp_path / "kustomization.yaml").read_text())
     assert len(kust["resources"]) == 4
     loaded = [yaml.safe_load((tmp_path / r).read_text()) for r in kust["resources"]]
     assert loaded == b["objects"]
     # unchanged second plan: nothing to write
-    assert k8s.plan_render(str(tmp_path), b["objects"])[2] == {}
+    assert _render_dir.plan(str(tmp_path), files).changes == {}
     # the model changes: the old files are stale and removed
     b2 = k8s.build(dict(VLLM, served_model_name="glm-5.3-fp8-vllm"))
-    files2, stale2 = k8s.plan_render(str(tmp_path), b2["objects"])[:2]
-    assert "10-service-glm-5-2-fp8-vllm.yaml" in stale2
-    k8s.write_render(str(tmp_path), files2, stale2)
+    plan2 = _render_dir.plan(str(tmp_path), _render_dir.manifest_files(b2["objects"]))
+    assert "10-service-glm-5-2-fp8-vllm.yaml" in plan2.stale
+    _render_dir.write(plan2)
     assert not (tmp_path / "10-service-glm-5-2-fp8-vllm.yaml").exists()
+
+
+def test_env_values_are_strings_and_secret_references_render():
+    b = k8s.build(dict(VLLM, env=[{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}, {"name": "NCCL_DEBUG_SUBSYS", "value": 1},
+                                  {"name": "VLLM_ENABLE_V1_MULTIPROCESSING", "value": True},
+                                  {"name": "ENGINE_KEY", "valueFrom": {"secretKeyRef": {"name": "engine-api", "key": "key"}}}],
+                       extra_args=["--api-key=$(ENGINE_KEY)"]))
+    dep = _by_kind(b)["Deployment"]
+    env = {e["name"]: e for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["NCCL_DEBUG_SUBSYS"]["value"] == "1" and env["VLLM_ENABLE_V1_MULTIPROCESSING"]["value"] == "true"
+    assert b["command"][-1] == "--api-key=$(ENGINE_KEY)"
+    kubernetes_validate.validate(dep, K8S_VERSION, strict=True)
