@@ -5,14 +5,25 @@
 
 Layout::
 
-    <cache_root>/<engine>/<fingerprint>/            published, verified, what the engine mounts
+    <cache_root>/<engine>/<fingerprint>/            published, verified, never written after publish
         manifest.json                               components, files (size + sha256), producer, created
         triton/ inductor/ deep_gemm/ flashinfer/    one subdirectory per cache kind (see KINDS)
         torch_compile/ (vLLM)  sglang/ jit/ (SGLang)
+    <cache_root>/<engine>/.run/<fp>-<instance>/     writable copy one engine instance starts on (checkout)
     <cache_root>/<engine>/.partial-<fp>-XXXX/       private build / copy directory, renamed into place
     <cache_root>/<engine>/.locks/<fp>.lock          per-fingerprint flock: one builder, others wait
     <cache_root>/<engine>/.logs/<fp>.<what>.log     warm-up output and copy progress
     <cache_root>/.quarantine/<engine>-<fp>-<utc>/   tampered, incomplete or foreign directories
+
+An engine never runs on the published directory: :func:`checkout` copies it into ``.run/`` and the
+engine's cache variables point there, so kernels it compiles while starting land in its copy, are
+reported by :func:`start_report` (``new_files``) and never change what other hosts and later starts
+verify against.
+
+Every path read back from a ``manifest.json`` goes through ``_paths.contained``; a manifest that is not
+the expected shape makes its directory ``bad_manifest`` (quarantined like a tampered one), never a
+traceback. "In use" is ``_inuse.users_of``: open files, mappings, working directories, environment
+paths and bind mounts in other mount namespaces, compared by device and inode.
 
 Standard library only (``ansible.module_utils.urls`` is imported lazily for the HTTP warm-up probe),
 so benchmark scripts can drive the same code outside Ansible.
@@ -33,12 +44,16 @@ import subprocess
 import tempfile
 import time
 
-from ansible_collections.llmops.serving.plugins.module_utils import _fsutil
+from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _inuse, _paths
 
 MANIFEST = "manifest.json"
 MANIFEST_SCHEMA = 1
 QUARANTINE = ".quarantine"
+RUNS = ".run"
+DEFAULT_INSTANCE = "engine"
 _FP_RE = re.compile(r"^[0-9a-f]{8,64}$")
+_HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
+_INSTANCE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _CHUNK = 4 * 1024 * 1024
 
 #: Cache kinds per engine -> environment variables that point the engine at that subdirectory.
@@ -98,6 +113,21 @@ class KCacheError(RuntimeError):
     """A step failed; the message says which and what to do."""
 
 
+class InUse(KCacheError):
+    """A directory that should be moved aside is used by a running process."""
+
+    def __init__(self, path, what, users):
+        self.path = path
+        self.users = users
+        super(InUse, self).__init__(
+            "cache_dir: %s is %s but in use by %s, so it is not moved aside while that process runs; stop it "
+            "(or its pod) and run again" % (path, what, describe_users(users)))
+
+
+class ManifestError(ValueError):
+    """``manifest.json`` has the wrong shape: a field missing or of the wrong type, or a path that leaves its dir."""
+
+
 # ---- layout ---------------------------------------------------------------------------------------
 
 def engine_root(cache_root, engine):
@@ -109,6 +139,15 @@ def fingerprint_dir(cache_root, engine, fingerprint):
         raise KCacheError("fingerprint: %r is not a hex fingerprint; pass the fingerprint returned by "
                           "llmops.serving.kernel_fingerprint" % (fingerprint,))
     return os.path.join(cache_root, engine, fingerprint)
+
+
+def run_dir(cache_root, engine, fingerprint, instance=DEFAULT_INSTANCE):
+    """The writable copy of ``fingerprint`` that engine ``instance`` starts on (see :func:`checkout`)."""
+    fingerprint_dir(cache_root, engine, fingerprint)
+    if not isinstance(instance, str) or not _INSTANCE_RE.match(instance):
+        raise KCacheError("instance: %r is not a name of letters, digits, '_', '.' or '-' (at most 64, not starting "
+                          "with '.' or '-'); use the engine's process name" % (instance,))
+    return os.path.join(cache_root, engine, RUNS, "%s-%s" % (fingerprint, instance))
 
 
 def cache_env(engine, base):
@@ -146,10 +185,13 @@ def is_triton_group(path):
 
 
 def _group_members(full):
-    with open(full, "r") as f:
-        data = json.load(f)
+    try:
+        with open(full, "r") as f:
+            data = json.load(f)
+    except RecursionError:
+        raise ValueError("%s: nested too deeply" % full)
     children = data.get("child_paths") if isinstance(data, dict) else None
-    if not isinstance(children, dict):
+    if not isinstance(children, dict) or not all(isinstance(v, str) for v in children.values()):
         raise ValueError("%s: no child_paths" % full)
     return data, children
 
@@ -176,6 +218,7 @@ def scan_files(path):
     """Sorted ``[{path, size, sha256}]`` of every regular file below ``path`` except the manifest.
 
     ``size`` is -1 for Triton group files (their byte size depends on the directory's location).
+    Symlinks are not followed and not listed (see :func:`_links`).
     """
     out = []
     for dirpath, dirnames, filenames in os.walk(path):
@@ -188,6 +231,17 @@ def scan_files(path):
             size, digest = file_digest(full)
             out.append({"path": rel, "size": size, "sha256": digest})
     return out
+
+
+def _links(path):
+    """Relative paths of the symlinks below ``path`` (files or directories; never followed)."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames:
+            full = os.path.join(dirpath, name)
+            if os.path.islink(full):
+                out.append(os.path.relpath(full, path))
+    return sorted(out)
 
 
 def relocate(path, base):
@@ -245,19 +299,64 @@ def write_manifest(path, engine, fingerprint, components, label="", host=None, c
 
 
 def read_manifest(path):
-    with open(os.path.join(path, MANIFEST), "r") as f:
-        data = json.load(f)
+    """The parsed ``manifest.json`` of ``path`` (an object with a ``files`` list), or ValueError."""
+    try:
+        with open(os.path.join(path, MANIFEST), "r") as f:
+            data = json.load(f)
+    except RecursionError:
+        raise ValueError("manifest.json is nested too deeply to be a kernel-cache manifest")
     if not isinstance(data, dict) or not isinstance(data.get("files"), list):
-        raise ValueError("not a kernel-cache manifest")
+        raise ValueError("not a kernel-cache manifest (an object with a 'files' list)")
     return data
+
+
+def manifest_entries(man):
+    """The ``files`` of a manifest as ``[{path, size, sha256}]``, checked field by field.
+
+    Raises :class:`ManifestError` naming the entry and the field: an entry that is not an object, lacks
+    ``path``, ``size`` or ``sha256``, has a size that is not an integer >= -1 or a digest that is not 64
+    hex digits, names a path that is absolute, climbs with ``..`` or is spelt two ways
+    (``_paths.split_relative``), names ``manifest.json`` itself, or repeats another entry.
+    """
+    files = man.get("files") if isinstance(man, dict) else None
+    if not isinstance(files, list):
+        raise ManifestError("manifest.json: 'files' is not a list")
+    if man.get("components") is not None and not isinstance(man.get("components"), dict):
+        raise ManifestError("manifest.json: 'components' is %s, not an object" % type(man["components"]).__name__)
+    out, seen = [], set()
+    for i, entry in enumerate(files):
+        where = "manifest.json files[%d]" % i
+        if not isinstance(entry, dict):
+            raise ManifestError("%s is %s, not an object" % (where, type(entry).__name__))
+        for key in ("path", "size", "sha256"):
+            if key not in entry:
+                raise ManifestError("%s has no %r" % (where, key))
+        try:
+            _paths.split_relative(entry["path"], where + ".path", "the fingerprint directory")
+        except _paths.PathEscape as e:
+            raise ManifestError(str(e))
+        rel, size, digest = entry["path"], entry["size"], entry["sha256"]
+        if rel == MANIFEST:
+            raise ManifestError("%s.path names manifest.json itself" % where)
+        if rel in seen:
+            raise ManifestError("%s.path repeats an earlier entry" % where)
+        if isinstance(size, bool) or not isinstance(size, int) or size < -1:
+            raise ManifestError("%s.size is not an integer >= -1" % where)
+        if not isinstance(digest, str) or not _HEX64_RE.match(digest):
+            raise ManifestError("%s.sha256 is not 64 hex digits" % where)
+        seen.add(rel)
+        out.append({"path": rel, "size": size, "sha256": digest})
+    return out
 
 
 def verify_dir(path, fingerprint, components=None, allow_extra=True):
     """Check a published directory against its manifest and the expected fingerprint/components.
 
     Returns ``{ok, status, problems, manifest}``; ``status`` is one of ``ok``, ``missing``,
-    ``no_manifest``, ``foreign`` (fingerprint or components differ), ``tampered`` (a file changed or
-    appeared) or ``incomplete`` (a file is missing).
+    ``no_manifest`` (unreadable, not JSON, not an object with a ``files`` list), ``bad_manifest`` (an
+    entry of the wrong shape or with a path that would leave the directory, see :func:`manifest_entries`),
+    ``foreign`` (fingerprint or components differ), ``tampered`` (a file changed or appeared, or an entry
+    goes through a symlink) or ``incomplete`` (a file is missing).
     """
     res = {"ok": False, "status": "missing", "problems": [], "manifest": None, "path": path}
     if not os.path.isdir(path):
@@ -268,20 +367,29 @@ def verify_dir(path, fingerprint, components=None, allow_extra=True):
         res.update(status="no_manifest", problems=["manifest.json unreadable: %s" % e])
         return res
     res["manifest"] = {k: v for k, v in man.items() if k != "files"}
+    try:
+        entries = manifest_entries(man)
+    except ManifestError as e:
+        res.update(status="bad_manifest", problems=[str(e)])
+        return res
     if man.get("fingerprint") != fingerprint:
-        res.update(status="foreign", problems=["manifest fingerprint %s != %s" % (man.get("fingerprint"), fingerprint)])
+        shown = man.get("fingerprint") if isinstance(man.get("fingerprint"), str) else type(man.get("fingerprint")).__name__
+        res.update(status="foreign", problems=["manifest fingerprint %s != %s" % (shown[:64], fingerprint)])
         return res
     if components is not None and man.get("components") != components:
-        keys = set(components) | set(man.get("components") or {})
-        diff = sorted(k for k in keys if components.get(k) != (man.get("components") or {}).get(k))
+        theirs = man.get("components") or {}
+        keys = set(components) | set(theirs)
+        diff = sorted(str(k) for k in keys if components.get(k) != theirs.get(k))
         res.update(status="foreign", problems=["components differ: %s" % ", ".join(diff)])
         return res
-    listed = {}
-    for entry in man["files"]:
-        listed[entry["path"]] = entry
+    listed = dict((e["path"], e) for e in entries)
     problems, missing = [], 0
     for rel, entry in sorted(listed.items()):
-        full = os.path.join(path, rel)
+        try:
+            full = _paths.contained(path, rel, "manifest.json path")
+        except _paths.PathEscape as e:
+            problems.append("unsafe path: %s" % e)
+            continue
         if not os.path.isfile(full):
             problems.append("missing: %s" % rel)
             missing += 1
@@ -297,6 +405,7 @@ def verify_dir(path, fingerprint, components=None, allow_extra=True):
             rel = os.path.relpath(os.path.join(dirpath, name), path)
             if rel != MANIFEST and rel not in listed:
                 extra.append(rel)
+    extra.extend(rel for rel in _links(path) if rel not in listed and rel not in extra)
     res["extra_files"] = sorted(extra)
     if extra and not allow_extra:
         problems.extend("not in manifest: %s" % rel for rel in sorted(extra))
@@ -308,8 +417,29 @@ def verify_dir(path, fingerprint, components=None, allow_extra=True):
     return res
 
 
-def quarantine(cache_root, engine, fingerprint, path, reason):
-    """Move ``path`` to ``<cache_root>/.quarantine/`` with a reason file; returns the new path."""
+def describe_users(users, limit=3):
+    """``pid 123 (fd /x/y), pid 456 (mount /cache)`` for the first ``limit`` users."""
+    shown = ["pid %d (%s %s)" % (u["pid"], u["via"], u["file"]) for u in users[:limit]]
+    if len(users) > limit:
+        shown.append("%d more" % (len(users) - limit))
+    return ", ".join(shown)
+
+
+def users_of(paths, proc_root="/proc"):
+    """Processes using any of ``paths`` (``_inuse.users_of`` with environment paths counted)."""
+    return _inuse.users_of(paths, proc_root=proc_root, environ=True)
+
+
+def quarantine(cache_root, engine, fingerprint, path, reason, proc_root="/proc", what="unusable"):
+    """Move ``path`` to ``<cache_root>/.quarantine/`` with a reason file; returns the new path.
+
+    Raises :class:`InUse` (and moves nothing) while a process uses the directory, whatever path it
+    reaches it by: a running engine or a pod's bind mount keeps the inode, so moving it would not stop
+    that use and would let a rebuild appear under the old name beside it.
+    """
+    busy = users_of([path], proc_root)
+    if busy:
+        raise InUse(path, what, busy)
     qroot = os.path.join(cache_root, QUARANTINE)
     os.makedirs(qroot, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -322,23 +452,31 @@ def quarantine(cache_root, engine, fingerprint, path, reason):
 
 
 def restore(cache_root, engine, fingerprint, components, allow_extra=True, check_mode=False, do_quarantine=True,
-            mount_path=None):
+            proc_root="/proc"):
     """Verify the published dir before the engine starts; quarantine it when it is not usable.
 
-    A usable dir is relocated to ``mount_path`` (default: where it is) so Triton finds its kernels.
+    A usable directory is left exactly as published (an engine starts on a :func:`checkout` copy). One
+    that a process still uses is reported (``in_use_by``) and left in place, never moved under it.
     """
     path = fingerprint_dir(cache_root, engine, fingerprint)
     ver = verify_dir(path, fingerprint, components, allow_extra)
     out = {"cache_dir": path, "status": "hit" if ver["ok"] else ver["status"], "verify": ver,
-           "quarantined_to": None, "changed": False, "relocated_files": 0}
-    if ver["ok"] and not check_mode:
-        out["relocated_files"] = relocate(path, mount_path or path)
-        out["changed"] = out["relocated_files"] > 0
+           "quarantined_to": None, "changed": False, "in_use_by": []}
     if not ver["ok"] and ver["status"] != "missing" and do_quarantine:
+        try:
+            if check_mode:
+                busy = users_of([path], proc_root)
+                if busy:
+                    raise InUse(path, ver["status"], busy)
+            else:
+                out["quarantined_to"] = quarantine(cache_root, engine, fingerprint, path,
+                                                   "%s: %s" % (ver["status"], "; ".join(ver["problems"][:20])),
+                                                   proc_root=proc_root, what=ver["status"])
+        except InUse as e:
+            out["in_use_by"] = e.users[:20]
+            ver["problems"].append("not quarantined: in use by %s; stop it and run again" % describe_users(e.users))
+            return out
         out["changed"] = True
-        if not check_mode:
-            out["quarantined_to"] = quarantine(cache_root, engine, fingerprint, path,
-                                               "%s: %s" % (ver["status"], "; ".join(ver["problems"][:20])))
         out["status"] = "quarantined"
     return out
 
@@ -498,7 +636,7 @@ def run_warmup(warmup, env, log, logfile, http_post=None, poll=2.0):
 
 
 def prebuild(cache_root, engine, fingerprint, components, warmup, label="", extra_env=None,
-             lock_timeout=7200, allow_extra=True, check_mode=False, http_post=None, host=None):
+             lock_timeout=7200, allow_extra=True, check_mode=False, http_post=None, host=None, proc_root="/proc"):
     """Build the cache once per fingerprint: lock, re-check, warm up into ``.partial-*``, verify, rename.
 
     A caller that waited for another builder finds the published directory and reports a hit.
@@ -519,7 +657,8 @@ def prebuild(cache_root, engine, fingerprint, components, warmup, label="", extr
             return res
         if ver["status"] != "missing":
             res["quarantined_to"] = quarantine(cache_root, engine, fingerprint, final,
-                                               "%s before prebuild: %s" % (ver["status"], "; ".join(ver["problems"][:20])))
+                                               "%s before prebuild: %s" % (ver["status"], "; ".join(ver["problems"][:20])),
+                                               proc_root=proc_root, what=ver["status"])
             res["changed"] = True
         logfile = os.path.join(eroot, ".logs", "%s.prebuild.log" % fingerprint)
         log = _Log(logfile)
@@ -555,8 +694,46 @@ _fsync_dir = _fsutil.fsync_dir
 
 # ---- copy between a shared store and node-local NVMe -----------------------------------------------
 
+def _copy_listed(src, dst, entries, log=None, progress_every=2.0):
+    """Copy the manifest ``entries`` from ``src`` into the fresh directory ``dst``, each hashed while copied.
+
+    Both sides go through ``_paths.contained``: an entry cannot read or write outside its directory, nor
+    follow a symlink. Returns the bytes copied; raises KCacheError when a file's digest differs.
+    """
+    total = sum(max(e["size"], 0) for e in entries)
+    done, t0, last = 0, time.monotonic(), 0.0
+    for entry in entries:
+        try:
+            s = _paths.contained(src, entry["path"], "manifest.json path")
+            d = _paths.contained(dst, entry["path"], "manifest.json path")
+        except _paths.PathEscape as e:
+            raise KCacheError("%s: %s" % (src, e))
+        os.makedirs(os.path.dirname(d), exist_ok=True)
+        h = hashlib.sha256()
+        fdi = os.open(s, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fdi, "rb") as fi, os.fdopen(
+                os.open(d, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "wb") as fo:
+            for chunk in iter(lambda: fi.read(_CHUNK), b""):
+                h.update(chunk)
+                fo.write(chunk)
+                done += len(chunk)
+                now = time.monotonic()
+                if log is not None and now - last >= progress_every:
+                    last = now
+                    rate = done / max(now - t0, 1e-6)
+                    log("%d/%d bytes (%.1f%%) %.1f MiB/s ETA %.0fs" % (
+                        done, total, 100.0 * done / max(total, 1), rate / 2 ** 20, (total - done) / max(rate, 1)))
+            fo.flush()
+            os.fsync(fo.fileno())
+        digest = file_digest(d)[1] if is_triton_group(d) else h.hexdigest()
+        if digest != entry["sha256"]:
+            raise KCacheError("sync: %s changed while copying (sha256 mismatch); the source is being "
+                              "written to or is corrupt" % s)
+    return done
+
+
 def sync(source_root, cache_root, engine, fingerprint, components, lock_timeout=7200, allow_extra=True,
-         check_mode=False, progress_every=2.0):
+         check_mode=False, progress_every=2.0, proc_root="/proc"):
     """Copy a verified fingerprint dir from ``source_root`` to ``cache_root`` the verified way.
 
     Every file is hashed while it is copied and compared with the source manifest; the copy lands in a
@@ -570,7 +747,7 @@ def sync(source_root, cache_root, engine, fingerprint, components, lock_timeout=
     if not sver["ok"]:
         raise KCacheError("source_root: %s is not a verified cache for this fingerprint (%s: %s); prebuild it "
                           "there first" % (src, sver["status"], "; ".join(sver["problems"][:5])))
-    man = read_manifest(src)
+    entries = manifest_entries(read_manifest(src))
     if check_mode:
         ver = verify_dir(final, fingerprint, components, allow_extra)
         res.update(status="hit" if ver["ok"] else "would_copy", changed=not ver["ok"])
@@ -585,34 +762,14 @@ def sync(source_root, cache_root, engine, fingerprint, components, lock_timeout=
             return res
         if ver["status"] != "missing":
             res["quarantined_to"] = quarantine(cache_root, engine, fingerprint, final,
-                                               "%s before sync: %s" % (ver["status"], "; ".join(ver["problems"][:20])))
+                                               "%s before sync: %s" % (ver["status"], "; ".join(ver["problems"][:20])),
+                                               proc_root=proc_root, what=ver["status"])
         log = _Log(os.path.join(eroot, ".logs", "%s.sync.log" % fingerprint))
         partial = tempfile.mkdtemp(prefix=".partial-%s-" % fingerprint, dir=eroot)
-        total = sum(max(f["size"], 0) for f in man["files"])
-        done, t0, last = 0, time.monotonic(), 0.0
+        t0 = time.monotonic()
         try:
             make_layout(partial, engine)
-            for entry in man["files"]:
-                s, d = os.path.join(src, entry["path"]), os.path.join(partial, entry["path"])
-                os.makedirs(os.path.dirname(d), exist_ok=True)
-                h = hashlib.sha256()
-                with open(s, "rb") as fi, open(d, "wb") as fo:
-                    for chunk in iter(lambda: fi.read(_CHUNK), b""):
-                        h.update(chunk)
-                        fo.write(chunk)
-                        done += len(chunk)
-                        now = time.monotonic()
-                        if now - last >= progress_every:
-                            last = now
-                            rate = done / max(now - t0, 1e-6)
-                            log("%d/%d bytes (%.1f%%) %.1f MiB/s ETA %.0fs" % (
-                                done, total, 100.0 * done / max(total, 1), rate / 2 ** 20, (total - done) / max(rate, 1)))
-                    fo.flush()
-                    os.fsync(fo.fileno())
-                digest = file_digest(d)[1] if is_triton_group(d) else h.hexdigest()
-                if digest != entry["sha256"]:
-                    raise KCacheError("sync: %s changed while copying (sha256 mismatch); the source is being "
-                                      "written to or is corrupt" % s)
+            total = _copy_listed(src, partial, entries, log, progress_every)
             shutil.copy2(os.path.join(src, MANIFEST), os.path.join(partial, MANIFEST))
             relocate(partial, final)
             check = verify_dir(partial, fingerprint, components, allow_extra=False)
@@ -621,60 +778,240 @@ def sync(source_root, cache_root, engine, fingerprint, components, lock_timeout=
             os.rename(partial, final)
             _fsync_dir(eroot)
             dt = time.monotonic() - t0
-            log("copied %d files, %d bytes in %.2fs (%.1f MiB/s)" % (len(man["files"]), total, dt, total / max(dt, 1e-6) / 2 ** 20))
+            log("copied %d files, %d bytes in %.2fs (%.1f MiB/s)" % (len(entries), total, dt, total / max(dt, 1e-6) / 2 ** 20))
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
         finally:
             log.close()
-        res.update(status="copied", copied=True, changed=True, bytes=total, file_count=len(man["files"]),
+        res.update(status="copied", copied=True, changed=True, bytes=total, file_count=len(entries),
                    duration_s=round(time.monotonic() - t0, 3), log_path=log.path)
         return res
 
 
+# ---- the engine's writable copy ------------------------------------------------------------------------
+
+def compare_to_manifest(path, entries):
+    """What ``path`` holds beyond ``entries``: ``{new_files: [{path, size, change}], missing_files: [...]}``.
+
+    ``change`` is ``added`` (not in the manifest) or ``changed`` (its digest differs); Triton group files
+    compare location-free, so a relocated copy does not count as changed. Symlinks count as added.
+    """
+    listed = dict((e["path"], e) for e in entries)
+    new, present = [], set()
+    for f in scan_files(path):
+        present.add(f["path"])
+        entry = listed.get(f["path"])
+        if entry is not None and entry["sha256"] == f["sha256"]:
+            continue
+        size = os.path.getsize(os.path.join(path, f["path"]))
+        new.append({"path": f["path"], "size": size, "change": "added" if entry is None else "changed"})
+    for rel in _links(path):
+        present.add(rel)
+        new.append({"path": rel, "size": 0, "change": "added"})
+    new.sort(key=lambda f: f["path"])
+    return {"new_files": new, "missing_files": sorted(set(listed) - present)}
+
+
+def checkout(cache_root, engine, fingerprint, components, instance=DEFAULT_INSTANCE, mount_path=None,
+             allow_extra=True, lock_timeout=7200, check_mode=False, proc_root="/proc"):
+    """Give engine ``instance`` its own writable copy of the verified published directory.
+
+    The copy is ``.run/<fp>-<instance>/`` (the same path on every run, so an engine left running keeps its
+    spec): built in a ``.partial-*`` directory from the manifest's files, each hashed while copied, its
+    Triton groups pointed at ``mount_path`` (default: the copy itself), then renamed into place. An
+    existing copy is kept as it is while a process uses it (``in_use``), kept when it still equals the
+    published files (``ready``), and replaced otherwise (``copied``, with ``discarded_files``: what a
+    stopped start had added). The published directory is only read.
+    """
+    published = fingerprint_dir(cache_root, engine, fingerprint)
+    rd = run_dir(cache_root, engine, fingerprint, instance)
+    base = mount_path or rd
+    res = {"cache_dir": published, "engine_dir": rd, "changed": False, "in_use_by": [], "discarded_files": [],
+           "relocated_files": 0}
+    ver = verify_dir(published, fingerprint, components, allow_extra)
+    if not ver["ok"]:
+        raise KCacheError("checkout: %s is not a verified cache for this fingerprint (%s: %s); run operation=verify "
+                          "and prebuild or sync first" % (published, ver["status"], "; ".join(ver["problems"][:5])))
+    entries = manifest_entries(read_manifest(published))
+
+    def current():
+        if not os.path.isdir(rd):
+            return None
+        busy = users_of([rd], proc_root)
+        if busy:
+            res.update(status="in_use", in_use_by=busy[:20])
+            return "in_use"
+        try:
+            if read_manifest(rd).get("fingerprint") != fingerprint:
+                return "stale"
+        except (OSError, ValueError):
+            return "stale"
+        diff = compare_to_manifest(rd, entries)
+        res["discarded_files"] = diff["new_files"][:200] + [
+            {"path": p, "size": 0, "change": "removed"} for p in diff["missing_files"][:200]]
+        return "stale" if res["discarded_files"] else "same"
+
+    if check_mode:
+        state = current()
+        if state != "in_use":
+            res.update(status="ready" if state == "same" else "would_copy", changed=state != "same")
+        return res
+    os.makedirs(os.path.join(engine_root(cache_root, engine), RUNS), exist_ok=True)
+    with fingerprint_lock(cache_root, engine, fingerprint, lock_timeout):
+        state = current()
+        if state == "in_use":
+            return res
+        if state == "same":
+            res["relocated_files"] = relocate(rd, base)
+            res.update(status="ready", changed=res["relocated_files"] > 0)
+            return res
+        eroot = engine_root(cache_root, engine)
+        partial = tempfile.mkdtemp(prefix=".partial-%s-run-" % fingerprint, dir=eroot)
+        try:
+            make_layout(partial, engine)
+            total = _copy_listed(published, partial, entries)
+            shutil.copyfile(os.path.join(published, MANIFEST), os.path.join(partial, MANIFEST))
+            res["relocated_files"] = relocate(partial, base)
+            if state == "stale":
+                shutil.rmtree(rd)
+            os.rename(partial, rd)
+            _fsync_dir(os.path.dirname(rd))
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        res.update(status="copied", changed=True, bytes=total, file_count=len(entries))
+    return res
+
+
+def start_report(cache_root, engine, fingerprint, log_text, instance=DEFAULT_INSTANCE, mount_path=None):
+    """Hit or miss of the latest engine start, from its log and from what it wrote into its cache copy.
+
+    Files the engine added or changed in its copy (``.run/<fp>-<instance>``) relative to the published
+    manifest are ``new_files`` and make the start a miss; ``worth_publishing`` says whether they are a
+    clean addition a rebuilt cache should hold. The published directory is checked byte for byte
+    (``published_unchanged``). Without a copy (an engine pointed at the published directory itself),
+    files written there make the start a miss.
+    """
+    published = fingerprint_dir(cache_root, engine, fingerprint)
+    rd = run_dir(cache_root, engine, fingerprint, instance)
+    engine_dir = rd if os.path.isdir(rd) else published
+    res = analyze_log(log_text, engine, mount_path or engine_dir)
+    pub = verify_dir(published, fingerprint, None, allow_extra=False)
+    res.update(engine_dir=engine_dir, published_unchanged=pub["ok"], problems=[], new_files=[], missing_files=[])
+    if engine_dir == published:
+        res["cache_unchanged"] = pub["ok"]
+        if pub["status"] in ("tampered", "incomplete"):
+            res["result"] = "miss"
+            res["miss_lines"].append("cache changed during start: %s" % "; ".join(pub["problems"][:5]))
+        res.update(worth_publishing=False, publish_advice="the engine ran on the published directory itself; "
+                   "start it on operation=checkout's engine_dir so what it compiles is reported, not mixed in")
+        return res
+    if not pub["ok"] and pub["status"] != "missing":
+        res["problems"].append("published directory %s no longer verifies (%s): %s" % (
+            published, pub["status"], "; ".join(pub["problems"][:5])))
+    try:
+        entries = manifest_entries(read_manifest(rd))
+    except (OSError, ValueError) as e:
+        res.update(cache_unchanged=False, worth_publishing=False, publish_advice="no usable manifest in the copy")
+        res["problems"].append("engine_dir %s: manifest.json unusable (%s); run operation=checkout again" % (rd, e))
+        return res
+    diff = compare_to_manifest(rd, entries)
+    new, missing = diff["new_files"], diff["missing_files"]
+    res.update(new_files=new[:200], new_file_count=len(new), new_bytes=sum(f["size"] for f in new),
+               missing_files=missing[:200], cache_unchanged=not new and not missing)
+    changed = [f for f in new if f["change"] == "changed"]
+    if new or missing:
+        res["result"] = "miss"
+        res["miss_lines"].append("the start wrote %d new or changed files (%d bytes) into %s%s" % (
+            len(new), res["new_bytes"], rd, ", removed %d" % len(missing) if missing else ""))
+    if not new:
+        worth, advice = False, "nothing new: the start used only published files"
+    elif res["poisoned"]:
+        worth, advice = False, "the log shows a corrupted cache: these files are a recovery, not kernels to publish"
+    elif changed or missing:
+        worth, advice = True, (
+            "the engine rewrote or removed %d published files: what it compiles depends on an input this "
+            "fingerprint does not record (another torch installation or compiler, for example); worth publishing "
+            "only as a new fingerprint, keyed on that input and prebuilt on its own" % (len(changed) + len(missing)))
+    else:
+        worth, advice = True, (
+            "%d files the warm-up did not compile (other shapes or code paths, or compile keys this fingerprint "
+            "does not record): worth publishing as a new fingerprint directory; widen the warm-up "
+            "(kernel_cache_warmup_*) or key the differing input, then prebuild; a published directory is never "
+            "changed in place" % len(new))
+    res.update(worth_publishing=worth, publish_advice=advice)
+    return res
+
+
 # ---- garbage collection ----------------------------------------------------------------------------
 
-def mounted_fingerprints(cache_root, engine, proc_root="/proc"):
-    """Fingerprints of ``cache_root/engine`` referenced by a running process (environment or mapped files)."""
-    base = os.path.realpath(engine_root(cache_root, engine)).rstrip("/") + "/"
-    pat = re.compile(re.escape(base) + r"([0-9a-f]{8,64})(?=/|\x00|\s|$)")
-    found = set()
+def _listdir(path):
     try:
-        pids = [p for p in os.listdir(proc_root) if p.isdigit()]
+        return sorted(os.listdir(path))
     except OSError:
-        return found
-    for pid in pids:
-        for name in ("environ", "maps"):
-            try:
-                with open(os.path.join(proc_root, pid, name), "rb") as f:
-                    data = f.read().decode("utf-8", "replace")
-            except OSError:
-                continue
-            found.update(pat.findall(data))
-    return found
+        return []
+
+
+def fingerprint_users(cache_root, engine, proc_root="/proc"):
+    """``({fingerprint: [user, ...]}, {dir: fingerprint})`` for the published and ``.run/`` dirs of ``engine``.
+
+    One ``_inuse.users_of`` scan (environment paths included): a process counts whatever path it reaches
+    the directory by (a symlinked ``cache_root``, a bind mount in a pod's mount namespace, an open file,
+    a mapping, its working directory or a cache variable in its environment).
+    """
+    eroot = engine_root(cache_root, engine)
+    dirs = {}
+    for d in _listdir(eroot):
+        if _FP_RE.match(d) and os.path.isdir(os.path.join(eroot, d)):
+            dirs[os.path.join(eroot, d)] = d
+    for d in _listdir(os.path.join(eroot, RUNS)):
+        fp = d.split("-", 1)[0]
+        full = os.path.join(eroot, RUNS, d)
+        if _FP_RE.match(fp) and "-" in d and os.path.isdir(full) and not os.path.islink(full):
+            dirs[full] = fp
+    found = {}
+    for u in users_of(sorted(dirs), proc_root) if dirs else []:
+        found.setdefault(dirs[u["path"]], []).append(u)
+    return found, dirs
+
+
+def mounted_fingerprints(cache_root, engine, proc_root="/proc"):
+    """Fingerprints of ``cache_root/engine`` used by a running process (see :func:`fingerprint_users`)."""
+    return set(fingerprint_users(cache_root, engine, proc_root)[0])
 
 
 def _created(path):
     try:
-        return read_manifest(path).get("created") or _utc(os.path.getmtime(path))
+        created = read_manifest(path).get("created")
+        if isinstance(created, str) and created:
+            return created
     except (OSError, ValueError):
-        try:
-            return _utc(os.path.getmtime(path))
-        except OSError:
-            return ""
+        pass
+    try:
+        return _utc(os.path.getmtime(path))
+    except OSError:
+        return ""
 
 
 def gc(cache_root, engine, keep, in_use=(), proc_root="/proc", check_mode=False, partial_max_age=86400):
-    """Keep the newest ``keep`` fingerprints of ``engine``; never remove one that is in use."""
+    """Keep the newest ``keep`` fingerprints of ``engine``; never remove one that is in use.
+
+    A fingerprint is in use when listed in ``in_use`` or when a process uses its published directory or
+    one of its ``.run/`` copies. A copy no process uses goes with its fingerprint; copies of kept
+    fingerprints stay (the next start of that instance replaces its own).
+    """
     eroot = engine_root(cache_root, engine)
-    res = {"kept": [], "removed": [], "protected": [], "removed_partials": [], "changed": False}
+    res = {"kept": [], "removed": [], "protected": [], "removed_partials": [], "removed_runs": [], "changed": False,
+           "in_use_by": {}}
     if not os.path.isdir(eroot):
         return res
-    mounted = mounted_fingerprints(cache_root, engine, proc_root)
+    users, dirs = fingerprint_users(cache_root, engine, proc_root)
+    mounted = set(users)
     protected = set(in_use or ()) | mounted
-    dirs = [d for d in os.listdir(eroot) if _FP_RE.match(d) and os.path.isdir(os.path.join(eroot, d))]
-    dirs.sort(key=lambda d: (_created(os.path.join(eroot, d)), d), reverse=True)
-    for i, d in enumerate(dirs):
+    fps = sorted(set(fp for d, fp in dirs.items() if os.path.dirname(d) == eroot))
+    fps.sort(key=lambda d: (_created(os.path.join(eroot, d)), d), reverse=True)
+    for i, d in enumerate(fps):
         if d in protected:
             res["protected"].append(d)
         elif i < keep:
@@ -683,8 +1020,16 @@ def gc(cache_root, engine, keep, in_use=(), proc_root="/proc", check_mode=False,
             res["removed"].append(d)
             if not check_mode:
                 shutil.rmtree(os.path.join(eroot, d))
+    live = set(res["kept"]) | set(res["protected"])
+    busy_runs = set(u["path"] for us in users.values() for u in us)
+    for d, fp in sorted(dirs.items()):
+        if os.path.dirname(d) == eroot or d in busy_runs or fp in live:
+            continue
+        res["removed_runs"].append(os.path.basename(d))
+        if not check_mode:
+            shutil.rmtree(d, ignore_errors=True)
     now = time.time()
-    for d in sorted(os.listdir(eroot)):
+    for d in _listdir(eroot):
         m = re.match(r"^\.partial-([0-9a-f]+)-", d)
         full = os.path.join(eroot, d)
         if not m or now - os.path.getmtime(full) < partial_max_age or not lock_is_free(cache_root, engine, m.group(1)):
@@ -693,7 +1038,8 @@ def gc(cache_root, engine, keep, in_use=(), proc_root="/proc", check_mode=False,
         if not check_mode:
             shutil.rmtree(full, ignore_errors=True)
     res["mounted"] = sorted(mounted)
-    res["changed"] = bool(res["removed"] or res["removed_partials"])
+    res["in_use_by"] = dict((fp, us[:5]) for fp, us in sorted(users.items()))
+    res["changed"] = bool(res["removed"] or res["removed_partials"] or res["removed_runs"])
     return res
 
 

@@ -7,17 +7,22 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: kernel_cache
-short_description: Verify, prebuild, copy, garbage-collect and audit fingerprinted kernel-cache directories
+short_description: Verify, prebuild, copy, check out, garbage-collect and audit fingerprinted kernel-cache directories
 version_added: "0.1.0"
 description:
   - Manages C(<cache_root>/<engine>/<fingerprint>/) directories on node-local storage. Each holds one
     subdirectory per cache kind (vLLM C(torch_compile), C(inductor), C(triton), C(deep_gemm),
     C(flashinfer); SGLang C(sglang), C(deep_gemm), C(jit), C(triton), C(inductor), C(flashinfer)) and a
     C(manifest.json) with the fingerprint components, every file's size and sha256, the producer host
-    and the creation time.
+    and the creation time. A published directory is never written again; an engine starts on its own
+    copy (O(operation=checkout)).
+  - Every path in a C(manifest.json) must name a file inside its directory (no absolute path, no C(..),
+    no symlink on the way); a manifest entry that breaks this, lacks C(path), C(size) or C(sha256), or
+    has them of the wrong type makes the directory C(bad_manifest), handled like a tampered one.
   - O(operation=verify) checks the published directory against its manifest and the expected
-    O(components) before the engine starts. A tampered, incomplete or foreign directory is moved to
-    C(<cache_root>/.quarantine/) and reported, never mounted.
+    O(components) before the engine starts. A tampered, incomplete, foreign or C(bad_manifest)
+    directory is moved to C(<cache_root>/.quarantine/) and reported, never used. One that a running
+    process uses (see O(proc_root)) is reported with C(in_use_by) and left in place.
   - O(operation=prebuild) builds the cache once per fingerprint. Under a per-fingerprint lock it
     re-checks, runs O(warmup_command) with every cache variable pointing into a private C(.partial-*)
     directory, writes the manifest, verifies it and renames it into place. Callers that waited for
@@ -25,20 +30,31 @@ description:
   - O(operation=sync) copies a verified directory from O(source_root) (a shared cache store, or the
     local cache when pushing to the store) into O(cache_root), hashing every file while copying, then
     renames it into place. Progress (bytes, rate, ETA) goes to C(.logs/<fingerprint>.sync.log).
+  - O(operation=checkout) gives engine O(instance) its own writable copy of the verified published
+    directory, C(<cache_root>/<engine>/.run/<fingerprint>-<instance>/), every file hashed while copied
+    and Triton groups pointed at O(mount_path). The copy keeps its path from run to run (an engine left
+    running keeps its spec); it is left alone while a process uses it, kept while it equals the published
+    files, and replaced otherwise. RV(engine_dir) and RV(env) are what the engine must use.
   - O(operation=gc) keeps the newest O(keep) fingerprints of O(engine). A fingerprint listed in
-    O(in_use) or referenced by a running process (its environment or mapped files under O(proc_root))
-    is never removed. Stale C(.partial-*) directories whose lock is free are removed too.
+    O(in_use), or whose published directory or C(.run/) copy a running process uses, is never removed.
+    Copies no process uses go with their fingerprint; stale C(.partial-*) directories whose lock is free
+    are removed too.
+  - Use by a process is found under O(proc_root) by device and inode, whatever path the process reaches
+    the directory by - a symlinked O(cache_root), a bind mount in another mount namespace (a pod's
+    hostPath), an open file, a mapping, its working directory or a cache variable in its environment.
   - O(operation=report) reads the engine log after start and decides C(hit) or C(miss). A start that
     recompiled (for example vLLM's C(Compiling model again due to a load failure) or SGLang's DeepGEMM
-    pre-compile banner) is a miss, and so is one that wrote new or changed files into the restored
-    directory. Poisoned-cache signatures and MoE tuned-config fallbacks are reported too.
-  - Every operation returns RV(env), the environment the engine needs, built from O(mount_path).
+    pre-compile banner) is a miss, and so is one that wrote files into its copy; those are listed as
+    C(new_files) with C(worth_publishing). The published directory is checked to be unchanged.
+    Poisoned-cache signatures and MoE tuned-config fallbacks are reported too.
+  - Every operation except O(operation=gc) returns RV(env), built from O(mount_path) (for
+    O(operation=checkout), from the copy when O(mount_path) is not set).
 options:
   operation:
     description: What to do.
     type: str
     required: true
-    choices: [verify, prebuild, sync, gc, report]
+    choices: [verify, prebuild, sync, checkout, gc, report]
   cache_root:
     description: Node-local root of the kernel caches (C(<cache_root>/<engine>/<fingerprint>)).
     type: path
@@ -54,8 +70,8 @@ options:
   components:
     description:
       - RV(llmops.serving.kernel_fingerprint#module:components). Required for O(operation=verify),
-        O(operation=prebuild) and O(operation=sync); a directory whose manifest components differ is
-        never used.
+        O(operation=prebuild), O(operation=sync) and O(operation=checkout); a directory whose manifest
+        components differ is never used.
     type: dict
   label:
     description: Readable label recorded in the manifest.
@@ -63,9 +79,16 @@ options:
     default: ""
   mount_path:
     description:
-      - Where the engine sees the fingerprint directory (the container mount path in Kubernetes).
-        Defaults to the fingerprint directory itself (a local engine).
+      - Where the engine sees its cache directory (the container mount path in Kubernetes).
+        Defaults to RV(engine_dir) for O(operation=checkout) and O(operation=report), to the fingerprint
+        directory otherwise.
     type: str
+  instance:
+    description:
+      - Name of the engine instance on this host whose copy O(operation=checkout) prepares and
+        O(operation=report) inspects (the engine's process name). One copy per instance and fingerprint.
+    type: str
+    default: engine
   quarantine:
     description: Move an unusable directory aside during O(operation=verify). When false it is only reported.
     type: bool
@@ -106,7 +129,9 @@ options:
     type: int
     default: 3600
   warmup_env:
-    description: Extra environment for the warm-up (the cache variables are always set by the module).
+    description:
+      - Extra environment for the warm-up (the cache variables are always set by the module).
+      - Values are C(no_log) - hidden in every result, C(-vvv) output and job event.
     type: dict
     default: {}
   warmup_chdir:
@@ -129,7 +154,10 @@ options:
     elements: str
     default: []
   proc_root:
-    description: Root of procfs scanned for running processes that reference a fingerprint; tests point it at a fixture tree.
+    description:
+      - Root of procfs scanned for processes that use a fingerprint directory or its copies (O(operation=gc),
+        the quarantine of O(operation=verify), O(operation=prebuild) and O(operation=sync), and O(operation=checkout));
+        tests point it at a fixture tree.
     type: path
     default: /proc
   log_path:
@@ -167,6 +195,16 @@ EXAMPLES = r"""
     components: "{{ fp.components }}"
     warmup_command: [/opt/sglang/bin/python, -m, sglang.compile_deep_gemm, --model-path, /mnt/nvme/models/m/rev, --tp, "8"]
 
+- name: Give the engine its own writable copy of the verified cache
+  llmops.serving.kernel_cache:
+    operation: checkout
+    cache_root: /mnt/nvme/kernel-cache
+    engine: vllm
+    fingerprint: "{{ fp.fingerprint }}"
+    components: "{{ fp.components }}"
+    instance: engine
+  register: kc_run
+
 - name: Report whether the engine start hit the cache
   llmops.serving.kernel_cache:
     operation: report
@@ -188,16 +226,27 @@ RETURN = r"""
 status:
   description:
     - verify - V(hit), V(missing) or V(quarantined) (or the verification status when O(quarantine=false)).
+    - verify - V(tampered), V(incomplete), V(foreign), V(no_manifest) or V(bad_manifest) when the directory is
+      not usable but a process uses it (RV(details.in_use_by)), so it was left in place.
     - prebuild - V(built), V(hit) or V(would_build). sync - V(copied), V(hit) or V(would_copy).
+    - checkout - V(copied), V(ready) (the copy equals the published files), V(in_use) (a process uses the
+      copy; left alone) or V(would_copy).
     - report - V(hit), V(miss) or V(unknown). gc - V(done).
   returned: always
   type: str
 cache_dir:
-  description: The fingerprint directory on this host.
+  description: The published fingerprint directory on this host (read-only for engines).
   returned: unless O(operation=gc)
   type: str
+engine_dir:
+  description:
+    - The writable copy engine O(instance) runs on (checkout); for report, the directory the start was
+      judged on (the copy, or the published directory when there is none).
+  returned: when O(operation=checkout) or O(operation=report)
+  type: str
+  sample: /mnt/nvme/kernel-cache/vllm/.run/0c1d2e3f4a5b6c7d-engine
 env:
-  description: Environment variables for the engine, all pointing inside O(mount_path).
+  description: Environment variables for the engine, all pointing inside O(mount_path) (or RV(engine_dir)).
   returned: unless O(operation=gc)
   type: dict
   sample: {TRITON_CACHE_DIR: /cache/triton, SGLANG_DG_CACHE_DIR: /cache/deep_gemm}
@@ -211,7 +260,13 @@ quarantined_to:
   returned: when something was quarantined
   type: str
 details:
-  description: The full result of the operation (manifest summary, timings, log evidence, gc lists).
+  description:
+    - The full result of the operation (manifest summary, timings, log evidence, gc lists).
+    - verify, checkout and gc - C(in_use_by), the processes found using a directory (C(pid), C(via), C(file)).
+    - checkout - C(discarded_files), what a stopped start had left in a copy that was replaced.
+    - report - C(new_files) (C(path), C(size), C(change) added or changed), C(missing_files),
+      C(published_unchanged), C(worth_publishing) and C(publish_advice).
+    - gc - C(kept), C(removed), C(protected), C(mounted), C(removed_runs), C(removed_partials).
   returned: always
   type: dict
 """
@@ -220,7 +275,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmops.serving.plugins.module_utils import _kcache
 
-NEEDS_COMPONENTS = ("verify", "prebuild", "sync")
+NEEDS_COMPONENTS = ("verify", "prebuild", "sync", "checkout")
 
 
 def _http_post(module):
@@ -237,13 +292,15 @@ def _http_post(module):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            operation=dict(type="str", required=True, choices=["verify", "prebuild", "sync", "gc", "report"]),
+            operation=dict(type="str", required=True,
+                           choices=["verify", "prebuild", "sync", "checkout", "gc", "report"]),
             cache_root=dict(type="path", required=True),
             engine=dict(type="str", required=True, choices=sorted(_kcache.KINDS)),
             fingerprint=dict(type="str"),
             components=dict(type="dict"),
             label=dict(type="str", default=""),
             mount_path=dict(type="str"),
+            instance=dict(type="str", default=_kcache.DEFAULT_INSTANCE),
             quarantine=dict(type="bool", default=True),
             allow_extra=dict(type="bool", default=True),
             warmup_command=dict(type="list", elements="str"),
@@ -252,7 +309,7 @@ def main():
             warmup_body=dict(type="dict", default={}),
             warmup_expect=dict(type="str", default=""),
             warmup_timeout=dict(type="int", default=3600),
-            warmup_env=dict(type="dict", default={}),
+            warmup_env=dict(type="dict", default={}, no_log=True),
             warmup_chdir=dict(type="path"),
             lock_timeout=dict(type="int", default=7200),
             source_root=dict(type="path"),
@@ -265,13 +322,14 @@ def main():
             ("operation", "verify", ("fingerprint", "components")),
             ("operation", "prebuild", ("fingerprint", "components", "warmup_command")),
             ("operation", "sync", ("fingerprint", "components", "source_root")),
+            ("operation", "checkout", ("fingerprint", "components")),
             ("operation", "report", ("fingerprint", "log_path")),
             ("warmup_mode", "serve", ("warmup_url",)),
         ],
         supports_check_mode=True,
     )
     p = module.params
-    op, engine, root = p["operation"], p["engine"], p["cache_root"]
+    op, engine, root, proc = p["operation"], p["engine"], p["cache_root"], p["proc_root"]
     if p["keep"] < 1:
         module.fail_json(msg="keep: %d keeps nothing; set keep to 1 or more" % p["keep"])
     if op in NEEDS_COMPONENTS and p["components"].get("engine") not in (None, engine):
@@ -279,14 +337,17 @@ def main():
                              "of this engine" % (p["components"].get("engine"), engine))
     try:
         if op == "gc":
-            res = _kcache.gc(root, engine, p["keep"], p["in_use"], p["proc_root"], module.check_mode)
+            res = _kcache.gc(root, engine, p["keep"], p["in_use"], proc, module.check_mode)
             module.exit_json(changed=res.pop("changed"), status="done", details=res)
         fp = p["fingerprint"]
         cache_dir = _kcache.fingerprint_dir(root, engine, fp)
-        env = _kcache.cache_env(engine, p["mount_path"] or cache_dir)
+        engine_dir = None
+        if op in ("checkout", "report"):
+            engine_dir = _kcache.run_dir(root, engine, fp, p["instance"])
+        env = _kcache.cache_env(engine, p["mount_path"] or engine_dir or cache_dir)
         if op == "verify":
             res = _kcache.restore(root, engine, fp, p["components"], p["allow_extra"], module.check_mode,
-                                  p["quarantine"], mount_path=p["mount_path"])
+                                  p["quarantine"], proc_root=proc)
         elif op == "prebuild":
             warmup = dict(command=p["warmup_command"], mode=p["warmup_mode"], url=p["warmup_url"],
                           body=p["warmup_body"], expect=p["warmup_expect"], timeout=p["warmup_timeout"],
@@ -294,30 +355,31 @@ def main():
             res = _kcache.prebuild(root, engine, fp, p["components"], warmup, label=p["label"],
                                    extra_env=dict((k, str(v)) for k, v in p["warmup_env"].items()),
                                    lock_timeout=p["lock_timeout"], allow_extra=p["allow_extra"],
-                                   check_mode=module.check_mode, http_post=_http_post(module))
+                                   check_mode=module.check_mode, http_post=_http_post(module), proc_root=proc)
         elif op == "sync":
             res = _kcache.sync(p["source_root"], root, engine, fp, p["components"], p["lock_timeout"],
-                               p["allow_extra"], module.check_mode)
+                               p["allow_extra"], module.check_mode, proc_root=proc)
+        elif op == "checkout":
+            res = _kcache.checkout(root, engine, fp, p["components"], p["instance"], p["mount_path"],
+                                   p["allow_extra"], p["lock_timeout"], module.check_mode, proc)
         else:
             try:
                 with open(p["log_path"], "r", errors="replace") as f:
                     text = f.read()
             except OSError as e:
                 module.fail_json(msg="log_path: cannot read %s (%s); point it at the engine's log" % (p["log_path"], e))
-            res = _kcache.analyze_log(text, engine, cache_dir if not p["mount_path"] else p["mount_path"])
-            # kernels written into the restored dir during the start are a miss even without a log line
-            ver = _kcache.verify_dir(cache_dir, fp, None, allow_extra=False)
-            res["cache_unchanged"] = ver["ok"]
-            if ver["status"] in ("tampered", "incomplete"):
-                res["result"] = "miss"
-                res["miss_lines"].append("cache changed during start: %s" % "; ".join(ver["problems"][:5]))
+            res = _kcache.start_report(root, engine, fp, text, p["instance"], p["mount_path"])
+            engine_dir = res["engine_dir"]
+            env = _kcache.cache_env(engine, p["mount_path"] or engine_dir)
             res["status"] = res["result"]
             res["changed"] = False
-    except (_kcache.KCacheError, OSError) as e:
+    except (_kcache.KCacheError, OSError, ValueError) as e:
         module.fail_json(msg=str(e))
     verify = res.pop("verify", None) or {}
     out = dict(changed=res.pop("changed", False), status=res["status"], cache_dir=cache_dir, env=env,
                details=res)
+    if engine_dir:
+        out["engine_dir"] = engine_dir
     if verify:
         out["problems"] = verify.get("problems", [])
         res["manifest"] = verify.get("manifest")

@@ -37,7 +37,7 @@ PLAY = """
         dest: "{{ out_file }}"
         mode: "0644"
         content: "{{ {'env': kernel_cache_env, 'dir': kernel_cache_dir, 'fp': kernel_cache_fingerprint,
-                     'status': kernel_cache_status} | to_json }}"
+                     'status': kernel_cache_status, 'engine_dir': kernel_cache_engine_dir} | to_json }}"
       delegate_to: localhost
 """
 
@@ -97,11 +97,16 @@ def test_build_once_then_restore_then_rebuild_after_tamper(setup, pycoll):
     assert f["status"] == "hit" and runs(setup) == 1
     assert f["env"]["TRITON_CACHE_DIR"] == "/cache/triton" and f["env"]["VLLM_CACHE_ROOT"] == "/cache/torch_compile"
     assert f["dir"] == str(setup / "nvme" / "kc" / "vllm" / f["fp"])
-    grp = os.path.join(f["dir"], "triton", "KEY", "__grp__k.json")
+    # the engine gets its own copy, relocated to the mount path; the published directory is left as published
+    assert f["engine_dir"] == str(setup / "nvme" / "kc" / "vllm" / ".run" / (f["fp"] + "-engine"))
+    grp = os.path.join(f["engine_dir"], "triton", "KEY", "__grp__k.json")
     assert json.load(open(grp))["child_paths"]["k.cubin"] == "/cache/triton/KEY/k.cubin"
-    # second run: restored, nothing rebuilt
+    published = os.path.join(f["dir"], "triton", "KEY", "__grp__k.json")
+    assert json.load(open(published))["child_paths"]["k.cubin"] == os.path.join(f["dir"], "triton", "KEY", "k.cubin")
+    # second run: restored, nothing rebuilt, nothing changed
     p = play(setup, pycoll, {"kernel_cache_mount_path": "/cache"})
     assert p.returncode == 0 and runs(setup) == 1 and facts(setup)["fp"] == f["fp"]
+    assert "changed=0" in p.stdout, p.stdout[-3000:]
     # tampered kernel: quarantined and rebuilt
     with open(os.path.join(f["dir"], "triton", "KEY", "k.cubin"), "r+b") as fh:
         fh.write(b"EVIL")
@@ -125,6 +130,9 @@ def test_canary_builds_others_copy_from_store(setup, pycoll):
     assert b["dir"].startswith(str(setup / "nvme-node-b"))
     grp = os.path.join(b["dir"], "triton", "KEY", "__grp__k.json")
     assert json.load(open(grp))["child_paths"]["k.cubin"].startswith(b["dir"] + "/")
+    grp = os.path.join(b["engine_dir"], "triton", "KEY", "__grp__k.json")
+    assert json.load(open(grp))["child_paths"]["k.cubin"].startswith(b["engine_dir"] + "/")
+    assert b["env"]["TRITON_CACHE_DIR"] == b["engine_dir"] + "/triton"
 
 
 @pytest.mark.parametrize("extra,needle", [

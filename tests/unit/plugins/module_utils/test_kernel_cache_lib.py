@@ -278,7 +278,7 @@ def group_paths(cache_dir):
 
 
 def test_triton_groups_follow_the_directory(tmp_path):
-    """Triton ignores a group whose absolute member paths do not exist: publish, copy and mount relocate them."""
+    """Triton ignores a group whose absolute member paths do not exist: publish, copy and checkout relocate them."""
     node_a, node_b = tmp_path / "a", tmp_path / "b"
     w = {"command": [sys.executable, "-c", TRITON_WRITER], "mode": "run", "timeout": 30}
     r = _kcache.prebuild(str(node_a), "vllm", FP, COMPONENTS, w)
@@ -288,12 +288,15 @@ def test_triton_groups_follow_the_directory(tmp_path):
     _kcache.sync(str(node_a), str(node_b), "vllm", FP, COMPONENTS)
     final_b = str(node_b / "vllm" / FP)
     assert all(p.startswith(final_b + "/") and os.path.exists(p) for p in group_paths(final_b))
-    # mounted at /cache inside a container: paths rewritten for the engine, manifest still verifies
-    r = _kcache.restore(str(node_b), "vllm", FP, COMPONENTS, mount_path="/cache")
-    assert r["status"] == "hit" and r["relocated_files"] == 1
-    assert group_paths(final_b) == ["/cache/triton/KEYHASH/k.cubin", "/cache/triton/KEYHASH/k.json"]
-    again = _kcache.restore(str(node_b), "vllm", FP, COMPONENTS, mount_path="/cache")
-    assert again["status"] == "hit" and again["relocated_files"] == 0 and not again["changed"]
+    # mounted at /cache inside a container: the engine's copy is rewritten for it, the published dir is not
+    published = group_paths(final_b)
+    r = _kcache.checkout(str(node_b), "vllm", FP, COMPONENTS, mount_path="/cache")
+    assert r["status"] == "copied" and r["relocated_files"] == 1
+    assert group_paths(r["engine_dir"]) == ["/cache/triton/KEYHASH/k.cubin", "/cache/triton/KEYHASH/k.json"]
+    assert group_paths(final_b) == published
+    assert _kcache.restore(str(node_b), "vllm", FP, COMPONENTS)["status"] == "hit"
+    again = _kcache.checkout(str(node_b), "vllm", FP, COMPONENTS, mount_path="/cache")
+    assert again["status"] == "ready" and again["relocated_files"] == 0 and not again["changed"]
     # a group that names other members is still tampering
     grp = os.path.join(final_b, "triton", "KEYHASH", "__grp__k.json")
     with open(grp, "w") as f:
