@@ -81,11 +81,18 @@ def test_tcp_round_proves_kv_moved_over_nixl_and_not_rdma(pd_pair):
     assert ev["deltas"]["totals"] == {"tx_bytes": 0, "rx_bytes": 0, "tx_packets": 0, "rx_packets": 0}
 
 
+def _empty_baseline():
+    """A baseline of this host with no RDMA ports (schema 2 records the host and the port set it covered)."""
+    host = {"boot_id": open("/proc/sys/kernel/random/boot_id").read().strip(),
+            "hostname": open("/proc/sys/kernel/hostname").read().strip()}
+    return {"schema": 2, "taken_at": 0, "host": host, "selection": {"devices": [], "ports": []}, "ports": {}}
+
+
 def test_rdma_expectation_fails_on_this_host_and_says_why(pd_pair):
     run = subprocess.run(
         [os.path.join(VENV_BIN, "ansible"), "localhost", "-i", "localhost,", "-c", "local",
          "-e", "ansible_python_interpreter=%s" % sys.executable, "-m", "llmops.serving.rdma_counters",
-         "-a", json.dumps({"baseline": {"schema": 1, "taken_at": 0, "ports": {}}, "expect": "rdma",
+         "-a", json.dumps({"baseline": _empty_baseline(), "expect": "rdma",
                            "nixl_metrics": "http://127.0.0.1:%d/metrics" % DECODE})],
         cwd=ROOT, env=_env(pd_pair["root"]), capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode != 0
