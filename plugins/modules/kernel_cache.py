@@ -131,7 +131,9 @@ options:
   warmup_env:
     description:
       - Extra environment for the warm-up (the cache variables are always set by the module).
-      - Values are C(no_log) - hidden in every result, C(-vvv) output and job event.
+      - Values are C(no_log) - hidden in every result, C(-vvv) output and job event. Ansible masks each value
+        wherever it appears in this task's result, so a short value (C(1), C(/tmp)) also masks those
+        characters in the paths this task returns; the facts the role exports come from other tasks.
     type: dict
     default: {}
   warmup_chdir:
@@ -227,7 +229,7 @@ status:
   description:
     - verify - V(hit), V(missing) or V(quarantined) (or the verification status when O(quarantine=false)).
     - verify - V(tampered), V(incomplete), V(foreign), V(no_manifest) or V(bad_manifest) when the directory is
-      not usable but a process uses it (RV(details.in_use_by)), so it was left in place.
+      not usable but a process uses it (C(in_use_by) in RV(details)), so it was left in place.
     - prebuild - V(built), V(hit) or V(would_build). sync - V(copied), V(hit) or V(would_copy).
     - checkout - V(copied), V(ready) (the copy equals the published files), V(in_use) (a process uses the
       copy; left alone) or V(would_copy).
