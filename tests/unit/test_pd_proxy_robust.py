@@ -324,8 +324,11 @@ BODY = b'{"prompt": "hi", "max_tokens": 2}'
     (["Content-Length: %d" % len(BODY), "Transfer-Encoding: chunked"], 400, "both Transfer-Encoding"),
     (["Transfer-Encoding: gzip"], 501, "is not supported"),
     (["Transfer-Encoding: chunked, chunked"], 400, "applied once, last"),
+    (["Transfer-Encoding : chunked", "Content-Length: %d" % len(BODY)], 400, "malformed header line"),
+    (["NoColon", "Content-Length: %d" % len(BODY)], 400, "malformed header line"),
+    (["Expect: 100-continue", "NoColon", "Content-Length: %d" % len(BODY)], 400, "malformed header line"),
 ], ids=["non-numeric", "negative", "plus-sign", "underscore", "empty", "list-conflict", "repeated-conflict",
-        "missing", "te-and-cl", "gzip", "chunked-twice"])
+        "missing", "te-and-cl", "gzip", "chunked-twice", "space-before-colon", "no-colon", "no-colon-expect"])
 def test_bad_framing_is_refused_with_a_clear_status_and_the_connection_closed(proxy, headers, status, words):
     port, router = proxy()
     got, hdrs, body, closed = exchange(port, request_bytes(BODY, headers))

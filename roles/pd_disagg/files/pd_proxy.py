@@ -23,7 +23,8 @@ Serving rules (each a command-line option):
   it at ``net.core.somaxconn``), so a burst of new connections queues instead of being dropped or reset.
 * A client has ``--request-timeout`` seconds (30) from the first byte of a request to send all of it
   (request line, headers and body): a slow or half-sent request is answered 408 and closed. A new
-  connection may stay silent as long; a kept-alive one ``--keep-alive-timeout`` seconds (5, as vLLM).
+  connection may stay silent as long, a kept-alive one ``--keep-alive-timeout`` seconds (5, as vLLM), and
+  a client that stops reading its answer for ``--request-timeout`` seconds is dropped.
 * Request bodies: ``Content-Length`` (digits only; repeated values must agree, else 400), or
   ``Transfer-Encoding: chunked`` (decoded; any other transfer coding is 501, both headers together
   400). A POST with neither is 411. A body over ``--max-body-bytes`` (32 MiB) is 413.
@@ -395,8 +396,27 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.request_version = "HTTP/1.0"
         self._error(code, message or self.responses.get(code, ("error",))[0], close=True)
 
+    def parse_request(self):
+        if not super().parse_request():
+            return False
+        problem = self._header_problem()
+        if problem:
+            self.close_connection = True
+            self.send_error(400, problem)
+            return False
+        return True
+
+    def _header_problem(self):
+        """A header line http.client could not parse ends the header block there: the headers after it would
+        be silently dropped (a Content-Length among them), so such a request is refused (RFC 9112 5.1)."""
+        if self.headers.defects or self.headers.get_payload():
+            return "malformed header line (a field name must be followed directly by a colon, RFC 9112 5.1)"
+        return None
+
     def handle_expect_100(self):
         try:
+            if self._header_problem():
+                raise Reject(400, self._header_problem())
             self.framing = self._framing()
         except Reject as e:
             self._error(e.status, e.message, close=True)
