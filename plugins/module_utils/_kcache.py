@@ -910,6 +910,11 @@ def start_report(cache_root, engine, fingerprint, log_text, instance=DEFAULT_INS
     if not pub["ok"] and pub["status"] != "missing":
         res["problems"].append("published directory %s no longer verifies (%s): %s" % (
             published, pub["status"], "; ".join(pub["problems"][:5])))
+        if pub["status"] in ("tampered", "incomplete"):
+            # something wrote into it during the start: this engine if it was pointed there, not at its copy
+            res["result"] = "miss"
+            res["miss_lines"].append("published directory changed during start (was the engine given the "
+                                     "checkout's env?): %s" % "; ".join(pub["problems"][:5]))
     try:
         entries = manifest_entries(read_manifest(rd))
     except (OSError, ValueError) as e:

@@ -3,6 +3,7 @@ store, argument_specs rejections. The warm-up is a small script that writes Trit
 so no engine is needed."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -14,9 +15,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 VENV_BIN = os.path.dirname(sys.executable)
 
 WARMUP = r"""
-import json, os, sys
+import hashlib, json, os, sys
 with open(sys.argv[1], "a") as f:
     f.write("x")
+if os.environ.get("HF_TOKEN"):
+    with open(sys.argv[1] + ".token", "w") as f:
+        f.write(hashlib.sha256(os.environ["HF_TOKEN"].encode()).hexdigest())
 d = os.path.join(os.environ["TRITON_CACHE_DIR"], "KEY")
 os.makedirs(d)
 with open(os.path.join(d, "k.cubin"), "wb") as f:
@@ -60,7 +64,7 @@ def setup(tmp_path, pycoll):
     return tmp_path
 
 
-def play(tmp_path, pycoll, extra, hosts=("localhost",), out="facts"):
+def play(tmp_path, pycoll, extra, hosts=("localhost",), out="facts", options=()):
     inv = tmp_path / "inventory.ini"
     inv.write_text("".join("%s ansible_connection=local ansible_python_interpreter=%s\n" % (h, sys.executable)
                            for h in hosts))
@@ -76,7 +80,8 @@ def play(tmp_path, pycoll, extra, hosts=("localhost",), out="facts"):
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=pycoll, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
                PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", ""), ANSIBLE_NOCOLOR="1")
     proc = subprocess.run([os.path.join(VENV_BIN, "ansible-playbook"), "-i", str(inv), str(tmp_path / "play.yml"),
-                           "-e", json.dumps(base)], capture_output=True, text=True, env=env, timeout=300, check=False)
+                           "-e", json.dumps(base)] + list(options), capture_output=True, text=True, env=env,
+                          timeout=300, check=False)
     return proc
 
 
@@ -152,3 +157,13 @@ def test_argument_specs_reject_bad_input(setup, pycoll, extra, needle):
     assert not os.path.exists(str(setup / "nvme" / "kc" / "vllm")) or not [
         d for d in os.listdir(str(setup / "nvme" / "kc" / "vllm")) if not d.startswith(".")]
     assert runs(setup) == 0
+
+
+def test_warmup_env_values_never_reach_the_output_even_at_vvv(setup, pycoll):
+    secret = "hf_role7Qz9secretTokenValue"
+    p = play(setup, pycoll, {"kernel_cache_warmup_env": {"HF_TOKEN": secret}}, options=["-vvv"])
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    assert runs(setup) == 1
+    with open(str(setup / "runs.txt.token")) as f:
+        assert f.read() == hashlib.sha256(secret.encode()).hexdigest()  # the warm-up got it
+    assert secret not in p.stdout + p.stderr

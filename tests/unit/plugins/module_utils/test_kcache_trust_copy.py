@@ -91,6 +91,15 @@ def test_an_engine_writing_into_its_cache_leaves_the_published_dir_byte_identica
     assert _kcache.restore(published["root"], "vllm", FP, COMPONENTS, allow_extra=False)["status"] == "hit"
 
 
+def test_an_engine_pointed_at_the_published_dir_despite_a_copy_is_still_a_miss(published):
+    _kcache.checkout(published["root"], "vllm", FP, COMPONENTS)
+    start_engine(_kcache.cache_env("vllm", published["dir"]), "add")
+    rep = _kcache.start_report(published["root"], "vllm", FP, "INFO engine started\n")
+    assert rep["result"] == "miss" and not rep["published_unchanged"] and rep["new_files"] == []
+    assert "published directory changed during start" in rep["miss_lines"][-1]
+    assert "not in manifest: inductor/cpp/kernel_other_torch.so" in rep["problems"][0]
+
+
 def test_added_kernels_only_are_worth_publishing_and_a_clean_start_is_a_hit(published):
     co = _kcache.checkout(published["root"], "vllm", FP, COMPONENTS)
     log = "INFO Directly load the compiled graph(s) for compile range (1, 2048) from the cache, took 0.4 s\n"
