@@ -11,6 +11,9 @@ import subprocess
 from ansible_collections.llmops.serving.plugins.module_utils import _fsutil
 
 GPU_QUERY = "name,count,compute_cap,driver_version,memory.total,pci.bus_id"
+# The name of the host fact preflight_facts publishes (``ansible_facts.preflight_node``); the preflight role
+# publishes the same dictionary as the variable ``preflight_node``.
+FACT_NAME = "preflight_node"
 
 
 def parse_nvidia_smi_csv(text):
@@ -150,3 +153,20 @@ def engine_runtime(python, modules, run=subprocess.run):
         "modules": mods,
         "reason": "" if not bad else "; ".join("%s: %s" % (m, mods[m]["error"]) for m in bad),
     }
+
+
+def node_facts(nvidia_smi, sysfs_root, paths, engine_python=None, engine_modules=(), run=subprocess.run):
+    """Everything preflight_facts reports: ``{gpu, rdma, disk, engine_runtime}``.
+
+    ``engine_runtime`` is empty when ``engine_python`` is not set. Raises ``ValueError`` when nvidia-smi's
+    output cannot be parsed.
+    """
+    facts = {
+        "gpu": gpu_inventory(nvidia_smi, run=run),
+        "rdma": rdma_devices(sysfs_root),
+        "disk": [disk_space(path) for path in paths],
+        "engine_runtime": {},
+    }
+    if engine_python:
+        facts["engine_runtime"] = engine_runtime(engine_python, engine_modules, run=run)
+    return facts

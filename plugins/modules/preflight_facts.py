@@ -17,6 +17,9 @@ description:
     exist yet).
   - Checks that the engine's Python can import O(engine_modules) and reports their versions.
   - Only reads; the role decides what is fatal.
+  - Returns what it gathered as the host fact C(preflight_node) (C(ansible_facts.preflight_node)), and the
+    same values as top-level return values (C(gpu), C(rdma), C(disk), C(engine_runtime)) for C(register).
+  - Each call replaces C(ansible_facts.preflight_node) with what that call gathered.
 options:
   nvidia_smi:
     description: Name or path of the C(nvidia-smi) binary.
@@ -40,6 +43,9 @@ options:
     elements: str
     default: [vllm]
 attributes:
+  facts:
+    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
+    support: full
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
@@ -59,9 +65,33 @@ EXAMPLES = r"""
       - /mnt/nvme/kernel-cache
     engine_python: /opt/vllm/bin/python
   register: node
+
+- name: Gather node facts and read them as host facts
+  llmops.serving.preflight_facts:
+    paths: [/mnt/nvme/models]
+
+- name: Require eight GPUs
+  ansible.builtin.assert:
+    that: ansible_facts.preflight_node.gpu.count >= 8
 """
 
 RETURN = r"""
+ansible_facts:
+  description: Host facts set by this module.
+  returned: always
+  type: dict
+  contains:
+    preflight_node:
+      description:
+        - What this call gathered, keyed C(gpu), C(rdma), C(disk) and C(engine_runtime) (the same values as
+          the top-level return values of those names).
+      returned: always
+      type: dict
+      sample:
+        gpu: {mode: cpu-only, count: 0, devices: [], reason: nvidia-smi not found}
+        rdma: {present: false, devices: [], reason: /sys/class/infiniband does not exist (no RDMA devices)}
+        disk: [{path: /mnt/nvme/models, measured_at: /mnt/nvme, free_bytes: 3840755982336, total_bytes: 3840755982336}]
+        engine_runtime: {}
 gpu:
   description: GPU inventory; C(mode) is C(gpu) or C(cpu-only) with C(reason).
   returned: always
@@ -100,19 +130,11 @@ def main():
     )
     p = module.params
     try:
-        gpu = _preflight.gpu_inventory(p["nvidia_smi"])
+        facts = _preflight.node_facts(p["nvidia_smi"], p["sysfs_root"], p["paths"],
+                                      engine_python=p["engine_python"], engine_modules=p["engine_modules"])
     except ValueError as e:
         module.fail_json(msg="nvidia_smi: cannot parse its output: %s" % e)
-    result = dict(
-        changed=False,
-        gpu=gpu,
-        rdma=_preflight.rdma_devices(p["sysfs_root"]),
-        disk=[_preflight.disk_space(path) for path in p["paths"]],
-        engine_runtime={},
-    )
-    if p["engine_python"]:
-        result["engine_runtime"] = _preflight.engine_runtime(p["engine_python"], p["engine_modules"])
-    module.exit_json(**result)
+    module.exit_json(changed=False, ansible_facts={_preflight.FACT_NAME: facts}, **facts)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,15 @@
 """preflight_facts on fixture sysfs trees and fake nvidia-smi binaries."""
 from __future__ import annotations
 
+import json
 import os
 import stat
+import subprocess
 import sys
 
 from ansible_collections.llmops.serving.plugins.modules import preflight_facts
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 NVSMI_8xH20 = "\n".join(
     "NVIDIA H20, 8, 9.0, 570.86.15, 97871, 00000000:%02X:00.0" % (0x18 + i) for i in range(8)) + "\n"
 
@@ -83,3 +86,49 @@ def test_engine_python_missing(run_module, tmp_path):
                                      "engine_python": os.path.join(str(tmp_path), "nope", "python")})
     assert r["engine_runtime"]["importable"] is False
     assert "not found" in r["engine_runtime"]["reason"]
+
+
+def test_returns_its_facts_as_ansible_facts(run_module, tmp_path):
+    smi = _fake_bin(tmp_path, "nvidia-smi", NVSMI_8xH20)
+    sysfs = _sysfs(tmp_path, {"mlx5_0": {1: ("InfiniBand", "4: ACTIVE")}})
+    r = run_module(preflight_facts, {"nvidia_smi": smi, "sysfs_root": sysfs, "paths": [str(tmp_path)],
+                                     "engine_python": sys.executable, "engine_modules": ["json"]})
+    facts = r["ansible_facts"]["preflight_node"]
+    assert sorted(facts) == ["disk", "engine_runtime", "gpu", "rdma"]
+    assert facts["gpu"]["count"] == 8
+    assert facts["rdma"]["devices"][0]["ports"][0]["state"] == "4: ACTIVE"
+    assert facts["disk"][0]["path"] == str(tmp_path)
+    assert facts["engine_runtime"]["modules"]["json"]["importable"] is True
+    # the top-level return values stay, equal to the facts, for playbooks that register the result
+    assert {k: r[k] for k in facts} == facts
+
+
+def test_role_publishes_the_module_facts_without_fact_injection(tmp_path):
+    """The role's preflight_node variable is the module's ansible_facts.preflight_node, also when facts are
+    not injected as variables."""
+    smi = _fake_bin(tmp_path, "nvidia-smi", NVSMI_8xH20)
+    sysfs = _sysfs(tmp_path, {"mlx5_0": {1: ("Ethernet", "4: ACTIVE")}})
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(json.dumps([{
+        "hosts": "localhost", "gather_facts": False,
+        "roles": [{"role": "llmops.serving.preflight",
+                   "vars": {"preflight_nvidia_smi": smi, "preflight_sysfs_root": sysfs,
+                            "preflight_require_gpu": True, "preflight_min_gpus": 8,
+                            "preflight_require_rdma": True, "preflight_paths": [str(tmp_path)]}}],
+        "post_tasks": [{"name": "published", "ansible.builtin.debug": {
+            "msg": "{{ {'var': preflight_node, 'fact': ansible_facts.preflight_node} }}"}}],
+    }]))
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, ".build", "pycoll"),
+               ANSIBLE_INJECT_FACT_VARS="False", ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
+    env.pop("ANSIBLE_CONFIG", None)
+    proc = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,", "-c", "local",
+         "-e", "ansible_python_interpreter=" + sys.executable, str(playbook)],
+        cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    tasks = json.loads(proc.stdout)["plays"][0]["tasks"]
+    published = [t for t in tasks if t["task"]["name"] == "published"][0]["hosts"]["localhost"]["msg"]
+    assert published["var"] == published["fact"]
+    assert published["fact"]["gpu"]["names"] == ["NVIDIA H20"]
+    assert published["fact"]["rdma"]["devices"][0]["ports"][0]["link_layer"] == "Ethernet"
+    assert published["fact"]["disk"][0]["path"] == str(tmp_path)
