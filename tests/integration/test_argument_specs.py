@@ -17,6 +17,9 @@ CASES = [
     ("llmops.serving.demo_model", {"demo_model_seed": "not-a-number"}, "demo_model_seed"),
     ("llmops.serving.preflight", {"preflight_paths": "/not/a/list", "preflight_min_free_bytes": "lots"},
      "preflight_min_free_bytes"),
+    ("llmops.serving.model_stage", {"model_stage_src_root": "/nonexistent/shared", "model_stage_dest_root": "/nonexistent/nvme",
+                                    "model_stage_models": [{"name": "m", "revision": "r"}],
+                                    "model_stage_lock_timeout": "an hour"}, "model_stage_lock_timeout"),
 ]
 
 

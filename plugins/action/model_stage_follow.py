@@ -1,0 +1,227 @@
+# -*- coding: utf-8 -*-
+# Copyright: llmops.serving contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Follow a background (async) job with a flat loop, printing its progress file once per poll.
+
+Each poll is one shell command on the target that reads the async job file (as ``async_status``
+does) and the progress file; the controller prints one line (bytes, rate, ETA) from it. Once the job
+file no longer says "running", ``async_status`` itself returns the job's result, which this action
+returns (failed when the job failed). The loop keeps no per-poll state, so a copy may run for days at
+any poll interval: nothing grows with the number of polls (a task file that includes itself once per
+poll hits Python's recursion limit after a few hundred polls). A poll costs one remote command, not a
+module run, so many hosts can be followed at a short interval.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+
+from ansible.errors import AnsibleError
+from ansible.module_utils.common.text.converters import to_text
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+display = Display()
+
+# States the progress file ends in; seen while the job still runs, the file is from an earlier run.
+TERMINAL_STATES = ("done", "failed")
+# Connection errors during a poll are retried (the job runs on regardless) for at most this long.
+POLL_ERROR_SECONDS = 300.0
+_JID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_UNSAFE = re.compile(r"[^\x20-\x7e]")
+# Keys async_status adds to the job's own result.
+_STATUS_KEYS = ("started", "finished", "results_file", "stdout_lines", "stderr_lines")
+
+
+def _human_bytes(n):
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return ("%d %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
+        n /= 1024.0
+    return "%.1f TiB" % n  # pragma: no cover
+
+
+def _human_seconds(s):
+    s = int(round(s))
+    if s < 60:
+        return "%ds" % s
+    if s < 3600:
+        return "%dm%02ds" % (s // 60, s % 60)
+    return "%dh%02dm" % (s // 3600, (s % 3600) // 60)
+
+
+def _number(value):
+    """A finite non-negative number from a progress field, else None (bools are not numbers)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if value != value or value < 0 or value == float("inf"):
+        return None
+    return value
+
+
+def progress_line(record):
+    """One line (state, bytes, percent, files, rate, ETA) from a progress record; None if it has none.
+
+    Built from the numeric fields only, so whatever else the file holds never reaches the output.
+    """
+    if not isinstance(record, dict):
+        return None
+    done, total = _number(record.get("bytes_done")), _number(record.get("bytes_total"))
+    if done is None or total is None:
+        return None
+    state = record.get("state")
+    state = _UNSAFE.sub("", state)[:32] if isinstance(state, str) and state else "copying"
+    parts = ["%s: %s / %s" % (state, _human_bytes(done), _human_bytes(total))]
+    parts[0] += " (%.1f%%)" % (100.0 * done / total if total else 100.0)
+    files_done, files_total = _number(record.get("files_done")), _number(record.get("files_total"))
+    if files_done is not None and files_total is not None:
+        parts.append("%d/%d files" % (files_done, files_total))
+    rate = _number(record.get("rate_bytes_per_second"))
+    parts.append("%s/s" % _human_bytes(rate) if rate is not None else "rate unknown")
+    eta = _number(record.get("eta_seconds"))
+    parts.append("ETA %s" % (_human_seconds(eta) if eta is not None else "unknown"))
+    return ", ".join(parts)
+
+
+def _load(text):
+    """JSON from text read off the target, or None (empty, being replaced, not JSON, too deep)."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _job_running(text):
+    """What the async job file says, read the way async_status reads it.
+
+    An empty or unparsable file is a job whose wrapper has not written it yet (None: ask again);
+    ``{"started": 1, "finished": 0}`` is running; anything else is a result.
+    """
+    data = _load(text)
+    if data is None:
+        return None if not text.strip() else False
+    if isinstance(data, dict) and data.get("started") and not data.get("finished"):
+        return True
+    return False
+
+
+class ActionModule(ActionBase):
+    """Poll an async job until it ends; return its result (failed when the job failed)."""
+
+    TRANSFERS_FILES = False
+    _requires_connection = True
+    _supports_check_mode = True
+    _supports_async = False
+
+    ARGUMENT_SPEC = {
+        "jid": {"type": "str", "required": True},
+        "progress_file": {"type": "str"},
+        "poll_interval": {"type": "float", "default": 10.0},
+        "timeout": {"type": "float", "default": 0.0},
+        "label": {"type": "str", "default": ""},
+        "cleanup": {"type": "bool", "default": True},
+    }
+
+    def run(self, tmp=None, task_vars=None):
+        result = super(ActionModule, self).run(tmp, task_vars)
+        del tmp
+        dummy, args = self.validate_argument_spec(argument_spec=self.ARGUMENT_SPEC)
+        if args["poll_interval"] <= 0:
+            return dict(result, failed=True, msg="poll_interval: must be greater than 0 (got %s)" % args["poll_interval"])
+        if args["timeout"] < 0:
+            return dict(result, failed=True, msg="timeout: must not be negative (got %s); 0 follows the job until it ends"
+                        % args["timeout"])
+        self._task_vars = task_vars
+        self._async_dir = self._remote_expand_user(self.get_shell_option("async_dir", default="~/.ansible_async"))
+        if not _JID.match(args["jid"]):
+            return dict(result, failed=True, msg="jid: not an async job id; pass the ansible_job_id registered from the "
+                        "task started with async and poll: 0")
+        label = args["label"] or args["jid"]
+        try:
+            final = self._follow(args, label)
+        finally:
+            self._remove_tmp_path(self._connection._shell.tmpdir)
+        if final.get("finished") and args["cleanup"]:
+            self._status(args["jid"], mode="cleanup")
+        for key in _STATUS_KEYS:
+            final.pop(key, None)
+        result.update(final)
+        return result
+
+    # ---- one poll ------------------------------------------------------------------------------
+    def _status(self, jid, mode="status"):
+        return self._execute_module(module_name="ansible.legacy.async_status", task_vars=self._task_vars,
+                                    module_args={"jid": jid, "mode": mode, "_async_dir": self._async_dir})
+
+    def _peek(self, jid, progress_file):
+        """(running, progress record) from one shell command on the target, without running a module.
+
+        ``running`` is True while the job file says started and not finished, None while it is still
+        empty, and False once it is missing or holds anything else (async_status then gives the result).
+        """
+        shell = self._connection._shell
+        sep = "--llmops-follow-%s--" % uuid.uuid4().hex
+        job = shell.quote(shell.join_path(self._async_dir, jid))
+        cmd = "if [ -e %s ]; then echo 1; cat -- %s 2>/dev/null; else echo 0; fi; echo; echo %s" % (job, job, sep)
+        if progress_file:
+            cmd += "; cat -- %s 2>/dev/null" % shell.quote(progress_file)
+        got = self._low_level_execute_command(cmd + "; exit 0", sudoable=True)
+        out = to_text(got.get("stdout", ""))
+        if got.get("rc") != 0 or sep not in out or out[:1] not in ("0", "1"):
+            raise AnsibleError("reading the job status on the target failed (rc %s)" % got.get("rc"))
+        job_text, dummy, progress_text = out[1:].partition(sep)
+        running = _job_running(job_text) if out[:1] == "1" else False
+        return running, _load(progress_text)
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def _follow(self, args, label):
+        jid, interval, timeout = args["jid"], args["poll_interval"], args["timeout"]
+        t0 = time.monotonic()
+        polls = 0
+        errors_since = None
+        while True:
+            polls += 1
+            try:
+                running, record = self._peek(jid, args["progress_file"])
+                if running is False:
+                    status = self._status(jid)
+                    if status.get("finished") or status.get("failed"):
+                        # the job's own result, or async_status's failure (no such job, unreadable job file)
+                        status["polls"] = polls
+                        return status
+            except (AnsibleError, OSError) as e:
+                # The job runs on while the connection bounces: retry, for a bounded time.
+                now = time.monotonic()
+                errors_since = errors_since or now
+                display.vvvv("%s: poll %d failed, retrying: %s" % (label, polls, to_text(e)))
+                if now - errors_since > POLL_ERROR_SECONDS:
+                    return dict(failed=True, ansible_job_id=jid, polls=polls, finished=False,
+                                msg="%s: cannot reach the target to follow async job %s for %d s: %s; the job may "
+                                    "still be running there" % (label, jid, POLL_ERROR_SECONDS, to_text(e)))
+                try:
+                    self._connection.reset()
+                except AttributeError:
+                    pass
+                time.sleep(interval)
+                continue
+            errors_since = None
+            elapsed = time.monotonic() - t0
+            display.display("%s: %s" % (label, self._line(record, elapsed)))
+            if timeout and elapsed + interval > timeout:
+                return dict(failed=True, ansible_job_id=jid, polls=polls, finished=False,
+                            msg="%s: async job %s did not finish within timeout (%d s); it may still be running "
+                                "on the target; raise the timeout or check the job" % (label, jid, timeout))
+            time.sleep(interval)
+
+    @staticmethod
+    def _line(record, elapsed):
+        waiting = "waiting for the job to report progress (%s so far)" % _human_seconds(elapsed)
+        if isinstance(record, dict) and record.get("state") in TERMINAL_STATES:
+            return waiting  # a finished earlier run's file; this run has not written one yet
+        return progress_line(record) or waiting
