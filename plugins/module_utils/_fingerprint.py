@@ -347,8 +347,8 @@ def _resolve(engine, spelling):
     hit = _lookup(engine, spelling)
     if hit is None and engine not in NEGATABLE and spelling.startswith("--no-"):
         plain = "--" + spelling[5:]
-        bools = sorted(c for c, (kind, aliases) in ENGINE_FLAGS[engine].items() if kind == BOOL
-                       and any(s.startswith(plain) for s in ["--" + c] + list(aliases)))
+        bools = sorted(c for c, (kind, aliases) in ENGINE_FLAGS[engine].items()
+                       if kind == BOOL and any(s.startswith(plain) for s in ["--" + c] + list(aliases)))
         if bools:
             raise FingerprintError(
                 "engine_args: %s: %s's boolean flags are store_true and have no --no- form; leave %s out "
@@ -666,10 +666,11 @@ def gather_cxx(cxx, run=subprocess.run, path=None):
     if path is not None:
         env["PATH"] = path
     try:
-        proc = run([exe, "-v"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, check=False, timeout=60)
+        # the command as Inductor runs it (gcc's banner names it in COLLECT_GCC), found on the same PATH
+        proc = run([cxx, "-v"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, check=False, timeout=60)
         banner = proc.stdout or b""
         if proc.returncode != 0 or not banner.strip():
-            proc = run([exe, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+            proc = run([cxx, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                        check=False, timeout=60)
             banner = proc.stdout or b""
     except (OSError, subprocess.SubprocessError) as e:
