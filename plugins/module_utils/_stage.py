@@ -3,15 +3,22 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """**PRIVATE** to llmops.serving: verified, resumable staging of a model revision to local disk.
 
-Layout next to the published revision ``dest``:
+Layout next to the published revision ``dest`` (its parent resolved, see ``_stage_layout``):
 
 * ``<dest>.partial/`` - the copy being built. A file appears there under its final name only once it
-  is completely written, verified and fsynced (``<name>.llmops-part`` while in flight), so a copy
-  killed at any point resumes by re-checking what is there.
-* ``<dest>.lock`` - ``flock`` held by the run that owns ``dest``; a second run waits on it.
-* ``<dest>/.llmops-staged.json`` - the completion marker (file list, sizes, mtimes, verify mode,
-  source). ``<dest>.partial`` becomes ``dest`` with one ``rename``; nothing half-copied is ever at
-  ``dest``.
+  is completely written, verified and fsynced (``<name>.llmops-part`` while in flight), and is then recorded
+  in ``.llmops-staged.journal`` with the identity of the source file it came from, so a copy killed at any
+  point resumes, from the same source or another one, by reusing only what it can prove.
+* ``<dest>.lock`` - ``flock`` held for the whole run by whoever writes ``dest`` (``_stage_lock``).
+* ``<dest>/.llmops-staged.json`` - the completion marker (``_stage_marker``): per file its size, header digest,
+  sha256 where one was computed, the source file's identity and the copy's ``lstat`` at publish.
+  ``<dest>.partial`` becomes ``dest`` with one ``rename`` (or an atomic exchange with the previous revision);
+  nothing half-copied is ever at ``dest``.
+
+A re-run ``lstat``s the source files and the published copies and compares them with the marker: no data and no
+header is read when nothing changed. A copy removed, resized or rewritten after publish, or whose source file is
+no longer the one it was copied from, is staged again, alone: the intact files are hard-linked into the new
+partial dir and the revision is republished.
 """
 from __future__ import annotations
 
@@ -24,7 +31,6 @@ import json
 import mmap
 import os
 import shutil
-import socket
 import stat
 import threading
 import time
@@ -33,97 +39,63 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ansible_collections.llmops.serving.plugins.module_utils import _fsutil
 from ansible_collections.llmops.serving.plugins.module_utils import _fleet_slots
+from ansible_collections.llmops.serving.plugins.module_utils import _inuse
+from ansible_collections.llmops.serving.plugins.module_utils import _paths
 from ansible_collections.llmops.serving.plugins.module_utils import _safetensors
+from ansible_collections.llmops.serving.plugins.module_utils import _stage_layout
+from ansible_collections.llmops.serving.plugins.module_utils import _stage_marker as _marker
+from ansible_collections.llmops.serving.plugins.module_utils._stage_lock import DestLock
+from ansible_collections.llmops.serving.plugins.module_utils._stage_marker import StageError
 
-MARKER = ".llmops-staged.json"
-PART_SUFFIX = ".llmops-part"
-PARTIAL_SUFFIX = ".partial"
-LOCK_SUFFIX = ".lock"
-VERIFY_MODES = ("size", "headers", "sha256")
+MARKER = _marker.MARKER
+PART_SUFFIX = _marker.PART_SUFFIX
+PARTIAL_SUFFIX = _stage_layout.PARTIAL_SUFFIX
+LOCK_SUFFIX = _stage_layout.LOCK_SUFFIX
+VERIFY_MODES = _marker.VERIFY_MODES
 CHUNK = 64 * 1024 * 1024        # per copy_file_range/sendfile call (also the progress granularity)
 DIRECT_BUF = 16 * 1024 * 1024   # O_DIRECT request size: large, page-aligned, one buffer per stream
 DIRECT_ALIGN = 4096             # O_DIRECT needs block-aligned offsets and lengths; an unaligned tail is buffered
 HASH_BUF = 1024 * 1024          # buffered reads in user space: small enough for hash + write to hit CPU cache
-MARKER_FORMAT = 1
+
+__all__ = ["DestLock", "StageError", "stage", "remove", "prune"]
+
+scan_tree = _stage_layout.scan_src
+load_checksums = _marker.load_checksums
+read_marker = _marker.read_marker
+_strength = _marker.strength
 
 
-class StageError(Exception):
-    """Staging refused or failed; ``str()`` names the option or file and the fix."""
-
-
-# ---- source inventory --------------------------------------------------------------------------
-def scan_tree(root, skip=()):
-    """Regular files under ``root`` (file symlinks followed): list of dicts sorted by path."""
-    files = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for fn in sorted(filenames):
-            full = os.path.join(dirpath, fn)
-            rel = os.path.relpath(full, root)
-            if rel in skip:
-                continue
-            try:
-                st = os.stat(full)
-            except FileNotFoundError:
-                raise StageError("src: %s is a dangling symlink or vanished while listing" % full)
-            if not _is_regular(st):
-                continue
-            files.append({"path": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                          "mode": st.st_mode & 0o777})
-    return files
-
-
-def _is_regular(st):
-    return stat.S_ISREG(st.st_mode)
-
-
-def load_checksums(path):
-    """Parse a ``sha256sum`` manifest: ``<64 hex> [ *]<relative path>`` per line."""
-    sums = {}
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError as e:
-        raise StageError("checksums: cannot read %s: %s" % (path, e.strerror))
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip() or line.startswith("#"):
-            continue
-        digest, sep, name = line.partition(" ")
-        if not sep or len(digest) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digest):
-            raise StageError("checksums: %s line %d is not '<sha256>  <file>': %r" % (path, lineno, line))
-        if name[:1] in (" ", "*"):
-            name = name[1:]
-        sums[os.path.normpath(name)] = digest.lower()
-    return sums
-
-
-def read_marker(dest):
-    try:
-        with open(os.path.join(dest, MARKER), "r", encoding="utf-8") as f:
-            marker = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return marker if isinstance(marker, dict) and isinstance(marker.get("files"), list) else None
-
-
-def _meta(files):
-    return {f["path"]: (f["size"], f["mtime_ns"]) for f in files}
-
-
-def _strength(mode):
-    return VERIFY_MODES.index(mode) if mode in VERIFY_MODES else -1
+def _header_digest(raw):
+    return hashlib.sha256(raw).hexdigest() if raw is not None else None
 
 
 # ---- verification ------------------------------------------------------------------------------
+class SourceContent(object):
+    """What reading src's headers and manifest established: raw headers, manifest digests, manifest path."""
+
+    def __init__(self, headers, sums, manifest_rel):
+        self.headers = headers
+        self.sums = sums
+        self.manifest_rel = manifest_rel
+        self.header_digests = dict((k, _header_digest(v)) for k, v in headers.items())
+
+    def level(self, rel, mode):
+        """The verify level a fresh copy of ``rel`` reaches in ``mode``."""
+        if mode == "sha256" and rel not in self.sums and rel != self.manifest_rel:
+            return "headers"
+        return mode
+
+
 def verify_source(src, files, mode, checksums_path=None):
-    """Check src before anything is written. Returns ``(headers, sums)``.
+    """Check src before anything is written; returns a :class:`SourceContent`.
 
     ``headers`` maps each ``*.safetensors`` file to its raw header bytes (compared byte-for-byte with the
     copy afterwards, so the copy's header is verified without a second full read).
     """
     headers, sums = {}, {}
+    manifest_rel = None
     if mode == "size":
-        return headers, sums
+        return SourceContent(headers, sums, manifest_rel)
     shard_tensors = {}
     for f in files:
         if f["path"].endswith(".safetensors"):
@@ -146,12 +118,13 @@ def verify_source(src, files, mode, checksums_path=None):
             if name not in present:
                 raise _safetensors.CheckpointError(
                     os.path.join(src, name), "missing shard: listed in %s but not in src" % checksums_path)
-        manifest_rel = os.path.relpath(checksums_path, src)
+        if _paths.is_within(checksums_path, src):
+            manifest_rel = os.path.relpath(os.path.realpath(checksums_path), src)
         for f in files:
             if f["path"] not in sums and f["path"] != manifest_rel:
                 raise StageError("checksums: %s has no entry for %s; regenerate the manifest or use "
                                  "verify=headers" % (checksums_path, f["path"]))
-    return headers, sums
+    return SourceContent(headers, sums, manifest_rel)
 
 
 def _check_copy_header(path, size, src_header):
@@ -265,21 +238,30 @@ class Progress:
 
 
 # ---- copying -----------------------------------------------------------------------------------
+# ---- copying -----------------------------------------------------------------------------------
 class _Copier:
-    """Copies files with at most ``streams`` open on src, each stream holding a fleet slot if any."""
+    """Copies files with at most ``streams`` open on src, each stream holding a fleet slot if any.
 
-    def __init__(self, src, partial, mode, headers, sums, streams, slots, progress, do_fsync, direct_io=True):
+    Every completed file is recorded (``records`` and the partial dir's journal) with the identity of the source
+    file it was read from, checked on the open descriptor before the first byte is read.
+    """
+
+    def __init__(self, src, partial, mode, content, streams, slots, progress, do_fsync, direct_io=True,
+                 journal=None):
         self.src = src
         self.direct_io = direct_io
         self.direct_files = 0
         self.partial = partial
         self.mode = mode
-        self.headers = headers
-        self.sums = sums
+        self.content = content
+        self.headers = content.headers
+        self.sums = content.sums
         self.streams = streams
         self.slots = slots
         self.progress = progress
         self.do_fsync = do_fsync
+        self.journal = journal
+        self.records = {}
         self.cancel = threading.Event()
         self._lock = threading.Lock()
         self.open_streams = 0
@@ -316,12 +298,12 @@ class _Copier:
     def _one(self, f):
         rel = f["path"]
         src_path = os.path.join(self.src, rel)
-        final = os.path.join(self.partial, rel)
+        final = _paths.contained(self.partial, rel, "src")
         tmp = final + PART_SUFFIX
         os.makedirs(os.path.dirname(final), exist_ok=True)
         lease = self.slots.acquire() if self.slots else None
         try:
-            digest = self._copy(src_path, tmp, f["size"])
+            digest = self._copy(src_path, tmp, f)
         except OSError as e:
             _unlink(tmp)
             if e.errno == errno.ENOSPC:
@@ -335,10 +317,7 @@ class _Copier:
             if lease:
                 self.slots.release(lease)
         try:
-            st = os.stat(src_path)
-            if (st.st_size, st.st_mtime_ns) != (f["size"], f["mtime_ns"]):
-                raise StageError("src: %s changed while it was being copied; src must be an immutable "
-                                 "revision directory" % src_path)
+            _check_unchanged(src_path, os.stat(src_path), f, "while it was being copied")
             size = os.path.getsize(tmp)
             if size != f["size"]:
                 raise _safetensors.CheckpointError(tmp, "copy is %d bytes, source is %d" % (size, f["size"]))
@@ -353,9 +332,16 @@ class _Copier:
         except BaseException:
             _unlink(tmp)
             raise
+        rec = _marker.FileRecord(rel, f["size"], _ident(f), _marker.copy_stat(os.lstat(final)),
+                                 self.content.level(rel, self.mode), self.content.header_digests.get(rel),
+                                 digest if self.mode == "sha256" else None)
+        with self._lock:
+            self.records[rel] = rec
+        if self.journal:
+            self.journal.append(rec)
         self.progress.add(files=1)
 
-    def _copy(self, src_path, tmp, size):
+    def _copy(self, src_path, tmp, f):
         """Copy one file; returns its sha256 in sha256 mode (computed from the single read).
 
         With ``direct_io`` both ends use O_DIRECT where the filesystem allows it: the data goes from the
@@ -363,9 +349,12 @@ class _Copier:
         which keeps the kernel's CPU time and the node's page cache out of a 700 GiB copy. Where neither
         end can, the kernel copies (``copy_file_range``); sha256 mode then reads through a small buffer.
         """
+        size = f["size"]
         fin = RawFile(src_path, os.O_RDONLY, self.direct_io)
         self._enter()
         try:
+            # what is read is the file that was listed (a symlink retargeted since cannot slip another in)
+            _check_unchanged(src_path, os.fstat(fin.fd), f, "since it was listed")
             fout = RawFile(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.direct_io)
             try:
                 if not fin.direct:
@@ -552,88 +541,27 @@ def _exchange(a, b):
     return rc == 0
 
 
-# ---- locking -----------------------------------------------------------------------------------
-class DestLock:
-    """Exclusive ``flock`` on ``<dest>.lock``; waits up to ``timeout`` seconds."""
-
-    def __init__(self, dest, timeout, poll=0.2):
-        self.path = dest + LOCK_SUFFIX
-        self.timeout = timeout
-        self.poll = poll
-        self.fd = None
-        self.waited = 0.0
-
-    def __enter__(self):
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        t0 = time.monotonic()
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as e:
-                if e.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if time.monotonic() - t0 > self.timeout:
-                    os.close(self.fd)
-                    raise StageError("lock_timeout: another run has held %s for more than %d s; wait for it "
-                                     "or raise lock_timeout" % (self.path, self.timeout))
-                time.sleep(self.poll)
-        self.waited = time.monotonic() - t0
-        return self
-
-    def __exit__(self, *exc):
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)
+def _ident(f):
+    return (f["dev"], f["ino"], f["mtime_ns"], f["ctime_ns"])
 
 
-# ---- in-use detection --------------------------------------------------------------------------
-def users_of(path, proc_root="/proc"):
-    """Processes that have a file under ``path`` open or mapped: list of ``{pid, file}``."""
-    path = os.path.realpath(path)
-    prefix = path.rstrip("/") + "/"
-    me = str(os.getpid())
-    found = []
-    try:
-        pids = [p for p in os.listdir(proc_root) if p.isdigit() and p != me]
-    except OSError:
-        return found
-    for pid in pids:
-        hit = None
-        fd_dir = os.path.join(proc_root, pid, "fd")
-        try:
-            for fd in os.listdir(fd_dir):
-                try:
-                    target = os.readlink(os.path.join(fd_dir, fd))
-                except OSError:
-                    continue
-                if target == path or target.startswith(prefix):
-                    hit = target
-                    break
-        except OSError:
-            pass
-        if hit is None:
-            try:
-                with open(os.path.join(proc_root, pid, "maps"), "r") as f:
-                    for line in f:
-                        parts = line.split(None, 5)
-                        if len(parts) == 6:
-                            target = parts[5].strip()
-                            if target.startswith(prefix):
-                                hit = target
-                                break
-            except OSError:
-                pass
-        if hit is not None:
-            found.append({"pid": int(pid), "file": hit})
-    return found
+def _check_unchanged(path, st, f, when):
+    if (st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns) != (f["size"],) + _ident(f):
+        raise StageError("src: %s changed %s; src must be an immutable revision directory" % (path, when))
 
 
 def _remove_tree(path):
     """Make ``path`` vanish in one rename, then delete the renamed tree."""
-    grave = "%s.removing-%s" % (path, uuid.uuid4().hex[:8])
+    grave = "%s%s%s" % (path, _stage_layout.REMOVING_INFIX, uuid.uuid4().hex[:8])
     os.rename(path, grave)
     shutil.rmtree(grave, ignore_errors=True)
+
+
+def _remove_partial(path):
+    if os.path.islink(path) or os.path.isfile(path):
+        _unlink(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def is_pinned(dest, pinned):
@@ -642,12 +570,217 @@ def is_pinned(dest, pinned):
                for p in pinned)
 
 
+# ---- in use ------------------------------------------------------------------------------------
+_VIA = {"fd": "has %s open", "map": "maps %s", "cwd": "works in %s", "root": "is chrooted in %s",
+        "environ": "names %s in its environment", "mount": "mounts it at %s (its mount namespace)"}
+
+
+def users(paths, proc_root="/proc"):
+    """Processes using any of ``paths`` by any path to them (``_inuse.users_of``)."""
+    return _inuse.users_of([p for p in paths if os.path.lexists(p)], proc_root=proc_root)
+
+
+def describe_user(u):
+    return "pid %d %s" % (u["pid"], _VIA.get(u["via"], u["via"] + " %s") % u["file"])
+
+
+def _in_use_entry(path, u):
+    return {"path": path, "pid": u["pid"], "via": u["via"], "file": u["file"]}
+
+
+# ---- planning ----------------------------------------------------------------------------------
+class Plan(object):
+    """What a run does with each source file, decided from the marker (see ``_stage_marker``)."""
+
+    def __init__(self):
+        self.keep = {}        # rel -> FileRecord: the published copy is intact and of this very source file
+        self.upgrade = {}     # rel -> FileRecord: the same, but verified more weakly than this run asks
+        self.copy = []        # source file dicts to copy
+        self.restaged = []    # {path, reason}: files of the published revision that are copied again
+        self.extras = []      # paths in dest that src does not have
+        self.refresh = False  # the marker must be rewritten even when no data moves
+        self.bad_marker = None
+
+    @property
+    def clean(self):
+        return not (self.copy or self.upgrade or self.extras or self.refresh)
+
+
+def _dest_listing(root):
+    """Relative paths of everything under ``root`` that is not a directory (directory symlinks included)."""
+    out = set()
+    prefix = root.rstrip("/") + "/"
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in list(dirnames):
+            full = os.path.join(dirpath, d)
+            if os.path.islink(full):
+                dirnames.remove(d)
+                out.add(full[len(prefix):])
+        for fn in filenames:
+            out.add(os.path.join(dirpath, fn)[len(prefix):])
+    out.discard(MARKER)
+    return out
+
+
+def _src_change(rec, f):
+    if rec.size != f["size"]:
+        return "size %d, staged from %d" % (f["size"], rec.size)
+    return "another file, or rewritten: inode, mtime, ctime or header differ"
+
+
+def _plan(files, src_real, lay, mstate, verify, content=None):
+    """Stat-only plan (``content`` None) or the full one once src's headers and manifest are read."""
+    plan = Plan()
+    marker = mstate.marker if mstate.kind == "ok" else None
+    if mstate.kind == "bad":
+        plan.bad_marker = mstate.reason
+    if marker is None:
+        plan.copy = list(files)
+        return plan
+    src_paths = set(f["path"] for f in files)
+    plan.extras = sorted(_dest_listing(lay.real) - src_paths)
+    if set(marker.files) != src_paths or marker.source != src_real:
+        plan.refresh = True
+    for f in files:
+        rel = f["path"]
+        rec = marker.files.get(rel)
+        if rec is None:
+            plan.copy.append(f)
+            continue
+        why = rec.damage(lay.real)
+        exact = False
+        if why is None:
+            same, exact = rec.same_source(f, src_real, marker.source,
+                                          content.header_digests.get(rel) if content else None,
+                                          content.sums.get(rel) if content else None)
+            if not same:
+                why = "its source file is not the one staged (%s)" % _src_change(rec, f)
+        if why:
+            plan.copy.append(f)
+            plan.restaged.append({"path": rel, "reason": why})
+            continue
+        if not exact:
+            plan.refresh = True
+        if _strength(rec.verify) < _strength(verify):
+            plan.upgrade[rel] = rec
+        else:
+            plan.keep[rel] = rec
+    return plan
+
+
+def _check_upgrades(plan, lay, files, content, verify):
+    """Verify intact copies that were checked more weakly than asked, in place; failures are staged again."""
+    by_path = dict((f["path"], f) for f in files)
+    for rel in sorted(plan.upgrade):
+        rec = plan.upgrade[rel]
+        path = _paths.contained(lay.real, rel, "marker")
+        try:
+            if _strength(rec.verify) < _strength("headers") and rel in content.headers:
+                _check_copy_header(path, rec.size, content.headers[rel])
+            sha = rec.sha256
+            want = content.sums.get(rel) if verify == "sha256" else None
+            if want and sha != want:
+                sha = sha256_file(path)
+                if sha != want:
+                    raise _safetensors.CheckpointError(path, "checksum mismatch: sha256 %s, manifest says %s"
+                                                       % (sha, want))
+            if rec.damage(lay.real):
+                raise _safetensors.CheckpointError(path, "changed while it was being verified")
+        except _safetensors.CheckpointError as e:
+            plan.copy.append(by_path[rel])
+            plan.restaged.append({"path": rel, "reason": "the published copy fails verify=%s: %s"
+                                                         % (verify, e.reason)})
+            continue
+        plan.keep[rel] = _marker.FileRecord(rel, rec.size, rec.src, rec.copy, content.level(rel, verify),
+                                            content.header_digests.get(rel) or rec.header_sha256, sha)
+        plan.refresh = True
+    plan.upgrade = {}
+
+
+def _kept_record(rec, f, content, copy=None):
+    """The record of a kept copy, with the current source identity."""
+    return _marker.FileRecord(f["path"], f["size"], _ident(f), copy or rec.copy, rec.verify,
+                              (content.header_digests.get(f["path"]) if content else None) or rec.header_sha256,
+                              rec.sha256)
+
+
+def _partial_reusable(partial, files, src_real, verify, content):
+    """Files a previous run completed in ``partial`` that are provably copies of today's source files."""
+    reuse = {}
+    if not os.path.isdir(partial) or os.path.islink(partial):
+        return reuse
+    prev = _marker.partial_records(partial)
+    for f in files:
+        rel = f["path"]
+        entry = prev.get(rel)
+        if entry is None:
+            continue
+        rec, source = entry
+        if rec.damage(partial) is not None:
+            continue
+        same, _exact = rec.same_source(f, src_real, source, content.header_digests.get(rel), content.sums.get(rel))
+        if same and _strength(rec.verify) >= _strength(content.level(rel, verify)):
+            reuse[rel] = _kept_record(rec, f, content)
+    return reuse
+
+
+def _prepare_partial(partial, reuse):
+    """Leave in ``partial`` only the files in ``reuse`` (no symlinks, no in-flight files, no old journal)."""
+    os.makedirs(partial, exist_ok=True)
+    prefix = partial.rstrip("/") + "/"
+    for dirpath, dirnames, filenames in os.walk(partial):
+        for d in list(dirnames):
+            full = os.path.join(dirpath, d)
+            if os.path.islink(full):
+                dirnames.remove(d)
+                _unlink(full)
+        for fn in filenames:
+            full = os.path.join(dirpath, fn)
+            if full[len(prefix):] not in reuse or os.path.islink(full):
+                _unlink(full)
+
+
+def _reason(plan, mstate, verify, n_new):
+    if mstate.kind == "none":
+        return "not staged yet"
+    if mstate.kind == "bad":
+        return "not staged: %s" % mstate.reason
+    parts = []
+    if plan.restaged:
+        first = plan.restaged[0]
+        more = ", ..." if len(plan.restaged) > 1 else ""
+        parts.append("%d file(s) staged again (%s: %s%s)" % (len(plan.restaged), first["path"], first["reason"], more))
+    if n_new:
+        parts.append("%d file(s) new in src" % n_new)
+    if plan.extras:
+        more = ", ..." if len(plan.extras) > 1 else ""
+        parts.append("dest holds %d file(s) src does not (%s%s)" % (len(plan.extras), plan.extras[0], more))
+    if not parts and plan.refresh:
+        parts.append("marker refreshed (verify %s, or the source moved with identical content)" % verify)
+    return "; ".join(parts) or None
+
+
+def _min_level(records):
+    return min((r.verify for r in records), key=_strength, default="sha256")
+
+
+def _refresh_copy_stats(root, records):
+    changed = False
+    for r in records:
+        st = os.lstat(_paths.contained(root, r.path, "marker"))
+        if _marker.copy_stat(st) != r.copy:
+            r.copy = _marker.copy_stat(st)
+            changed = True
+    return changed
+
+
 # ---- entry points ------------------------------------------------------------------------------
-def _diff(before_files, after_files, dest):
+def _diff(before_records, after_files, dest):
     def fmt(files):
         return "".join("%s %d\n" % (f["path"], f["size"]) for f in files)
+    before = [{"path": r.path, "size": r.size} for r in before_records]
     return {"before_header": dest + " (staged files)", "after_header": dest + " (after staging)",
-            "before": fmt(before_files), "after": fmt(after_files)}
+            "before": fmt(before), "after": fmt(after_files)}
 
 
 def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slots_dir=None,
@@ -656,46 +789,43 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
           keep_revisions=0, pinned=(), proc_root="/proc", direct_io=True):
     """Stage ``src`` to ``dest`` (state=present); returns the module result dict."""
     t0 = time.monotonic()
-    src = os.path.abspath(src)
-    dest = os.path.abspath(dest)
     if verify not in VERIFY_MODES:
         raise StageError("verify: must be one of %s, got %r" % (", ".join(VERIFY_MODES), verify))
     if read_streams < 1:
         raise StageError("read_streams: must be at least 1 (got %d)" % read_streams)
-    if not os.path.isdir(src):
-        raise StageError("src: %s is not a directory; point src at the revision directory on the shared "
-                         "filesystem" % src)
-    if dest == src or dest.startswith(src.rstrip("/") + "/") or src.startswith(dest.rstrip("/") + "/"):
-        raise StageError("dest: %s overlaps src %s; stage to a separate directory" % (dest, src))
     if fleet_slots_dir and not fleet_read_streams:
         raise StageError("fleet_read_streams: required when fleet_slots_dir is set")
-    if checksums is None and verify == "sha256" and os.path.isfile(os.path.join(src, "SHA256SUMS")):
-        checksums = os.path.join(src, "SHA256SUMS")
+    src_real, lay = _stage_layout.resolve(src, dest)
+    if checksums is None and verify == "sha256" and os.path.isfile(os.path.join(src_real, "SHA256SUMS")):
+        checksums = os.path.join(src_real, "SHA256SUMS")
+    _stage_layout.check_side_paths(src_real, lay, progress_file, checksums, fleet_slots_dir)
 
-    result = {"changed": False, "dest": dest, "verify": verify, "files_total": 0, "files_copied": 0,
+    result = {"changed": False, "dest": lay.dest, "verify": verify, "files_total": 0, "files_copied": 0,
               "files_skipped": 0, "bytes_total": 0, "bytes_copied": 0, "seconds": 0.0,
               "read_bytes_per_second": 0.0, "peak_read_streams": 0, "fleet_wait_seconds": 0.0,
-              "direct_io_files": 0,
-              "copied_files": [], "pruned": [], "kept_in_use": []}
+              "direct_io_files": 0, "copied_files": [], "restaged_files": [], "reason": None,
+              "pruned": [], "kept_in_use": []}
+    protect = [src_real] + ([checksums] if checksums else []) + ([progress_file] if progress_file else [])
 
     def _finish():
         result["seconds"] = round(time.monotonic() - t0, 3)
         if keep_revisions:
-            pr = prune(dest, keep_revisions, pinned, check_mode=check_mode, proc_root=proc_root)
+            pr = prune(lay, keep_revisions, pinned, check_mode=check_mode, proc_root=proc_root, protect=protect)
             result["pruned"], result["kept_in_use"] = pr["removed"], pr["in_use"]
             result["changed"] = result["changed"] or bool(pr["removed"])
         return result
 
     if check_mode:
-        return _finish_check(src, dest, verify, checksums, result, diff, t0, _finish)
+        return _stage_check(src_real, lay, verify, checksums, result, diff, _finish)
 
-    with DestLock(dest, lock_timeout):
-        files, marker = _scan_src_and_marker(src, dest, result)
-        if marker is not None and marker.get("source") == src and _meta(marker["files"]) == _meta(files):
-            if _strength(marker.get("verify")) >= _strength(verify):
-                result["files_skipped"] = len(files)
-                return _finish()
-            return _finish_upgrade(src, dest, files, marker, verify, checksums, result, _finish)
+    with DestLock(lay.lock, lock_timeout):
+        lay.check_not_links()
+        files, mstate = _scan_src_and_marker(src_real, lay, result)
+        plan = _plan(files, src_real, lay, mstate, verify)
+        if plan.clean:
+            result["files_skipped"] = len(files)
+            return _finish()
+        by_path = dict((f["path"], f) for f in files)
 
         slots = None
         if fleet_slots_dir:
@@ -705,62 +835,74 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
                 slots.open()
             except _fleet_slots.FleetSlotError as e:
                 raise StageError(str(e))
-        progress = None
-        copier = None
+        progress = copier = journal = None
+        t_copy = time.monotonic()
         try:
             # Reading src headers/manifests is a read stream too: it holds a fleet slot like a copy.
             lease = slots.acquire() if slots else None
             try:
-                headers, sums = verify_source(src, files, verify, checksums)
+                content = verify_source(src_real, files, verify, checksums)
             finally:
                 if lease:
                     slots.release(lease)
-            partial = dest + PARTIAL_SUFFIX
-            reuse = _reusable(partial, dest, marker, files, verify, headers, sums)
-            todo = [f for f in files if f["path"] not in reuse]
+            plan = _plan(files, src_real, lay, mstate, verify, content)
+            _check_upgrades(plan, lay, files, content, verify)
+            n_new = len(plan.copy) - len(plan.restaged)
+            result["restaged_files"] = plan.restaged
+            result["reason"] = _reason(plan, mstate, verify, n_new)
+            if not plan.copy and not plan.extras:
+                # every published file is intact and of this source: only the record changes
+                records = [_kept_record(plan.keep[f["path"]], f, content) for f in files]
+                _marker.write_marker(lay.real, src_real, _min_level(records), records, fsync)
+                result.update(changed=True, files_skipped=len(files))
+                if diff:
+                    result["diff"] = _diff(mstate.marker.records, files, lay.dest)
+                return _finish()
+
+            reuse = _partial_reusable(lay.partial, files, src_real, verify, content)
+            todo = [f for f in plan.copy if f["path"] not in reuse]
             need = sum(f["size"] for f in todo)
-            free = _free_bytes(dest)
+            free = _free_bytes(lay.real)
             if free - need < min_free_bytes:
                 raise StageError(
                     "no space: %s needs %s for %d files but the dest filesystem has %s free and min_free_bytes "
                     "asks to keep %s; free space on it or lower min_free_bytes"
-                    % (dest, human_bytes(need), len(todo), human_bytes(free), human_bytes(min_free_bytes)))
-            os.makedirs(partial, exist_ok=True)
-            for rel, how in reuse.items():
-                if how == "link":
-                    target = os.path.join(partial, rel)
-                    os.makedirs(os.path.dirname(target), exist_ok=True)
-                    _unlink(target)
-                    os.link(os.path.join(dest, rel), target)
-            _clean_partial(partial, {f["path"] for f in files})
+                    % (lay.dest, human_bytes(need), len(todo), human_bytes(free), human_bytes(min_free_bytes)))
+            _prepare_partial(lay.partial, reuse)
+            _unlink(os.path.join(lay.partial, _marker.JOURNAL))
+            journal = _marker.Journal(lay.partial, src_real)
+            records = dict(reuse)
+            for rec in reuse.values():
+                journal.append(rec)
+            for rel in sorted(plan.keep):
+                if rel in records:
+                    continue
+                target = _paths.contained(lay.partial, rel, "src")
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                os.link(_paths.contained(lay.real, rel, "marker"), target)
+                rec = _kept_record(plan.keep[rel], by_path[rel], content, _marker.copy_stat(os.lstat(target)))
+                records[rel] = rec
+                journal.append(rec)
 
-            progress = Progress(progress_file, dest, need, len(todo)).start()
+            progress = Progress(progress_file, lay.dest, need, len(todo)).start()
             t_copy = time.monotonic()
-            copier = _Copier(src, partial, verify, headers, sums, read_streams, slots, progress, fsync,
-                             direct_io=direct_io)
+            copier = _Copier(src_real, lay.partial, verify, content, read_streams, slots, progress, fsync,
+                             direct_io=direct_io, journal=journal)
             copier.run(todo)
+            records.update(copier.records)
         except BaseException:
             if progress:
                 progress.finish("failed")
             raise
         finally:
+            if journal:
+                journal.close()
             if slots:
                 slots.close()
         copy_seconds = time.monotonic() - t_copy
         progress.state = "publishing"
-        _write_marker(partial, src, files, verify, sums)
-        if fsync:
-            _fsync_dir(partial)
-        if marker is not None:  # replacing an older staging of this dest
-            if not _exchange(partial, dest):
-                _remove_tree(dest)
-                os.rename(partial, dest)
-            else:
-                shutil.rmtree(partial, ignore_errors=True)
-        else:
-            os.rename(partial, dest)
-        if fsync:
-            _fsync_dir(os.path.dirname(dest))
+        ordered = [records[f["path"]] for f in files]
+        _publish(lay, src_real, ordered, fsync)
         progress.finish("done")
 
         result.update(
@@ -771,173 +913,166 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
             direct_io_files=copier.direct_files if copier else 0,
             fleet_wait_seconds=round(slots.wait_seconds, 3) if slots else 0.0)
         if diff:
-            result["diff"] = _diff(marker["files"] if marker else [], files, dest)
+            result["diff"] = _diff(mstate.marker.records if mstate.marker else [], files, lay.dest)
         return _finish()
 
 
-def _scan_src_and_marker(src, dest, result):
+def _publish(lay, src_real, records, fsync):
+    """Marker into the partial dir, then one rename (or exchange with the old revision) makes it dest.
+
+    Hard links shared with the old revision change their ctime when the old tree is deleted, so the copies'
+    stats are taken again afterwards and the marker rewritten when they moved.
+    """
+    _marker.write_marker(lay.partial, src_real, _min_level(records), records, fsync)
+    _unlink(os.path.join(lay.partial, _marker.JOURNAL))
+    if fsync:
+        _fsync_dir(lay.partial)
+    if os.path.lexists(lay.real):
+        if _exchange(lay.partial, lay.real):
+            shutil.rmtree(lay.partial, ignore_errors=True)  # the previous revision, now at the partial path
+        else:
+            _remove_tree(lay.real)
+            if _refresh_copy_stats(lay.partial, records):
+                _marker.write_marker(lay.partial, src_real, _min_level(records), records, fsync)
+            os.rename(lay.partial, lay.real)
+    else:
+        os.rename(lay.partial, lay.real)
+    if fsync:
+        _fsync_dir(lay.parent)
+    if _refresh_copy_stats(lay.real, records):
+        _marker.write_marker(lay.real, src_real, _min_level(records), records, fsync)
+
+
+def _scan_src_and_marker(src_real, lay, result):
     """List src, record its totals in ``result`` and read dest's marker; refuse a dest not staged by us."""
-    files = scan_tree(src)
+    files = _stage_layout.scan_src(src_real)
     result["files_total"] = len(files)
     result["bytes_total"] = sum(f["size"] for f in files)
-    marker = read_marker(dest) if os.path.isdir(dest) else None
-    if os.path.exists(dest) and marker is None:
-        raise StageError("dest: %s exists but has no %s, so it was not staged by this module; remove it "
-                         "or choose another dest" % (dest, MARKER))
-    return files, marker
+    mstate = read_marker(lay.real) if os.path.isdir(lay.real) else _marker.MarkerState("none")
+    if os.path.lexists(lay.real) and mstate.kind in ("none", "foreign"):
+        why = mstate.reason or "has no %s" % MARKER
+        raise StageError("dest: %s exists but %s, so it was not staged by this module; remove it or choose "
+                         "another dest" % (lay.dest, why))
+    return files, mstate
 
 
-def _finish_check(src, dest, verify, checksums, result, diff, t0, finish):
-    files, marker = _scan_src_and_marker(src, dest, result)
-    if marker is not None and marker.get("source") == src and _meta(marker["files"]) == _meta(files) \
-            and _strength(marker.get("verify")) >= _strength(verify):
+def _stage_check(src_real, lay, verify, checksums, result, diff, finish):
+    """Check mode: the same plan as a real run, reading only."""
+    files, mstate = _scan_src_and_marker(src_real, lay, result)
+    plan = _plan(files, src_real, lay, mstate, verify)
+    if plan.clean:
         result["files_skipped"] = len(files)
         return finish()
-    headers, sums = verify_source(src, files, verify, checksums)
-    partial = dest + PARTIAL_SUFFIX
-    reuse = _reusable(partial, dest, marker, files, verify, headers, sums)
-    todo = [f for f in files if f["path"] not in reuse]
-    need = sum(f["size"] for f in todo)
-    result.update(changed=True, files_copied=len(todo), files_skipped=len(files) - len(todo),
-                  bytes_copied=need, copied_files=[f["path"] for f in todo])
-    if diff:
-        result["diff"] = _diff(marker["files"] if marker else [], files, dest)
-    return finish()
-
-
-def _finish_upgrade(src, dest, files, marker, verify, checksums, result, finish):
-    """Metadata matches but the copy was verified more weakly than asked: verify it in place."""
-    headers, sums = verify_source(src, files, verify, checksums)
-    for f in files:
-        path = os.path.join(dest, f["path"])
-        if f["path"] in headers:
-            _check_copy_header(path, f["size"], headers[f["path"]])
-        if verify == "sha256" and f["path"] in sums:
-            got = sha256_file(path)
-            if got != sums[f["path"]]:
-                raise _safetensors.CheckpointError(path, "checksum mismatch: sha256 %s, manifest says %s; "
-                                                         "remove dest (state=absent) and stage again"
-                                                   % (got, sums[f["path"]]))
-    _write_marker(dest, src, files, verify, sums)
-    result.update(changed=True, files_skipped=len(files))
-    return finish()
-
-
-def _reusable(partial, dest, marker, files, verify, headers, sums):
-    """Files already complete in ``<dest>.partial`` (verified) or unchanged in the old ``dest``."""
+    content = verify_source(src_real, files, verify, checksums)
+    plan = _plan(files, src_real, lay, mstate, verify, content)
+    _check_upgrades(plan, lay, files, content, verify)
     reuse = {}
-    old = _meta(marker["files"]) if marker else {}
-    for f in files:
-        rel = f["path"]
-        cand = os.path.join(partial, rel)
-        how = "partial"
-        try:
-            st = os.stat(cand)
-        except OSError:
-            st = None
-        if st is None and old.get(rel) == (f["size"], f["mtime_ns"]) and \
-                _strength(marker.get("verify")) >= _strength(verify):
-            cand, how = os.path.join(dest, rel), "link"
-            try:
-                st = os.stat(cand)
-            except OSError:
-                continue
-        if st is None or (st.st_size, st.st_mtime_ns) != (f["size"], f["mtime_ns"]):
-            continue
-        try:
-            if rel in headers:
-                _check_copy_header(cand, f["size"], headers[rel])
-            if verify == "sha256" and rel in sums and sha256_file(cand) != sums[rel]:
-                continue
-        except _safetensors.CheckpointError:
-            continue
-        reuse[rel] = how
-    return reuse
+    if plan.copy or plan.extras:
+        reuse = _partial_reusable(lay.partial, files, src_real, verify, content)
+    todo = [f for f in plan.copy if f["path"] not in reuse]
+    result.update(changed=True, files_copied=len(todo), files_skipped=len(files) - len(todo),
+                  bytes_copied=sum(f["size"] for f in todo), copied_files=[f["path"] for f in todo],
+                  restaged_files=plan.restaged,
+                  reason=_reason(plan, mstate, verify, len(plan.copy) - len(plan.restaged)))
+    if diff:
+        result["diff"] = _diff(mstate.marker.records if mstate.marker else [], files, lay.dest)
+    return finish()
 
 
-def _clean_partial(partial, wanted):
-    """Drop in-flight ``*.llmops-part`` files and anything src no longer has."""
-    for dirpath, _dirnames, filenames in os.walk(partial):
-        for fn in filenames:
-            full = os.path.join(dirpath, fn)
-            rel = os.path.relpath(full, partial)
-            if fn.endswith(PART_SUFFIX) or rel not in wanted:
-                _unlink(full)
-
-
-def _write_marker(directory, src, files, verify, sums):
-    doc = {
-        "format": MARKER_FORMAT, "source": src, "verify": verify, "host": socket.gethostname(),
-        "staged_at": time.time(),
-        "files": [dict(path=f["path"], size=f["size"], mtime_ns=f["mtime_ns"],
-                       **({"sha256": sums[f["path"]]} if f["path"] in sums else {})) for f in files],
-    }
-    tmp = os.path.join(directory, MARKER + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(directory, MARKER))
+def _check_removable(lay):
+    """A dest to delete must carry a marker file; its marker need not be valid (a broken one is still ours)."""
+    if not os.path.lexists(lay.real):
+        return
+    ms = read_marker(lay.real)
+    if ms.kind in ("none", "foreign"):
+        raise StageError("dest: %s %s, so it was not staged by this module; refusing to delete it"
+                         % (lay.dest, ms.reason or "has no %s" % MARKER))
 
 
 def remove(dest, pinned=(), check_mode=False, lock_timeout=3600, proc_root="/proc"):
-    """state=absent: remove a staged revision unless pinned or in use."""
-    dest = os.path.abspath(dest)
-    partial = dest + PARTIAL_SUFFIX
-    result = {"changed": False, "dest": dest}
-    if not os.path.exists(dest) and not os.path.exists(partial):
+    """state=absent: remove a staged revision unless pinned or in use (by any path, in any mount namespace)."""
+    lay = _stage_layout.Layout(dest)
+    result = {"changed": False, "dest": lay.dest}
+    if not os.path.lexists(lay.real) and not os.path.lexists(lay.partial):
         return result
-    if is_pinned(dest, pinned):
-        raise StageError("pinned: %s is pinned; remove it from pinned before deleting it" % dest)
-    if os.path.exists(dest) and read_marker(dest) is None:
-        raise StageError("dest: %s has no %s, so it was not staged by this module; refusing to delete it"
-                         % (dest, MARKER))
-    users = users_of(dest, proc_root) if os.path.exists(dest) else []
-    if users:
-        raise StageError("dest: %s is in use (pid %d has %s open); stop it before removing the revision"
-                         % (dest, users[0]["pid"], users[0]["file"]))
-    result["changed"] = True
+    if is_pinned(lay.dest, pinned) or is_pinned(lay.real, pinned):
+        raise StageError("pinned: %s is pinned; remove it from pinned before deleting it" % lay.dest)
+    lay.check_not_links()
+
+    def refuse_in_use():
+        found = users([lay.real, lay.partial], proc_root)
+        if found:
+            raise StageError("dest: %s is in use (%s); stop it before removing the revision"
+                             % (lay.dest, describe_user(found[0])))
+
     if check_mode:
+        _check_removable(lay)
+        refuse_in_use()
+        result["changed"] = True
         return result
-    with DestLock(dest, lock_timeout):
-        if os.path.exists(dest):
-            _remove_tree(dest)
-        shutil.rmtree(partial, ignore_errors=True)
-    _unlink(dest + LOCK_SUFFIX)
+    with DestLock(lay.lock, lock_timeout) as lock:
+        lay.check_not_links()
+        if os.path.lexists(lay.real) or os.path.lexists(lay.partial):
+            _check_removable(lay)
+            refuse_in_use()
+            if os.path.lexists(lay.real):
+                _remove_tree(lay.real)
+            _remove_partial(lay.partial)
+            result["changed"] = True
+        lock.unlink()
     return result
 
 
-def prune(dest, keep, pinned=(), check_mode=False, proc_root="/proc"):
-    """Keep the newest ``keep`` staged revisions beside ``dest`` (``dest`` always counts as kept)."""
-    parent = os.path.dirname(os.path.abspath(dest))
-    revs = []
+def prune(dest, keep, pinned=(), check_mode=False, proc_root="/proc", protect=()):
+    """Keep the newest ``keep`` staged revisions beside ``dest`` (``dest`` always counts as kept).
+
+    Only real directories with a valid marker count as revisions; one that overlaps a path in ``protect`` (the
+    run's src, manifest, progress file) is never removed. Each removal holds the revision's lock and checks for
+    users under it.
+    """
+    lay = dest if isinstance(dest, _stage_layout.Layout) else _stage_layout.Layout(dest)
     out = {"removed": [], "in_use": []}
-    if not os.path.isdir(parent):  # check mode before the first staging
+    if not os.path.isdir(lay.parent):  # check mode before the first staging
         return out
-    for name in os.listdir(parent):
-        path = os.path.join(parent, name)
-        if path == os.path.abspath(dest) or not os.path.isdir(path) or name.endswith(PARTIAL_SUFFIX) \
-                or ".removing-" in name:
+    revs = []
+    for name in sorted(os.listdir(lay.parent)):
+        path = os.path.join(lay.parent, name)
+        if path == lay.real or name.endswith(PARTIAL_SUFFIX) or name.endswith(LOCK_SUFFIX) \
+                or _stage_layout.REMOVING_INFIX in name:
             continue
-        marker = read_marker(path)
-        if marker is not None:
-            revs.append((marker.get("staged_at", 0), path))
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or any(p and _paths.overlaps(path, p) for p in protect):
+            continue
+        ms = read_marker(path)
+        if ms.kind == "ok":
+            revs.append((ms.marker.staged_at, path))
     revs.sort(reverse=True)
     for _ts, path in revs[max(keep - 1, 0):]:
         if is_pinned(path, pinned):
             continue
-        users = users_of(path, proc_root)
-        if users:
-            out["in_use"].append({"path": path, "pid": users[0]["pid"]})
+        if check_mode:
+            found = users([path], proc_root)
+            if found:
+                out["in_use"].append(_in_use_entry(path, found[0]))
+            else:
+                out["removed"].append(path)
             continue
-        if not check_mode:
-            try:
-                with DestLock(path, 0):
-                    _remove_tree(path)
-                    shutil.rmtree(path + PARTIAL_SUFFIX, ignore_errors=True)
-            except StageError:
-                out["in_use"].append({"path": path, "pid": None})
-                continue
-            _unlink(path + LOCK_SUFFIX)
+        try:
+            with DestLock(path + LOCK_SUFFIX, 0) as lock:
+                if read_marker(path).kind != "ok":
+                    continue
+                found = users([path, path + PARTIAL_SUFFIX], proc_root)
+                if found:
+                    out["in_use"].append(_in_use_entry(path, found[0]))
+                    continue
+                _remove_tree(path)
+                _remove_partial(path + PARTIAL_SUFFIX)
+                lock.unlink()
+        except StageError:
+            out["in_use"].append({"path": path, "pid": None, "via": "lock", "file": path + LOCK_SUFFIX})
+            continue
         out["removed"].append(path)
     return out

@@ -82,3 +82,19 @@ def write_checkpoint(root, total_bytes, shards=8, tensors_per_shard=4, seed=0, e
         for fn in sorted(sums):
             f.write("%s  %s\n" % (sums[fn], fn))
     return {"files": sorted(sums) + ["SHA256SUMS"], "bytes": written, "shards": names}
+
+
+def write_twins(root_a, root_b, total_bytes, shards=2, seed=1):
+    """Two revisions with identical shapes, names, sizes and mtimes but different tensor bytes (a fine-tune).
+
+    ``root_b`` gets ``root_a``'s mtimes on every file, so only content (and ctime/inode) tells them apart.
+    Returns ``(info_a, info_b)`` as :func:`write_checkpoint` does.
+    """
+    info_a = write_checkpoint(root_a, total_bytes, shards=shards, seed=seed)
+    info_b = write_checkpoint(root_b, total_bytes, shards=shards, seed=seed + 1)
+    for name in info_a["files"]:
+        st = os.stat(os.path.join(root_a, name))
+        if os.path.getsize(os.path.join(root_b, name)) != st.st_size:
+            raise AssertionError("twin %s differs in size" % name)
+        os.utime(os.path.join(root_b, name), ns=(st.st_atime_ns, st.st_mtime_ns))
+    return info_a, info_b

@@ -13,13 +13,26 @@ description:
   - Copies the revision directory O(src) (read-only, authoritative) to O(dest) on local NVMe so engines
     load from local disk instead of every rank reading the shared filesystem.
   - The copy is built in C(<dest>.partial/) and published with one C(rename) together with the completion
-    marker C(<dest>/.llmops-staged.json) (file list, sizes, mtimes, verify mode, source). Nothing
-    half-copied is ever visible at O(dest).
-  - A killed copy resumes; files completely written before the kill are re-verified and reused.
-  - A re-run on a published revision compares the marker with the sizes and mtimes in O(src) without
-    reading data and reports C(changed=false).
-  - A second run for the same O(dest) on the same host waits on C(<dest>.lock) and then finds the revision
-    published.
+    marker C(<dest>/.llmops-staged.json). Nothing half-copied is ever visible at O(dest).
+  - The marker identifies every file by content and identity, not by size and mtime - its size, the sha256 of
+    its safetensors header (O(verify=headers) and O(verify=sha256)), its sha256 where O(verify=sha256)
+    computed one, the source file's device, inode, mtime and ctime, and the copy's inode, size, mtime and
+    ctime at publish. Two revisions with identical shapes and mtimes never reuse each other's files.
+  - A re-run only C(lstat)s O(src) and O(dest) (no data or header is read) and reports C(changed=false) when
+    every copy is intact and of the same source file. A copy removed, resized or rewritten after publish, or
+    whose source file is no longer the one it was copied from, is staged again, alone (RV(restaged_files));
+    the intact files are hard-linked into the new build and the revision is republished. Files in O(dest)
+    that O(src) does not have are dropped the same way. A directory holding only a copied marker is not
+    staged.
+  - A killed copy resumes, from the same O(src) or another one; a file completed before the kill is reused
+    only when C(<dest>.partial/.llmops-staged.journal) proves it is a copy of today's source file.
+  - One run at a time owns O(dest) through C(<dest>.lock) (O(dest)'s parent resolved, so every spelling of
+    O(dest) shares it); a second run waits and then finds the revision published. O(state=absent) and pruning
+    take the same lock and delete the lock file only while holding it.
+  - O(src) is only read. Before anything changes the module refuses O(dest), C(<dest>.partial),
+    C(<dest>.lock), O(progress_file) or O(fleet_slots_dir) inside O(src) or containing it, and O(checksums) or
+    O(progress_file) inside O(dest), after resolving symlinks. An O(dest) that is a symlink is refused
+    (publishing there would change the revision it points to).
   - At most O(read_streams) files of O(src) are open at once on this host; with O(fleet_slots_dir) every
     stream also holds a lease in that shared directory, capping readers across all hosts and all
     concurrent runs at O(fleet_read_streams).
@@ -28,18 +41,28 @@ description:
     O(verify=sha256) the single read also feeds the hash.
 options:
   src:
-    description: Revision directory on the shared filesystem. Never written.
+    description:
+      - Revision directory on the shared filesystem. Never written, moved or deleted.
+      - It must hold regular files. A file symlink is followed when its target is inside O(src). A symlink
+        that leaves O(src), a directory symlink (not followed, it could leave O(src) or loop), a dangling link,
+        a FIFO, socket or device, an unreadable directory, and a name the module reserves (top-level names
+        starting with C(.llmops-staged), any name ending in C(.llmops-part)) are refused, naming the path.
     type: path
     required: true
   dest:
-    description: Published revision directory on local disk, usually C(<root>/<name>/<revision>).
+    description:
+      - Published revision directory on local disk, usually C(<root>/<name>/<revision>).
+      - Must not be a symlink, inside O(src) or contain it.
     type: path
     required: true
   state:
     description:
       - V(present) stages the revision.
-      - V(absent) removes O(dest) (and any C(<dest>.partial)); refused when O(dest) is listed in O(pinned),
-        when a process has a file under it open or mapped, or when it was not staged by this module.
+      - V(absent) removes O(dest) (and any C(<dest>.partial)) under C(<dest>.lock); refused when O(dest) is
+        listed in O(pinned), when it was not staged by this module (no marker file), or when a process uses it
+        by any path, found by device and inode - an open file, a mapping, its working or root directory, or a
+        bind mount in another mount namespace (how pods mount it). The error names the pid and how it uses
+        O(dest).
     type: str
     choices: [present, absent]
     default: present
@@ -58,7 +81,8 @@ options:
     description:
       - A C(sha256sum)-format manifest (C(<hex>  <relative path>) per line) used by O(verify=sha256).
       - Defaults to C(SHA256SUMS) in O(src) when that file exists. Every file of O(src) except the manifest must
-        be listed.
+        be listed, by its path relative to O(src) (absolute names and C(..) are refused). Must not be inside
+        O(dest).
     type: path
   read_streams:
     description: Most files of O(src) this host reads at once (also the most fleet slots it holds).
@@ -67,7 +91,8 @@ options:
   fleet_slots_dir:
     description:
       - Lease directory on the shared filesystem that caps concurrent readers fleet-wide. Every host and every
-        concurrent run must use the same directory and the same O(fleet_read_streams).
+        concurrent run must use the same directory and the same O(fleet_read_streams). Must not overlap O(src)
+        or O(dest).
       - Leases are exclusive-create files with a heartbeat; a lease whose holder died (same host) or that
         has not been refreshed for O(fleet_stale_seconds) is taken over.
     type: path
@@ -91,6 +116,7 @@ options:
     description:
       - JSON file rewritten every second while copying, with C(bytes_done), C(bytes_total), C(files_done),
         C(files_total), C(rate_bytes_per_second), C(eta_seconds), C(percent) and a readable C(message).
+      - Must be outside O(src) and O(dest).
     type: path
   fsync:
     description: Flush every copied file and the directories to disk before publishing.
@@ -113,7 +139,8 @@ options:
   keep_revisions:
     description:
       - After staging, keep this many staged revisions in the parent directory of O(dest) (newest first, O(dest)
-        included) and remove older ones that are neither pinned nor in use. V(0) removes nothing.
+        included) and remove older ones that are neither pinned nor in use (see O(state=absent)). Only real
+        directories with a valid marker count; O(src) and O(checksums) are never removed. V(0) removes nothing.
     type: int
     default: 0
   pinned:
@@ -186,6 +213,22 @@ copied_files:
   returned: state=present
   type: list
   elements: str
+restaged_files:
+  description:
+    - Files of the previously published revision that this run copies again, each with C(path) and
+      C(reason) (for example C(removed from dest after publish), C(resized in dest after publish),
+      C(rewritten in dest after publish), C(its source file is not the one staged), or the published copy
+      failing a stronger O(verify)).
+  returned: state=present
+  type: list
+  elements: dict
+reason:
+  description:
+    - Why the published revision was not reused as it was, in one line (C(not staged yet), C(not staged) with
+      what is wrong with the marker, files staged again, files new in O(src), files in O(dest) that O(src) does
+      not have, or the marker refreshed after a O(verify) upgrade); V(null) when nothing changed.
+  returned: state=present
+  type: str
 bytes_total:
   description: Bytes in O(src) (real file sizes).
   returned: state=present
@@ -224,7 +267,10 @@ pruned:
   type: list
   elements: str
 kept_in_use:
-  description: Older revisions O(keep_revisions) would remove but kept because a process uses them.
+  description:
+    - Older revisions O(keep_revisions) would remove but kept because a process uses them, each with C(path),
+      C(pid), C(via) (C(fd), C(map), C(cwd), C(root), C(mount), or C(lock) when another run holds its lock and
+      C(pid) is null) and C(file) (what the process holds, as it spells it).
   returned: state=present
   type: list
   elements: dict

@@ -69,24 +69,39 @@ def test_changed_source_file_restages_only_that_file(run_module, tree):
     same_tree(tree["src"], tree["dest"])
 
 
-def test_resume_reuses_complete_partial_files_and_drops_in_flight_ones(run_module, tree):
+def _interrupted_run(run_module, tree):
+    """A real run that fails on its last file (wrong digest in the manifest), leaving a partial dir behind."""
+    sums = os.path.join(tree["src"], "SHA256SUMS")
+    good = open(sums).read()
+    bad = "".join(("0" * 64 + line[64:]) if line.endswith("  tokenizer_config.json\n") else line
+                  for line in good.splitlines(True))
+    open(sums, "w").write(bad)
+    r = run_module(model_stage, {"src": tree["src"], "dest": tree["dest"], "verify": "sha256", "read_streams": 1})
+    assert r.get("failed") and "tokenizer_config.json" in r["msg"], r
+    open(sums, "w").write(good)
     partial = tree["dest"] + ".partial"
-    os.makedirs(partial)
-    shard = "model-00002-of-00003.safetensors"
-    shutil.copy2(os.path.join(tree["src"], shard), os.path.join(partial, shard))
+    done = sorted(n for n in os.listdir(partial) if not n.startswith(".llmops"))
+    # big files first, one stream: every other file is complete (the smallest, failing, one is not)
+    assert "tokenizer_config.json" not in done and len(done) == len(tree["info"]["files"]) - 1, done
+    return partial
+
+
+def test_resume_reuses_complete_partial_files_and_drops_in_flight_ones(run_module, tree):
+    partial = _interrupted_run(run_module, tree)
     with open(os.path.join(partial, "model-00001-of-00003.safetensors.llmops-part"), "wb") as f:
         f.write(b"half")
     r = run_module(model_stage, {"src": tree["src"], "dest": tree["dest"]})
-    assert r["changed"] is True and r["files_skipped"] == 1 and shard not in r["copied_files"]
+    # SHA256SUMS was rewritten (a new source file), tokenizer_config.json never completed
+    assert r["changed"] is True and sorted(r["copied_files"]) == ["SHA256SUMS", "tokenizer_config.json"], r
+    assert r["files_skipped"] == len(tree["info"]["files"]) - 2
     same_tree(tree["src"], tree["dest"])
+    assert not os.path.exists(partial)
 
 
 def test_partial_file_with_wrong_header_is_recopied(run_module, tree):
-    partial = tree["dest"] + ".partial"
-    os.makedirs(partial)
+    partial = _interrupted_run(run_module, tree)
     shard = "model-00002-of-00003.safetensors"
     dst = os.path.join(partial, shard)
-    shutil.copy2(os.path.join(tree["src"], shard), dst)
     st = os.stat(dst)
     with open(dst, "r+b") as f:
         f.seek(8)
@@ -223,10 +238,12 @@ def test_keep_revisions_prunes_oldest_but_not_pinned_or_in_use(run_module, tree)
     assert not os.path.exists(revs[1][1]) and os.path.isdir(revs[0][1]) and os.path.isdir(revs[2][1])
 
 
-def test_users_of_reads_maps_too(tmp_path):
-    d = tmp_path / "rev"
-    d.mkdir()
-    maps = tmp_path / "proc" / "9"
-    maps.mkdir(parents=True)
-    (maps / "maps").write_text("7f00-7f10 r--s 00000000 fd:00 12 %s/model.safetensors\n" % d)
-    assert _stage.users_of(str(d), str(tmp_path / "proc")) == [{"pid": 9, "file": "%s/model.safetensors" % d}]
+def test_absent_sees_mapped_files_too(run_module, tree):
+    run_module(model_stage, {"src": tree["src"], "dest": tree["dest"]})
+    proc = tree["tmp"] / "proc" / "9"
+    proc.mkdir(parents=True)
+    (proc / "maps").write_text("7f00-7f10 r--s 00000000 fd:00 12 %s/model-00001-of-00003.safetensors\n" % tree["dest"])
+    r = run_module(model_stage, {"src": tree["src"], "dest": tree["dest"], "state": "absent",
+                                 "proc_root": str(tree["tmp"] / "proc")})
+    assert r["failed"] and "in use (pid 9 maps %s/model-00001" % tree["dest"] in r["msg"], r
+    assert os.path.isdir(tree["dest"])
