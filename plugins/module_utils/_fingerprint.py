@@ -63,7 +63,7 @@ TOOLCHAIN_KEYS = ("torch_path", "torch_git", "python_include", "deep_gemm_path",
 BOOL = "bool"    # store_true / BooleanOptionalAction: no value; ``--x=true|false`` and ``--x true|false`` accepted
 VALUE = "value"  # one value
 INT = "int"      # one integer value
-HRINT = "hrint"  # one integer value, vLLM human-readable (``8k`` = 8000, ``8K`` = 8192)
+HRINT = "hrint"  # one integer value, human-readable (``8k`` = 8000, ``8K`` = 8192) as both engines read it
 INTS = "ints"    # nargs="+" of integers: every following non-flag token
 JSON = "json"    # one JSON value (vLLM also accepts ``--flag.key value`` pieces)
 DRAFT = "draft"  # a draft model path or hub id: counts by the model's identity
@@ -158,7 +158,7 @@ ENGINE_FLAGS = {
         "deepep-mode": (VALUE, ()),
         "page-size": (INT, ()),
         "kv-cache-dtype": (VALUE, ()),
-        "context-length": (INT, ()),
+        "context-length": (HRINT, ()),  # server_args.py: type_parser=human_readable_int
         "num-fused-shared-experts": (INT, ()),
         "enable-deepep-moe": (BOOL, ()),
         "ep-num-redundant-experts": (INT, ()),

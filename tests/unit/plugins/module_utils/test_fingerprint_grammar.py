@@ -8,7 +8,8 @@ Upstream rules restated here:
   first ``.``, ``-O3`` / ``-O=3`` / ``-O 3`` -> ``--optimization-level``, ``--json-arg.key value`` pieces
   merged (lists concatenated, ``key+`` appends) and passed after all other arguments.
 - SGLang ``python/sglang/srt/arg_groups/arg_utils.py`` ``add_cli_args_from_dataclass``: bool ->
-  ``action="store_true"``, ``List[X]`` -> ``nargs="+"``; aliases from ``python/sglang/srt/server_args.py``.
+  ``action="store_true"``, ``List[X]`` -> ``nargs="+"``; aliases and ``context_length``'s
+  ``type_parser=human_readable_int`` from ``python/sglang/srt/server_args.py``.
 - Both build on argparse (``allow_abbrev`` on), so a unique prefix names its flag and a shared one is an
   error; the differential test below checks the grammar against argparse itself.
 """
@@ -109,6 +110,7 @@ def test_numbers_have_one_spelling(model):
     assert counted(model, "vllm", ["--max-model-len=25.6k"]) == {"max-model-len": "25600"}
     assert counted(model, "vllm", ["--max-model-len", "auto"]) == {"max-model-len": "auto"}
     assert counted(model, "vllm", ["--max-num-seqs", "064"]) == {"max-num-seqs": "64"}
+    assert counted(model, "sglang", ["--context-length", "32k"]) == counted(model, "sglang", ["--context-length=32000"])
     # negative numbers are values, not flags
     assert counted(model, "sglang", ["--chunked-prefill-size", "-1", "--enable-torch-compile"]) == {
         "chunked-prefill-size": "-1", "enable-torch-compile": "true"}
