@@ -47,6 +47,8 @@ import subprocess
 import sys
 import time
 
+from ansible_collections.llmops.serving.plugins.module_utils import _secrets
+
 MARKER_ENV = "LLMOPS_ENGINE_PROCESS"
 SPEC_ENV = "LLMOPS_ENGINE_SPEC"
 SUPERVISOR_FLAG = "--llmops-engine-process="
@@ -148,8 +150,6 @@ class ProcessError(Exception):
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SECRET_WORDS = {"TOKEN", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "APIKEY"}
-_SECRET_KEY_PREFIX = {"API", "ACCESS", "PRIVATE", "SECRET", "SIGNING", "ENCRYPTION", "AUTH"}
 
 
 def check_name(name):
@@ -190,12 +190,13 @@ def check_layout(run_dir, name):
 NO_LOG_PLACEHOLDER = "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"
 
 
-def looks_secret(env_name):
-    """An environment variable name that holds a credential by convention (HF_TOKEN, AWS_SECRET_ACCESS_KEY…)."""
-    words = env_name.upper().split("_")
-    if _SECRET_WORDS.intersection(words):
-        return True
-    return any(w == "KEY" and i and words[i - 1] in _SECRET_KEY_PREFIX for i, w in enumerate(words))
+def mask_everywhere(env_name, value):
+    """Whether Ansible should mask ``value`` inside every string of the result, not only where env is shown.
+
+    True for credentials by the collection's one rule (:mod:`_secrets`: the name, or a token-shaped value).
+    Plain settings are not: masking ``1`` everywhere would turn pids and times into the mask.
+    """
+    return _secrets.is_credential_name(env_name) or _secrets.token_shape(value) is not None
 
 
 def check_env(env):
@@ -632,8 +633,8 @@ def check_command(argv, path_env=None, chdir=None, field="command"):
     reasons = command_problems(list(argv), path_env, chdir)
     if reasons:
         raise ProcessError(
-            "%s: the engine would not be the foreground process, so a crash could be recorded as the wrapper's "
-            "status (a pipe into tee made crashed engines exit 0): %s. %s."
+            "%s: the engine would not be the foreground process, so its crash would be recorded as the wrapper's "
+            "status: %s. %s."
             % (field, "; ".join(reasons), _FIX), reason="masked_exit_status")
 
 
@@ -763,6 +764,19 @@ def _started_at(start_ticks, proc_root="/proc"):
         return None
 
 
+def _mount_ns(pid, proc_root="/proc"):
+    try:
+        return os.readlink("%s/%d/ns/mnt" % (proc_root, pid))
+    except OSError:
+        return None
+
+
+def _same_ns(my_ns, pid, proc_root="/proc"):
+    """Same mount namespace as this run (a container with the same run_dir path holds another engine)."""
+    other = _mount_ns(pid, proc_root)
+    return my_ns is None or other is None or other == my_ns
+
+
 def scan(key, proc_root="/proc"):
     """Processes of the engine ``key`` found in ``/proc``: supervisor, engine (session leader), its group."""
     found = {"supervisor": None, "engine": None, "group": [], "spec_hash": None}
@@ -772,6 +786,7 @@ def scan(key, proc_root="/proc"):
     except OSError:
         return found
     me = os.getpid()
+    my_ns = _mount_ns(me, proc_root)
     for pid in pids:
         if pid == me:
             continue
@@ -780,10 +795,11 @@ def scan(key, proc_root="/proc"):
             continue
         cmd = _proc_cmdline(pid, proc_root)
         if SUPERVISOR_FLAG + key in cmd:
-            found["supervisor"] = (pid, st["start"])
+            if _same_ns(my_ns, pid, proc_root):
+                found["supervisor"] = (pid, st["start"])
             continue
         env = _proc_environ(pid, proc_root)
-        if env.get(MARKER_ENV) == key:
+        if env.get(MARKER_ENV) == key and _same_ns(my_ns, pid, proc_root):
             marked.append((pid, st, env))
     leaders = [m for m in marked if m[0] == m[1]["session"] == m[1]["pgrp"]]
     if leaders:

@@ -22,8 +22,8 @@ description:
   - The engine is found without its run directory. Its environment carries C(LLMOPS_ENGINE_PROCESS) (a hash of
     O(run_dir) and O(name)) and C(LLMOPS_ENGINE_SPEC) (its RV(spec_hash)), its supervisor's command line
     carries the same key, and pids are checked with their start time. When the run directory was deleted or
-    the supervisor was killed, the engine is found in C(/proc), a new V(started) does not start a second one
-    and V(stopped) still stops it.
+    the supervisor was killed, the engine is found in C(/proc) (processes of this mount namespace only), a new
+    V(started) does not start a second one and V(stopped) still stops it.
   - The command must leave the engine as the foreground process. A shell wrapper (C(bash -c), C(sh -c), a
     script file or a C(#!) script, also behind C(env) or C(nohup)) must end with C(exec ENGINE ...); a pipe
     into C(tee), a background job (C(&), C(nohup ... &)), C(setsid) without C(--wait) or any command after the
@@ -67,8 +67,9 @@ options:
         no file written by this module holds them (C(spec.json) lists the names).
       - Ansible would mask every occurrence of a C(no_log) value in the whole result, so a short setting such as
         C(VLLM_CPU_KVCACHE_SPACE=1) would mask pids and times. The module never returns env values, and keeps
-        that result-wide masking for variables whose names look like credentials (C(*_TOKEN), C(*SECRET*),
-        C(*PASSWORD*), C(*_API_KEY), C(*_ACCESS_KEY), ...), in case the engine prints them in the log tail.
+        that result-wide masking for credentials (a name whose last word is C(TOKEN), C(PASSWORD), C(SECRET),
+        C(KEY)..., or a value shaped like a Hugging Face or AWS token), in case the engine prints them in the
+        log tail.
     type: dict
     default: {}
   chdir:
@@ -137,6 +138,10 @@ state:
 pid:
   description: Process id of the engine (the supervisor's direct child, leader of its process group).
   returned: when running
+  type: int
+supervisor_pid:
+  description: Process id of the supervisor that records the engine's exit status.
+  returned: when running with its supervisor
   type: int
 started_at:
   description: Epoch seconds when the current process was started.
@@ -253,7 +258,7 @@ def main():
         fail(str(e), **e.details)
     # Result-wide masking of a value like "1" would mask pids and times; env values are never returned, so the
     # masking stays only for credential-looking names (an engine may print those into the log tail).
-    module.no_log_values.difference_update(v for k, v in env.items() if not _process.looks_secret(k))
+    module.no_log_values.difference_update(v for k, v in env.items() if not _process.mask_everywhere(k, v))
     try:
         _process.check_name(p["name"])
         _process.check_run_dir(p["run_dir"])
