@@ -420,10 +420,10 @@ def tokenize_engine_args(engine, args):
         spelling, eq, inline = item.partition("=")
         prefix = "--" if spelling.startswith("--") else "-"
         body = spelling[len(prefix):]
-        head, dot, path = body.partition(".")
+        head, dot, path = body.partition(".") if engine in DOTTED_JSON else (body, "", "")
         spelling = prefix + head.replace("_", "-")
         resolved = _resolve(engine, spelling)
-        if dot and engine in DOTTED_JSON:
+        if dot:
             # ``--compilation-config.mode 3``: a piece of one JSON value (vLLM always takes the next token)
             if eq:
                 text = inline
