@@ -14,6 +14,7 @@ module run, so many hosts can be followed at a short interval.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 import uuid
@@ -30,7 +31,7 @@ TERMINAL_STATES = ("done", "failed")
 # Connection errors during a poll are retried (the job runs on regardless) for at most this long.
 POLL_ERROR_SECONDS = 300.0
 _JID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-_UNSAFE = re.compile(r"[^\x20-\x7e]")
+_STATE = re.compile(r"^[a-z][a-z_-]{0,23}$")  # a state word (copying, publishing, ...), nothing else is shown
 # Keys async_status adds to the job's own result.
 _STATUS_KEYS = ("started", "finished", "results_file", "stdout_lines", "stderr_lines")
 
@@ -57,7 +58,7 @@ def _number(value):
     """A finite non-negative number from a progress field, else None (bools are not numbers)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    if value != value or value < 0 or value == float("inf"):
+    if math.isnan(value) or value < 0 or math.isinf(value):
         return None
     return value
 
@@ -73,7 +74,7 @@ def progress_line(record):
     if done is None or total is None:
         return None
     state = record.get("state")
-    state = _UNSAFE.sub("", state)[:32] if isinstance(state, str) and state else "copying"
+    state = state if isinstance(state, str) and _STATE.match(state) else "running"
     parts = ["%s: %s / %s" % (state, _human_bytes(done), _human_bytes(total))]
     parts[0] += " (%.1f%%)" % (100.0 * done / total if total else 100.0)
     files_done, files_total = _number(record.get("files_done")), _number(record.get("files_total"))

@@ -10,7 +10,7 @@ module: model_stage_follow
 short_description: Follow a background copy, printing bytes, rate and ETA at each poll
 version_added: "0.1.0"
 description:
-  - Follows an async job (a task started with C(async) and C(poll: 0), such as M(llmops.serving.model_stage))
+  - Follows an async job (a task started with C(async) and C(poll) 0, such as M(llmops.serving.model_stage))
     until it ends, in one flat loop, and returns the job's own result. A job that failed makes this task fail
     with the job's C(msg).
   - Each poll is one shell command on the target reading the async job file (as M(ansible.builtin.async_status)
@@ -24,7 +24,7 @@ description:
   - This is an action plugin; the copy itself runs on the target as the job being followed.
 options:
   jid:
-    description: The C(ansible_job_id) registered from the task started with C(async) and C(poll: 0).
+    description: The C(ansible_job_id) registered from the task started with C(async) and C(poll) 0.
     type: str
     required: true
   progress_file:
@@ -55,16 +55,22 @@ options:
     default: true
 attributes:
   action:
+    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
     support: full
-    description: The loop runs on the controller; the target only answers one shell command per poll.
+    details: The polling loop runs on the controller; the target only answers one shell command per poll.
   async:
+    description: Supports being used with the C(async) keyword.
     support: none
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
-    description: Only reads the job's files (a job started in check mode is followed the same way).
+    details: Only reads the job's files (a job started in check mode is followed the same way).
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
   platform:
+    description: Target OS/families that can be operated against.
+    support: full
     platforms: posix
 author:
   - LLMOps Serving maintainers (@llmops-serving)
