@@ -7,7 +7,7 @@
 :func:`plan` compares them with the directory without writing (files to write, files rendered before and no
 longer produced, per-file before/after), so check mode reports exactly what a real run changes; :func:`write`
 applies a plan; :func:`apply` does both and returns the module result keys (``changed``, ``files``,
-``removed``, ``diff``).
+``changed_files``, ``removed``, ``diff``).
 
 What was rendered before is listed in the marker ``.llmops-manifests.json`` (``{"files": [...]}``). Every entry
 read from it goes through :func:`_paths.contained`: an absolute entry, ``..``, a NUL or a path through a
@@ -244,12 +244,14 @@ def write(p):
 
 
 def apply(directory, files, check_mode=False, diff=False, field="render_dir"):
-    """Plan, write unless ``check_mode``, and return ``changed``, ``files``, ``removed`` and (with ``diff``) ``diff``.
+    """Plan, write unless ``check_mode``, and return ``changed``, ``files``, ``changed_files``, ``removed``
+    and (with ``diff``) ``diff``.
 
     Raises :class:`RenderDirError` for a bad directory or marker, before anything is written.
     """
     p = plan(directory, files, field)
-    result = dict(changed=p.changed, files=sorted(p.files), removed=list(p.stale))
+    result = dict(changed=p.changed, files=sorted(p.files), removed=list(p.stale),
+                  changed_files=sorted(n for n in p.changes if n in p.files))
     if diff and p.changes:
         result["diff"] = [dict(before_header=name, after_header=name,
                                before=_secrets.redact_rendered_text(before), after=after)

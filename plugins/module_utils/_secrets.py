@@ -88,20 +88,27 @@ def is_credential_name(name):
 
 
 def why_credential_name(name):
-    """Why ``name`` is a credential name, for messages (``"its last word is TOKEN"``)."""
+    """Why ``name`` is a credential name, for messages (``"the name ends in TOKEN"``)."""
     n = normal_name(name)
     if n in CREDENTIAL_NAMES:
-        return "%s is a credential" % n
-    return "its last word is %s" % n.rsplit("_", 1)[-1]
+        return "%s is a credential name" % n
+    return "the name ends in %s" % n.rsplit("_", 1)[-1]
 
 
 def token_shape(value):
     """The kind of token ``value`` contains (``"a Hugging Face access token"``), or None."""
+    found = _token_match(value)
+    return found[0] if found else None
+
+
+def _token_match(value):
+    """``(kind, matched text)`` of the first token shape in ``value``, or None."""
     if not isinstance(value, str):
         return None
     for what, pattern in TOKEN_SHAPES:
-        if pattern.search(value):
-            return what
+        m = pattern.search(value)
+        if m:
+            return what, m.group(0)
     return None
 
 
@@ -173,9 +180,9 @@ class Scan(object):
         self.findings.append(Finding(field, why_plain, value))
 
     def _shape(self, field, value):
-        what = token_shape(value)
-        if what:
-            self.findings.append(Finding(field, "holds %s" % what, value))
+        found = _token_match(value)
+        if found:
+            self.findings.append(Finding(field, "holds %s" % found[0], found[1]))
 
     def _json_keys(self, field, obj, path=""):
         """Credential-named keys with string values inside a JSON flag value."""
@@ -248,7 +255,7 @@ class Scan(object):
 
     def _env_value(self, field, name, value):
         if is_credential_name(name):
-            self._value(field, value, "plain-text value, and %s" % why_credential_name(name))
+            self._value(field, value, "%s and the value is plain text" % why_credential_name(name))
         else:
             self._shape(field, value)
 
@@ -351,9 +358,7 @@ class Scan(object):
             for j, v in enumerate(node):
                 self._walk(head, v, "%s[%d]" % (path, j))
         elif isinstance(node, str):
-            what = token_shape(node)
-            if what:
-                self.findings.append(Finding("%s %s" % (head, path), "holds %s" % what, node))
+            self._shape("%s %s" % (head, path), node)
 
     def _container(self, where, c):
         saved, self.refs = self.refs, {}
@@ -436,12 +441,10 @@ def unmask_rendered_options(module, names):
 def _leaves(obj):
     if isinstance(obj, dict):
         for v in obj.values():
-            for leaf in _leaves(v):
-                yield leaf
+            yield from _leaves(v)
     elif isinstance(obj, (list, tuple)):
         for v in obj:
-            for leaf in _leaves(v):
-                yield leaf
+            yield from _leaves(v)
     elif isinstance(obj, bool) or obj is None:
         return
     elif isinstance(obj, (int, float)):

@@ -234,7 +234,7 @@ options:
       - Files this module rendered before and no longer produces are removed; they are listed in
         C(.llmops-manifests.json) in that directory. An entry of that file that is absolute, contains C(..) or
         leads through a symlink is refused before anything is written or deleted, and so is a marker that is not
-        the JSON this module writes (C({"files": [...]})): fix or delete the marker. A stale file that is a
+        the JSON this module writes (an object with a C(files) list) - fix or delete the marker. A stale file that is a
         symlink is removed as a link, never followed.
     type: path
 attributes:
@@ -327,6 +327,11 @@ files:
   returned: always
   type: list
   elements: str
+changed_files:
+  description: Files of RV(files) whose content changes (or would change in check mode) under O(render_dir).
+  returned: always
+  type: list
+  elements: str
 removed:
   description: Files rendered before, no longer produced, and removed (or that would be removed) from O(render_dir).
   returned: always
@@ -405,7 +410,7 @@ def main():
         module.fail_json(msg=str(e))
     for warning in built.pop("warnings"):
         module.warn(warning)
-    result = dict(changed=False, files=[], removed=[], **built)
+    result = dict(changed=False, files=[], changed_files=[], removed=[], **built)
     if render_dir:
         try:
             result.update(_render_dir.apply(render_dir, _render_dir.manifest_files(built["objects"]),

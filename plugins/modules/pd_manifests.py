@@ -172,7 +172,7 @@ options:
       - Directory the YAML files are written to (created when missing); without it the objects are only returned.
       - Files rendered before are listed in C(.llmops-manifests.json) there; an entry that is absolute, contains
         C(..) or leads through a symlink is refused before anything is written or deleted, and so is a marker
-        that is not the JSON this module writes (C({"files": [...]})): fix or delete the marker. A stale file
+        that is not the JSON this module writes (an object with a C(files) list) - fix or delete the marker. A stale file
         that is a symlink is removed as a link, never followed.
     type: path
 attributes:
@@ -211,6 +211,11 @@ objects:
   elements: dict
 files:
   description: File names written (or that would be written) under O(dest).
+  returned: when O(dest) is set
+  type: list
+  elements: str
+changed_files:
+  description: Files of RV(files) whose content changes (or would change in check mode) under O(dest).
   returned: when O(dest) is set
   type: list
   elements: str
