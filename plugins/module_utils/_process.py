@@ -30,7 +30,8 @@ One engine per name. The rules that make ``(run_dir, name)`` name at most one en
   directly, then SIGKILL after the grace period.
 
 Secrets: ``env`` values reach the engine only through the supervisor's process environment; they are never
-written to ``spec.json`` (names only), ``state.json`` or the log by this code.
+written to ``spec.json`` (names only), ``state.json`` or the log by this code. Credentials written in the command
+(``--api-key X``) reach the supervisor on its stdin; ``spec.json`` and the log banner show them masked.
 """
 from __future__ import annotations
 
@@ -78,13 +79,16 @@ def main():
     state_path, log_path, spec_path = sys.argv[2:5]
     with open(spec_path) as f:
         spec = json.load(f)
+    # spec.json holds the command with credentials masked; the real one comes on stdin
+    given = json.loads(sys.stdin.read() or "{}")
+    command = given.get("command") or spec["command"]
     log = open(log_path, "ab", buffering=0)
     log.write(("==== %s starting: %s\n" % (now(), " ".join(spec["command"]))).encode())
     state = {"state": "running", "key": key, "name": spec.get("name"), "supervisor_pid": os.getpid(),
              "supervisor_start": proc_start(os.getpid()), "started_at": time.time(), "spec_hash": spec["spec_hash"],
              "returncode": None, "signal": None}
     try:
-        child = subprocess.Popen(spec["command"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                  cwd=spec.get("chdir") or None, start_new_session=True)
     except OSError as e:
         rc = 127 if e.errno == 2 else 126
@@ -197,6 +201,32 @@ def mask_everywhere(env_name, value):
     Plain settings are not: masking ``1`` everywhere would turn pids and times into the mask.
     """
     return _secrets.is_credential_name(env_name) or _secrets.token_shape(value) is not None
+
+
+def command_secrets(command):
+    """``(values, fields)``: credentials written in ``command`` (``--api-key X``, a token-shaped word).
+
+    The collection's one rule (:class:`_secrets.Scan`, shell scripts split into words). They are masked in
+    results and in every file this module writes, but stay readable to local users in the engine's
+    ``/proc/<pid>/cmdline``.
+    """
+    scan = _secrets.Scan()
+    scan.command(list(command or []))
+    fields = []
+    for f in scan.findings:
+        if f.value and f.field not in fields:
+            fields.append(f.field)
+    return scan.secret_values(), fields
+
+
+def redact(argv, values):
+    """``argv`` with every occurrence of ``values`` replaced by ``********``."""
+    out = []
+    for tok in argv:
+        for v in sorted(values, key=len, reverse=True):
+            tok = tok.replace(v, "********")
+        out.append(tok)
+    return out
 
 
 def check_env(env):
@@ -950,8 +980,8 @@ def start(run_dir, name, command, env=None, chdir=None, stop_timeout=60, startup
     merged = dict(env or {})
     h = spec_hash(command, merged, chdir)
     key = identity_key(run_dir, name)
-    spec = {"command": list(command), "env_names": sorted(merged), "chdir": chdir, "stop_timeout": stop_timeout,
-            "spec_hash": h, "name": name, "key": key}
+    spec = {"command": redact(command, command_secrets(command)[0]), "env_names": sorted(merged), "chdir": chdir,
+            "stop_timeout": stop_timeout, "spec_hash": h, "name": name, "key": key}
     with open(p["supervisor"], "w") as f:
         f.write(SUPERVISOR_SOURCE)
     _write_private(p["spec"], spec)
@@ -963,9 +993,14 @@ def start(run_dir, name, command, env=None, chdir=None, stop_timeout=60, startup
     proc_env.update(merged)
     proc_env[MARKER_ENV] = key
     proc_env[SPEC_ENV] = h
-    subprocess.Popen([python or sys.executable, p["supervisor"], SUPERVISOR_FLAG + key, p["state"], p["log"], p["spec"]],
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True, close_fds=True, env=proc_env)
+    sup = subprocess.Popen([python or sys.executable, p["supervisor"], SUPERVISOR_FLAG + key, p["state"], p["log"],
+                            p["spec"]], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True, close_fds=True, env=proc_env)
+    try:
+        sup.stdin.write(json.dumps({"command": list(command)}).encode("utf-8"))
+        sup.stdin.close()
+    except OSError:
+        pass
     deadline = time.monotonic() + max(startup_grace, 0.5) + 10
     st = {"state": "absent"}
     while time.monotonic() < deadline:  # wait for the supervisor to record the child

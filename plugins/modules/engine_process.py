@@ -56,6 +56,8 @@ options:
       - Command and arguments (no shell). Required for O(state=started) and O(state=restarted).
       - A shell wrapper is accepted only when the engine is its last command, started with C(exec) (for
         example C([bash, -lc, "source /opt/venv/bin/activate && exec vllm serve ..."])).
+      - A credential written here (C(--api-key X), a token-shaped word) is masked in the result, C(spec.json) and
+        the log banner, with a warning: it stays readable in the engine's C(/proc/<pid>/cmdline); prefer O(env).
     type: list
     elements: str
   env:
@@ -259,6 +261,12 @@ def main():
     # Result-wide masking of a value like "1" would mask pids and times; env values are never returned, so the
     # masking stays only for credential-looking names (an engine may print those into the log tail).
     module.no_log_values.difference_update(v for k, v in env.items() if not _process.mask_everywhere(k, v))
+    cmd_secrets, cmd_fields = _process.command_secrets(p["command"])
+    module.no_log_values.update(cmd_secrets)
+    if cmd_secrets and p["state"] in ("started", "restarted"):
+        module.warn("command: a credential is written on the engine's command line (%s); it is masked in the result "
+                    "and in the files engine_process writes, but every local user can read it in /proc/<pid>/cmdline; "
+                    "pass it in env instead (vLLM reads VLLM_API_KEY, Hugging Face HF_TOKEN)" % ", ".join(cmd_fields))
     try:
         _process.check_name(p["name"])
         _process.check_run_dir(p["run_dir"])

@@ -103,3 +103,23 @@ def test_env_values_stay_out_of_error_results(tmp_path, secrets):
         assert r.get("failed"), r
         assert s["token"] not in raw and s["setting"] not in raw, r["msg"]
     assert any("********" in line for line in r["log_tail"])
+
+
+def test_credential_on_the_command_line_is_masked_in_result_and_files(tmp_path, secrets):
+    """``--api-key X`` (vLLM, SGLang) in the command: masked in the result, spec.json and the log banner."""
+    s, started = secrets
+    run_dir = tmp_path / "run"
+    key = "sk-%s" % uuid.uuid4().hex
+    args = {"name": "eng", "run_dir": str(run_dir), "startup_grace": 0.3, "stop_timeout": 5,
+            "command": [sys.executable, "-c", "import time; time.sleep(60)", "--port", "1", "--api-key", key]}
+    r, raw = run_real(args)
+    started.append(r.get("pid"))
+    assert r["changed"] and r["state"] == "running", r
+    assert key not in raw and isinstance(r["pid"], int)
+    assert any("credential" in str(w) and "/proc/<pid>/cmdline" in str(w) for w in r["warnings"])
+    for path, data in _files(run_dir):
+        assert key.encode() not in data, path
+    with open("/proc/%d/cmdline" % r["pid"], "rb") as f:
+        assert key.encode() in f.read().split(b"\0")  # the engine got the real argument
+    r2, raw2 = run_real(dict(args, state="stopped"))
+    assert r2["state"] == "exited" and key not in raw2
