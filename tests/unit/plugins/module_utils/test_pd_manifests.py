@@ -20,7 +20,10 @@ K8S_VERSION = "1.33.0"
 BASE = dict(model_name="glm-5.2-fp8", image="registry.example/vllm-openai:v0.10.1-nixl",
             model_path="/models/glm-5.2-fp8", model_host_path="/mnt/nvme/models/glm-5.2-fp8/3f2a9c1",
             namespace="llm-lab", ucx_net_devices="mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1",
-            prefill_node_selector={"llmops/pd": "prefill"}, decode_node_selector={"llmops/pd": "decode"})
+            prefill_node_selector={"llmops/pd": "prefill"}, decode_node_selector={"llmops/pd": "decode"},
+            # gated models need the Hugging Face token: only ever a Secret reference
+            env=[{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}},
+                 {"name": "VLLM_LOGGING_LEVEL", "value": "INFO"}])
 with open(PROXY_SRC) as _f:
     BASE["proxy_source"] = _f.read()
 
@@ -61,6 +64,10 @@ def test_objects_validate_against_kubernetes_and_aibrix_schemas(engine, mode):
         else:
             kubernetes_validate.validate(o, K8S_VERSION, strict=True)
     assert len(_pods(objs)) == 2
+    for _role, spec, _labels, _ann in _pods(objs):
+        env = _env(spec["containers"][0])
+        assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "hf-token", "key": "token"}}
+        assert env["VLLM_LOGGING_LEVEL"] == "INFO" and "UCX_TLS" in env
 
 
 def test_storm_schema_rejects_a_bad_update_strategy():
