@@ -12,14 +12,14 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_COLLECTIONS_PATH := $(COLL_DIR)
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: demo test venv install lint sanity unit integration molecule clean stop
+.PHONY: demo test venv install lint sanity unit integration property fuzz molecule clean stop
 
 demo: install
 	ansible-playbook -i inventories/local playbooks/site.yml playbooks/verify_transport.yml
 
 # pytest runs last so that its summary line closes the output.
 test: install lint sanity molecule
-	$(VPY) -m pytest -q -p no:cacheprovider tests/unit tests/integration
+	$(VPY) -m pytest -q -p no:cacheprovider tests/unit tests/property tests/integration
 
 # ---- bootstrap -------------------------------------------------------------------------------
 venv: $(VENV)/.stamp-engine $(VENV)/.stamp-test
@@ -70,6 +70,16 @@ unit: venv
 
 integration: install
 	$(VPY) -m pytest -q tests/integration
+
+# model_stage's property harness: a bounded, fixed-seed run here and in `make test`; `make fuzz` runs many more
+# examples (FUZZ_EXAMPLES) with longer step sequences and shrinks what it finds.
+FUZZ_EXAMPLES ?= 400
+property: venv
+	$(VPY) -m pytest -q -p no:cacheprovider tests/property
+
+fuzz: venv
+	LLMOPS_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) LLMOPS_FUZZ_STEPS=16 LLMOPS_FUZZ_SHRINK=1 \
+	  $(VPY) -m pytest -q -p no:cacheprovider tests/property
 
 molecule: install
 	cd $(CURDIR) && molecule test --all

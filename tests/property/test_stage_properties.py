@@ -24,13 +24,16 @@ import sys
 import tempfile
 import time
 
-from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis import HealthCheck, Phase, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from ansible_collections.llmops.serving.plugins.module_utils import _stage
 
 EXAMPLES = int(os.environ.get("LLMOPS_FUZZ_EXAMPLES", "25"))
 STEPS = int(os.environ.get("LLMOPS_FUZZ_STEPS", "8"))
+# Shrinking a failing stateful case can take minutes; `make fuzz` turns it on, the bounded CI run reports the
+# failing case as found.
+PHASES = [Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if os.environ.get("LLMOPS_FUZZ_SHRINK") else [])
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYCOLL = os.path.join(ROOT, ".build", "pycoll")
 
@@ -140,10 +143,11 @@ class StageMachine(RuleBasedStateMachine):
             f.write(b"root-only bytes")
         self.sources = {}        # name -> path
         self.src_snap = {}       # name -> snapshot at creation
-        self.published = None    # name of the source revision dest must equal, or None when absent
-        self.staging = None      # source a killed run was copying (dest may now equal it)
+        self.allowed = set()     # source revisions dest may equal (a killed run may or may not have published)
+        self.may_be_absent = True
         self.mtime = 1_700_000_000_000_000_000
-        self.outside_snap = None
+        self.last_error = None
+        self.wrong_sums = set()   # sources whose SHA256SUMS does not match their bytes
 
     def teardown(self):
         shutil.rmtree(self.box, ignore_errors=True)
@@ -164,21 +168,36 @@ class StageMachine(RuleBasedStateMachine):
                                read_streams=2, fsync=False, **kw)
         except _stage.StageError as e:
             assert str(e), "a refusal must say why"
+            self.last_error = str(e)
             res = None
         after = self._outside()
         assert before == after, "staging changed files outside dest and the progress file: %s" % sorted(
             k for k in set(before) | set(after) if before.get(k) != after.get(k))
         return res
 
-    def _clean_source(self, name):
-        must, may = _expected(self.sources[name])
-        return not may and not any(os.path.basename(p) in NEAR_INTERNAL or p.endswith(_stage.PART_SUFFIX)
-                                   for p in must)
+    def _clean_source(self, name, verify):
+        """No symlink, no name next to the internal ones, and a SHA256SUMS for sha256: such a tree must stage."""
+        snap = self.src_snap[name]
+        if verify == "sha256" and ("SHA256SUMS" not in snap or name in self.wrong_sums):
+            return False
+        return not any(isinstance(v, tuple) and v[0] == "link" for v in snap.values()) and not any(
+            os.path.basename(p) in NEAR_INTERNAL or p.endswith(_stage.PART_SUFFIX) for p in snap)
+
+    def _matching(self):
+        """Source revisions whose bytes dest holds exactly."""
+        got = _files(self.dest)
+        out = []
+        for name in sorted(self.sources):
+            must, may = _expected(self.sources[name])
+            if all(got.get(k) == v for k, v in must.items()) and \
+                    all(k in must or may.get(k) == v for k, v in got.items()):
+                out.append(name)
+        return out
 
     # ---- rules ----------------------------------------------------------------------------------
     @precondition(lambda self: len(self.sources) < 3)
-    @rule(tree=trees, extra_links=links, same_mtime=st.booleans())
-    def add_source(self, tree, extra_links, same_mtime):
+    @rule(tree=trees, extra_links=links, same_mtime=st.booleans(), sums=st.sampled_from(["none", "good", "wrong"]))
+    def add_source(self, tree, extra_links, same_mtime, sums):
         name = "r%d" % len(self.sources)
         path = os.path.join(self.shared, name)
         for rel, data in tree.items():
@@ -203,6 +222,14 @@ class StageMachine(RuleBasedStateMachine):
             else:
                 target = os.path.join(path, sorted(tree)[0])
             os.symlink(target if absolute else os.path.relpath(target, os.path.dirname(full)), full)
+        if sums != "none":  # the revision's own sha256sum list, which verify: sha256 checks the copy against
+            listing = sorted(_expected(path)[0].items())
+            with open(os.path.join(path, "SHA256SUMS"), "w") as f:
+                for rel, data in listing:
+                    digest = hashlib.sha256(data + (b"x" if sums == "wrong" else b"")).hexdigest()
+                    f.write("%s  %s\n" % (digest, rel))
+            if sums == "wrong":
+                self.wrong_sums.add(name)
         self.sources[name] = path
         self.src_snap[name] = _snapshot(path)
 
@@ -212,15 +239,16 @@ class StageMachine(RuleBasedStateMachine):
         name = data.draw(st.sampled_from(sorted(self.sources)))
         res = self._stage(name, verify, direct_io=direct_io)
         if res is not None:
-            self.published, self.staging = name, None
+            self.allowed, self.may_be_absent = {name}, False
         else:
-            assert not self._clean_source(name), "a clean source tree was refused"
+            assert not self._clean_source(name, verify), "a clean source tree was refused: %s" % self.last_error
 
-    @precondition(lambda self: self.published is not None)
+    @precondition(lambda self: self.allowed)
     @rule(how=st.sampled_from(["truncate", "rewrite_same_size", "delete", "add"]), verify=verify_modes,
           data=st.data())
     def corrupt_then_restage(self, how, verify, data):
-        files = sorted(_files(self.dest))
+        current = self._matching() if os.path.isdir(self.dest) else []
+        files = sorted(_files(self.dest)) if current else []
         if not files:
             return
         rel = data.draw(st.sampled_from(files))
@@ -246,8 +274,12 @@ class StageMachine(RuleBasedStateMachine):
         else:
             with open(os.path.join(self.dest, "stray.bin"), "wb") as f:
                 f.write(b"not from the source")
-        res = self._stage(self.published, verify)
-        assert res is not None, "re-staging a published revision after %s was refused" % how
+        if verify == "sha256" and ("SHA256SUMS" not in self.src_snap[current[0]] or current[0] in self.wrong_sums):
+            verify = "headers"  # sha256 needs the revision's own (right) checksum list
+        res = self._stage(current[0], verify)
+        if res is not None:
+            self.allowed, self.may_be_absent = {current[0]}, False
+        assert res is not None, "re-staging a published revision after %s was refused: %s" % (how, self.last_error)
 
     @precondition(lambda self: self.sources)
     @rule(data=st.data(), delay=st.floats(0.0, 0.6), verify=verify_modes)
@@ -261,7 +293,7 @@ class StageMachine(RuleBasedStateMachine):
         p.send_signal(signal.SIGKILL)
         p.wait()
         assert before == self._outside(), "a killed run changed files outside dest"
-        self.staging = name
+        self.allowed.add(name)
 
     @precondition(lambda self: self.sources)
     @rule(data=st.data(), kind=st.sampled_from(["src_is_dest_partial", "src_below_partial", "dest_link_into_src",
@@ -324,7 +356,7 @@ class StageMachine(RuleBasedStateMachine):
             elif os.path.isdir(leftover):
                 shutil.rmtree(leftover)
 
-    @precondition(lambda self: self.published is not None or self.staging is not None)
+    @precondition(lambda self: self.allowed)
     @rule()
     def remove(self):
         try:
@@ -333,7 +365,7 @@ class StageMachine(RuleBasedStateMachine):
             assert str(e)
             return
         assert not os.path.exists(self.dest)
-        self.published = self.staging = None
+        self.allowed, self.may_be_absent = set(), True
 
     # ---- invariants -----------------------------------------------------------------------------
     @invariant()
@@ -344,7 +376,7 @@ class StageMachine(RuleBasedStateMachine):
     @invariant()
     def dest_is_absent_or_one_revision_with_a_matching_marker(self):
         if not os.path.lexists(self.dest):
-            assert self.staging is not None or self.published is None, "published revision vanished"
+            assert self.may_be_absent, "the published revision vanished"
             return
         assert not os.path.islink(self.dest)
         got = _files(self.dest)
@@ -356,20 +388,14 @@ class StageMachine(RuleBasedStateMachine):
             assert listed[rel]["size"] == len(data)
             if listed[rel].get("sha256"):
                 assert listed[rel]["sha256"] == hashlib.sha256(data).hexdigest()
-        matches = []
-        for name in sorted(self.sources):
-            must, may = _expected(self.sources[name])
-            if all(got.get(k) == v for k, v in must.items()) and \
-                    all(k in must or may.get(k) == v for k, v in got.items()):
-                matches.append(name)
-        allowed = {n for n in (self.published, self.staging) if n}
-        assert set(matches) & allowed, "dest matches %s, expected one of %s" % (matches, sorted(allowed))
+        matches = self._matching()
+        assert set(matches) & self.allowed, "dest matches %s, expected one of %s" % (matches, sorted(self.allowed))
         if marker.get("source"):
             assert any(os.path.realpath(marker["source"]) == os.path.realpath(self.sources[n]) for n in matches), \
                 "marker names a source whose bytes dest does not hold"
 
 
 StageMachine.TestCase.settings = settings(
-    max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=True, database=None,
+    max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=True, database=None, phases=PHASES,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 test_model_stage_properties = StageMachine.TestCase
