@@ -809,7 +809,8 @@ def _same_ns(my_ns, pid, proc_root="/proc"):
 
 def scan(key, proc_root="/proc"):
     """Processes of the engine ``key`` found in ``/proc``: supervisor, engine (session leader), its group."""
-    found = {"supervisor": None, "engine": None, "group": [], "spec_hash": None}
+    found = {"supervisor": None, "supervisor_start": None, "engine": None, "engine_start": None, "group": [],
+             "spec_hash": None}
     marked = []
     try:
         pids = [int(d) for d in os.listdir(proc_root) if d.isdigit()]
@@ -826,7 +827,7 @@ def scan(key, proc_root="/proc"):
         cmd = _proc_cmdline(pid, proc_root)
         if SUPERVISOR_FLAG + key in cmd:
             if _same_ns(my_ns, pid, proc_root):
-                found["supervisor"] = (pid, st["start"])
+                found.update(supervisor=pid, supervisor_start=st["start"])
             continue
         env = _proc_environ(pid, proc_root)
         if env.get(MARKER_ENV) == key and _same_ns(my_ns, pid, proc_root):
@@ -834,7 +835,7 @@ def scan(key, proc_root="/proc"):
     leaders = [m for m in marked if m[0] == m[1]["session"] == m[1]["pgrp"]]
     if leaders:
         pid, st, env = min(leaders, key=lambda m: m[1]["start"])
-        found["engine"] = (pid, st["start"])
+        found.update(engine=pid, engine_start=st["start"])
         found["spec_hash"] = env.get(SPEC_ENV)
         pgrp = pid
     elif marked:
@@ -924,13 +925,13 @@ def locate(run_dir, name, proc_root="/proc"):
         out["state"] = "running"
         out["recovered"] = not (st and st.get("state") == "running")
         if found["engine"]:
-            pid, start = found["engine"]
-            if out.get("pid") != pid:
-                out.update(pid=pid, pid_start=start, started_at=_started_at(start, proc_root))
+            if out.get("pid") != found["engine"]:
+                out.update(pid=found["engine"], pid_start=found["engine_start"],
+                           started_at=_started_at(found["engine_start"], proc_root))
         elif found["group"]:
             out.update(pid=found["pgrp"], pid_start=None, leader_exited=True)
         if found["supervisor"]:
-            out.update(supervisor_pid=found["supervisor"][0], supervisor_start=found["supervisor"][1],
+            out.update(supervisor_pid=found["supervisor"], supervisor_start=found["supervisor_start"],
                        supervisor_lost=False)
         else:
             out["supervisor_lost"] = True

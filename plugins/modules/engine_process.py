@@ -57,7 +57,7 @@ options:
       - A shell wrapper is accepted only when the engine is its last command, started with C(exec) (for
         example C([bash, -lc, "source /opt/venv/bin/activate && exec vllm serve ..."])).
       - A credential written here (C(--api-key X), a token-shaped word) is masked in the result, C(spec.json) and
-        the log banner, with a warning: it stays readable in the engine's C(/proc/<pid>/cmdline); prefer O(env).
+        the log banner, with a warning, but stays readable in the engine's C(/proc/<pid>/cmdline); prefer O(env).
     type: list
     elements: str
   env:

@@ -26,7 +26,7 @@ def run_real(args):
     """Run the module like Ansible does; returns (result, raw stdout)."""
     out = subprocess.run([sys.executable, "-m", MODULE], input=json.dumps({"ANSIBLE_MODULE_ARGS": args}).encode(),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=TREE),
-                         timeout=60)
+                         timeout=60, check=False)
     raw = out.stdout.decode()
     return json.loads(raw), raw
 
