@@ -139,6 +139,7 @@ class ActionModule(ActionBase):
             return dict(result, failed=True, msg="timeout: must not be negative (got %s); 0 follows the job until it ends"
                         % args["timeout"])
         self._task_vars = task_vars
+        self._host_name = (task_vars or {}).get("inventory_hostname", "?")  # many hosts print side by side
         self._async_dir = self._remote_expand_user(self.get_shell_option("async_dir", default="~/.ansible_async"))
         if not _JID.match(args["jid"]):
             return dict(result, failed=True, msg="jid: not an async job id; pass the ansible_job_id registered from the "
@@ -213,7 +214,7 @@ class ActionModule(ActionBase):
                 continue
             errors_since = None
             elapsed = time.monotonic() - t0
-            display.display("%s: %s" % (label, self._line(record, elapsed)))
+            display.display("[%s] %s: %s" % (self._host_name, label, self._line(record, elapsed)))
             if timeout and elapsed + interval > timeout:
                 return dict(failed=True, ansible_job_id=jid, polls=polls, finished=False,
                             msg="%s: async job %s did not finish within timeout (%d s); it may still be running "

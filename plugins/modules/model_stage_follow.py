@@ -14,8 +14,9 @@ description:
     until it ends, in one flat loop, and returns the job's own result. A job that failed makes this task fail
     with the job's C(msg).
   - Each poll is one shell command on the target reading the async job file (as M(ansible.builtin.async_status)
-    reads it) and O(progress_file). While the job runs the task prints one line per poll on the controller,
-    built from the numbers in the progress file only (bytes done and total, percent, files, rate, ETA). Once the
+    reads it) and O(progress_file). While the job runs the task prints one line per poll on the controller
+    (host, O(label), state, bytes done and total, percent, files, rate, ETA), built from the numbers and the
+    state word in the progress file only. Once the
     job file no longer says running, M(ansible.builtin.async_status) returns the result.
   - Nothing grows with the number of polls, so a copy may be followed for days at any interval (a task file that
     includes itself once per poll fails with a recursion error after a few hundred polls).

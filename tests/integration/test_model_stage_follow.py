@@ -23,7 +23,7 @@ from ansible_collections.llmops.serving.plugins.module_utils import _stage_synth
 PLAYBOOK = os.path.join(ROOT, "tests", "integration", "playbooks", "stage_follow.yml")
 ROLE_PLAYBOOK = os.path.join(ROOT, "tests", "integration", "playbooks", "argspec_role.yml")
 POLLS = 400
-LINE = re.compile(r"^fake@rev: (.*)$", re.M)
+LINE = re.compile(r"^\[localhost\] fake@rev: (.*)$", re.M)
 
 # A stand-in for the copy: rewrites its progress file (atomically, like model_stage) until told to stop.
 FAKE_JOB = r'''
@@ -77,13 +77,13 @@ def _fake_job(tmp_path, mode):
     return [sys.executable, str(script), str(progress), str(stop), mode], str(progress), stop
 
 
-def _follow(tmp_path, collections, mode, stop_after):
+def _follow(tmp_path, collections, mode, stop_after, **extra):
     """Run the follow playbook; create the stop file once ``stop_after`` progress lines were printed."""
     argv, progress, stop = _fake_job(tmp_path, mode)
     if stop_after == 0:
         stop.write_text("")
-    cmd = _playbook(PLAYBOOK, {"follow_job_argv": argv, "follow_progress_file": progress,
-                               "follow_poll_interval": 0.001})
+    cmd = _playbook(PLAYBOOK, dict({"follow_job_argv": argv, "follow_progress_file": progress,
+                                    "follow_poll_interval": 0.001}, **extra))
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(tmp_path, collections), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     timer = threading.Timer(240, proc.kill)
@@ -92,7 +92,7 @@ def _follow(tmp_path, collections, mode, stop_after):
     try:
         for line in proc.stdout:
             out.append(line)
-            if line.startswith("fake@rev: "):
+            if line.startswith("[localhost] fake@rev: "):
                 lines += 1
                 if lines == stop_after:
                     stop.write_text("")
@@ -131,6 +131,18 @@ def test_failed_job_fails_the_task_with_its_result(tmp_path, collections):
     assert "non-zero return code" in out and "rc: 3" in out
     assert "the dest disk went read-only" in out
     assert "FOLLOW-RESULT" not in out
+    assert recap(out)["failed"] == 1
+
+
+def test_job_that_never_reports_is_given_up_after_timeout(tmp_path, collections):
+    # a wrapper killed on the target never writes a result: the follow is bounded, the job left alone
+    try:
+        rc, out = _follow(tmp_path, collections, "ok", None, follow_timeout=1, follow_poll_interval=0.05)
+    finally:
+        (tmp_path / "stop").write_text("")
+    assert rc == 2, out[-3000:]
+    assert "did not finish within timeout (1 s); it may still be running on the target" in out
+    assert 5 <= len(LINE.findall(out)) <= 40
     assert recap(out)["failed"] == 1
 
 
