@@ -917,7 +917,7 @@ def locate(run_dir, name, proc_root="/proc"):
         eng = _live(st.get("pid"), st.get("pid_start"), proc_root)
         sup = _live(st.get("supervisor_pid"), st.get("supervisor_start"), proc_root)
         if sup:
-            return dict(st, supervisor_lost=False)
+            return dict(st, supervisor_lost=False, recovered=False)
     found = scan(identity_key(run_dir, name), proc_root)
     if found["engine"] or found["group"] or found["supervisor"]:
         out = dict(st) if st and st.get("state") == "running" else {"state": "running", "returncode": None,
@@ -1026,7 +1026,7 @@ def start(run_dir, name, command, env=None, chdir=None, stop_timeout=60, startup
         raise ProcessError(
             "%s exited during start-up with %s (log: %s)" % (name, describe_exit(st), p["log"]),
             returncode=st.get("returncode"), signal=st.get("signal"), log_file=p["log"], log_tail=log_tail(p["log"]))
-    return dict(st, supervisor_lost=False)
+    return dict(st, supervisor_lost=False, recovered=False)
 
 
 def describe_exit(st):
