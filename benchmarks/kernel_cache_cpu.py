@@ -118,10 +118,12 @@ def main():
         sy = _kcache.sync(node_a, node_b, "vllm", fp["fingerprint"], fp["components"])
         rv = _kcache.restore(node_b, "vllm", fp["fingerprint"], fp["components"])
         assert rv["status"] == "hit", rv
+        # the engine runs on its own copy, as the role starts it: the published directory is only read
+        co = _kcache.checkout(node_b, "vllm", fp["fingerprint"], fp["components"])
         logfile = os.path.join(node_b, "vllm", ".logs", "%s.restored.log" % fp["fingerprint"])
-        ready, _w = restored_start(rv["cache_dir"], info["path"], a.port, a.timeout, logfile, extra_env)
+        ready, _w = restored_start(co["engine_dir"], info["path"], a.port, a.timeout, logfile, extra_env)
         with open(logfile) as f:
-            hot = parse_log(f.read(), cache_dir=rv["cache_dir"])
+            hot = parse_log(f.read(), cache_dir=co["engine_dir"])
         hot.update(ready_s=round(ready, 2), sync_s=sy["duration_s"], sync_bytes=sy["bytes"])
         results["restored"].append(hot)
         print("restored #%d: ready %.1fs init %s compile %s result %s (loaded %d, compiled %d)" % (
