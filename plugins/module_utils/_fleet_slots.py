@@ -359,6 +359,8 @@ class FleetSlots:
         pid = lease.get("pid")
         if not isinstance(pid, int) or isinstance(pid, bool) or pid < 1:
             return False  # not written by a stager: judged by staleness only
+        if not all(isinstance(lease.get(f), (str, type(None))) for f in ("start_time", "cmdline")):
+            return False
         token = lease.get("token")
         if pid == self.pid:
             recorded = lease.get("start_time")

@@ -364,6 +364,7 @@ def test_cap_path_that_is_not_a_regular_file_is_a_clean_error_without_blocking(t
     lambda p: p.write_text('{"host": 5, "pid": "x"}'),
     lambda p: p.write_text('{"host": "same"}'),
     lambda p: p.write_text('{"host": "same", "pid": true, "start_time": "1"}'),
+    lambda p: p.write_text(json.dumps({"host": "same", "pid": os.getppid(), "start_time": 1, "cmdline": []})),
     lambda p: p.write_text('{"host": "same", "pid": 12'),
     lambda p: p.write_text(""),
     lambda p: p.write_bytes(b"\xff\xfe"),
@@ -371,7 +372,7 @@ def test_cap_path_that_is_not_a_regular_file_is_a_clean_error_without_blocking(t
     lambda p: p.write_text(json.dumps({"host": "same", "pad": "x" * 5000})),
     lambda p: p.mkdir(),
     lambda p: os.mkfifo(str(p)),
-], ids=["list", "string", "number", "wrong-field-types", "no-pid", "bool-pid", "truncated", "empty", "binary",
+], ids=["list", "string", "number", "wrong-field-types", "no-pid", "bool-pid", "field-types-of-a-live-pid", "truncated", "empty", "binary",
         "deep-nesting", "too-large", "directory", "fifo"])
 def test_malformed_lease_is_taken_over_once_stale_never_a_traceback(tmp_path, make):
     s = slots(tmp_path, cap=1, host_id="same", host_max=1, stale_after=0.3)
