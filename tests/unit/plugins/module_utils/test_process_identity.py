@@ -53,6 +53,13 @@ def token():
                 pass
 
 
+def delete(path):
+    """rm -rf as one step: the supervisor recreates its state file within a second, which can race rmtree."""
+    gone = "%s.deleted-%s" % (path, uuid.uuid4().hex)
+    os.rename(str(path), gone)
+    shutil.rmtree(gone)
+
+
 def sleeper(tok, seconds=60):
     return [sys.executable, "-c", "import time; time.sleep(%d)" % seconds, tok]
 
@@ -92,7 +99,7 @@ def test_deleted_run_dir_does_not_orphan_the_engine(run_module, tmp_path, token)
     run_dir = tmp_path / "run"
     r1 = run_module(engine_process, _args(run_dir, token))
     assert r1["changed"] and r1["state"] == "running"
-    shutil.rmtree(str(run_dir))
+    delete(run_dir)
 
     r2 = run_module(engine_process, _args(run_dir, token))
     assert not r2.get("failed"), r2
@@ -108,7 +115,7 @@ def test_deleted_run_dir_does_not_orphan_the_engine(run_module, tmp_path, token)
     assert r3["changed"] and r3["pid"] != r1["pid"]
     assert engines(token) == [r3["pid"]]
 
-    shutil.rmtree(str(run_dir))
+    delete(run_dir)
     r4 = run_module(engine_process, _args(run_dir, token, state="stopped"))
     assert r4["changed"] and r4["state"] == "exited"
     assert engines(token) == []

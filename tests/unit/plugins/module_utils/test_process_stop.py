@@ -138,7 +138,7 @@ def test_started_after_sigkilled_supervisor_keeps_the_engine_and_says_so(run_mod
 def test_engine_ignoring_sigterm_is_killed_after_the_grace_period_even_without_run_dir(run_module, tmp_path, token):
     args, r, marks = _start(run_module, tmp_path, token, "ignore", stop_timeout=1)
     _kill_supervisor(r)
-    shutil.rmtree(args["run_dir"])  # supervisor and state file gone: only /proc knows the engine
+    shutil.rmtree(args["run_dir"])  # supervisor killed and state file gone: only /proc knows the engine
 
     t0 = time.monotonic()
     stopped = run_module(engine_process, dict(args, state="stopped"))
