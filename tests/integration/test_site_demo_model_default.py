@@ -16,7 +16,7 @@ SITE = os.path.join(ROOT, "playbooks", "site.yml")
 DEMO_TASK = "llmops.serving.demo_model : Generate the tiny model"
 
 
-def _site_check_run(inventory, llmops_root, *extra):
+def _site_check_run(inventory, llmops_root, *extra, models=True):
     env = dict(os.environ)
     env.update({
         "ANSIBLE_CONFIG": os.path.join(ROOT, "ansible.cfg"),
@@ -25,8 +25,11 @@ def _site_check_run(inventory, llmops_root, *extra):
         "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
         "LLMOPS_ROOT": str(llmops_root),
     })
+    extra_vars = {"preflight_engine_python": ""}
+    if models:
+        extra_vars["site_models"] = []
     cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", str(inventory), SITE, "--check",
-           "-e", '{"site_models": [], "preflight_engine_python": ""}'] + list(extra)
+           "-e", json.dumps(extra_vars)] + list(extra)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
     try:
         report = json.loads(proc.stdout)
@@ -68,3 +71,12 @@ def test_the_local_inventory_generates_the_demo_model(tmp_path):
     # check mode: it would create the model (nothing is written)
     assert demo["changed"] is True, demo
     assert demo["path"].startswith(str(tmp_path / "shared" / "models" / "tiny-llama") + os.sep)
+
+
+def test_a_fleet_inventory_without_site_models_is_told_what_to_set(tmp_path):
+    # demo model off and no site_models: the staging play says what to set instead of an undefined variable
+    results, out = _site_check_run(_fleet_inventory(tmp_path), tmp_path / "root", models=False)
+    check = results["Check that there is a model to stage"]
+    assert check.get("failed") is True, check
+    assert "site_models" in check["msg"] and "demo_model_enabled" in check["msg"], check
+    assert "undefined" not in check["msg"]
