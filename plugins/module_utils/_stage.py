@@ -59,7 +59,6 @@ HASH_BUF = 1024 * 1024          # buffered reads in user space: small enough for
 
 __all__ = ["DestLock", "StageError", "stage", "remove", "prune"]
 
-scan_tree = _stage_layout.scan_src
 load_checksums = _marker.load_checksums
 read_marker = _marker.read_marker
 _strength = _marker.strength
@@ -697,6 +696,27 @@ def _check_upgrades(plan, lay, files, content, verify):
     plan.upgrade = {}
 
 
+def _link_kept(lay, keep, records, by_path, content, journal):
+    """Hard-link intact published files into the partial dir; returns the files that could not be linked."""
+    failed = []
+    for rel in sorted(keep):
+        if rel in records:
+            continue
+        target = _paths.contained(lay.partial, rel, "src")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        try:
+            os.link(_paths.contained(lay.real, rel, "marker"), target)
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.EMLINK, errno.EPERM, errno.ENOTSUP):
+                raise
+            failed.append(by_path[rel])  # copied from src instead
+            continue
+        rec = _kept_record(keep[rel], by_path[rel], content, _marker.copy_stat(os.lstat(target)))
+        records[rel] = rec
+        journal.append(rec)
+    return failed
+
+
 def _kept_record(rec, f, content, copy=None):
     """The record of a kept copy, with the current source identity."""
     return _marker.FileRecord(f["path"], f["size"], _ident(f), copy or rec.copy, rec.verify,
@@ -874,21 +894,20 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
             records = dict(reuse)
             for rec in reuse.values():
                 journal.append(rec)
-            for rel in sorted(plan.keep):
-                if rel in records:
-                    continue
-                target = _paths.contained(lay.partial, rel, "src")
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                os.link(_paths.contained(lay.real, rel, "marker"), target)
-                rec = _kept_record(plan.keep[rel], by_path[rel], content, _marker.copy_stat(os.lstat(target)))
-                records[rel] = rec
-                journal.append(rec)
 
             progress = Progress(progress_file, lay.dest, need, len(todo)).start()
             t_copy = time.monotonic()
             copier = _Copier(src_real, lay.partial, verify, content, read_streams, slots, progress, fsync,
                              direct_io=direct_io, journal=journal)
             copier.run(todo)
+            # Intact published files join the build as hard links only now: a copy that failed above has not
+            # touched the published revision (a new link changes its inode's ctime).
+            unlinked = _link_kept(lay, plan.keep, records, by_path, content, journal)
+            if unlinked:
+                todo = todo + unlinked
+                need += sum(f["size"] for f in unlinked)
+                progress.bytes_total, progress.files_total = need, len(todo)
+                copier.run(unlinked)
             records.update(copier.records)
         except BaseException:
             if progress:

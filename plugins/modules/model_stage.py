@@ -278,6 +278,7 @@ kept_in_use:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.llmops.serving.plugins.module_utils import _paths
 from ansible_collections.llmops.serving.plugins.module_utils import _safetensors
 from ansible_collections.llmops.serving.plugins.module_utils import _stage
 
@@ -329,7 +330,7 @@ def main():
     except _safetensors.CheckpointError as e:
         module.fail_json(msg="verify: %s: %s; dest %s was left untouched" % (e.path, e.reason, p["dest"]),
                          file=e.path, reason=e.reason)
-    except _stage.StageError as e:
+    except (_stage.StageError, _paths.PathEscape) as e:
         module.fail_json(msg=str(e))
     except OSError as e:
         module.fail_json(msg="%s: %s (dest %s)" % (getattr(e, "filename", None) or "io", e, p["dest"]))
