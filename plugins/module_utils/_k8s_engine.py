@@ -18,6 +18,7 @@ import os
 import re
 
 from ansible_collections.llmops.serving.plugins.module_utils import _k8s_names as names
+from ansible_collections.llmops.serving.plugins.module_utils import _process
 from ansible_collections.llmops.serving.plugins.module_utils import _secrets
 
 AIBRIX_NAME = "model.aibrix.ai/name"
@@ -89,7 +90,6 @@ MANAGED_FLAGS = {
 # Default loader threads per TP rank, by where the weights are read from.
 LOADER_THREADS = {"staged_nvme": 8, "shared_fs": 2}
 
-SHELLS = {"sh", "bash", "dash", "zsh", "ash", "ksh"}
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 TOLERATION_EFFECTS = {"NoSchedule", "PreferNoSchedule", "NoExecute"}
@@ -185,29 +185,18 @@ def check_tolerations(tolerations):
 def check_command(command):
     """The engine must be the container's main process, so its exit status is the container's.
 
-    A shell wrapper is accepted only when its script ``exec``s the engine and has no pipeline, ``nohup``
-    or background job: ``start 2>&1 | tee log`` returns tee's 0 after the engine crashed, and
-    Kubernetes then shows a crashed engine as Completed.
+    The rule is engine_process's (``_process.command_problems``), applied without reading files of this host:
+    ``start 2>&1 | tee log`` returns tee's 0 after the engine crashed, and Kubernetes then shows a crashed
+    engine as Completed.
     """
     if not command:
         return
     if not isinstance(command, list) or not all(isinstance(c, str) and c for c in command):
         raise SpecError("command: must be a non-empty list of strings (exec form)")
-    if os.path.basename(command[0]) not in SHELLS:
-        return
-    script = command[command.index("-c") + 1] if "-c" in command[:-1] else " ".join(command[1:])
-    reasons = []
-    if re.search(r"(?<!\|)\|(?!\|)", script):
-        reasons.append("a pipeline ('|') returns the status of its last command, not the engine's")
-    if "nohup" in script:
-        reasons.append("nohup backgrounds the engine")
-    if re.search(r"(?<!&)&(?![&>])\s*($|;|\n)", script):
-        reasons.append("'&' backgrounds the engine")
-    if not re.search(r"(^|[;&\n]|&&)\s*exec\s", script):
-        reasons.append("the script does not 'exec' the engine, so the shell stays PID 1")
+    reasons = _process.command_problems(list(command), read_files=False)
     if reasons:
         raise SpecError(
-            "command: the %s script wraps the engine in a shell that masks its exit status (%s). A crashed engine "
+            "command: the %s command wraps the engine in a way that masks its exit status (%s). A crashed engine "
             "would show as Completed/exit 0; run the engine directly (exec form) or 'exec' it as the last "
             "step of the script." % (os.path.basename(command[0]), "; ".join(reasons))
         )

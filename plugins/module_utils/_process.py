@@ -500,8 +500,8 @@ def _script_reasons(script):
             reasons.append("'|| %s' at the end replaces the engine's failure with that command's status"
                            % _shown(last["words"]))
         else:
-            reasons.append("its last command ('%s') is not 'exec ENGINE', so the status recorded would be that "
-                           "command's or the shell's, not the engine's" % _shown(last["words"]))
+            reasons.append("its last command ('%s') does not 'exec' the engine ('exec ENGINE ...'), so the status "
+                           "recorded would be that command's or the shell's, not the engine's" % _shown(last["words"]))
         return reasons, None
     ex = cmds[exec_idx]
     if ex["before"] in ("|", "|&") or ex["after"] in ("|", "|&"):
@@ -597,7 +597,7 @@ def _resolve(cmd0, path_env, chdir):
     return shutil.which(cmd0, path=path_env)
 
 
-def command_problems(argv, path_env=None, chdir=None, _depth=0):
+def command_problems(argv, path_env=None, chdir=None, _depth=0, read_files=True):
     """Reasons why ``argv`` would hide the engine's exit status; empty when the engine is the foreground process.
 
     * ``env [NAME=VALUE]... CMD`` and prefix commands that exec or wait for their command (``nohup``, ``nice``,
@@ -607,6 +607,9 @@ def command_problems(argv, path_env=None, chdir=None, _depth=0):
     * A shell (``bash -c SCRIPT``, ``sh script.sh``, or a file whose ``#!`` names a shell) must end its script
       with ``exec ENGINE ...``; a pipeline into the engine's output (``| tee``), a background job (``&``,
       ``nohup ... &``) or any command after the engine (``; true``, ``|| true``, ``; exit 0``) is refused.
+
+    ``read_files=False`` is for a command that runs elsewhere (a container image): script files and ``#!`` lines
+    are not read from this host; a shell running a script file is refused because it cannot be checked.
     """
     if _depth > 8 or not argv:
         return [] if argv else ["the command is empty"]
@@ -616,7 +619,7 @@ def command_problems(argv, path_env=None, chdir=None, _depth=0):
         if not rest:
             return ["'env' without a command prints the whole environment (secrets included) into the log and "
                     "starts no engine"]
-        return command_problems(rest, path_env, chdir, _depth + 1)
+        return command_problems(rest, path_env, chdir, _depth + 1, read_files)
     if base == "setsid":
         i = 1
         wait = False
@@ -626,23 +629,26 @@ def command_problems(argv, path_env=None, chdir=None, _depth=0):
         if not wait:
             return ["'setsid' without --wait forks the engine away and exits 0 at once (engine_process already "
                     "gives the engine its own session; drop setsid)"]
-        return command_problems(argv[i + (i < len(argv) and argv[i] == "--"):], path_env, chdir, _depth + 1)
+        return command_problems(argv[i + (i < len(argv) and argv[i] == "--"):], path_env, chdir, _depth + 1, read_files)
     if base in PREFIXES:
         for i in range(1, len(argv)):
             if os.path.basename(argv[i]) in SHELLS | {"env", "setsid"}:
-                return command_problems(argv[i:], path_env, chdir, _depth + 1)
+                return command_problems(argv[i:], path_env, chdir, _depth + 1, read_files)
         return []
     if base in SHELLS:
         script, where = _shell_script(list(argv))
         if script is None:
             if where is None:
                 return ["the shell reads its script from standard input, which is empty for the engine"]
+            if not read_files:
+                return ["the shell runs the script file %s, which cannot be checked from here; put the script in "
+                        "the command ('-c') with 'exec' before the engine, or run the engine directly" % where]
             target = _resolve(where, path_env, chdir) if "/" in where else os.path.join(chdir or os.getcwd(), where)
             script = _read_script(target) if target else None
             if script is None:
                 return ["the shell runs the script file %s, which cannot be read to check it" % where]
     else:
-        target = _resolve(argv[0], path_env, chdir)
+        target = _resolve(argv[0], path_env, chdir) if read_files else None
         shell = _shebang_shell(target) if target else None
         if not shell:
             return []
@@ -651,7 +657,7 @@ def command_problems(argv, path_env=None, chdir=None, _depth=0):
             return []
     reasons, exec_argv = _script_reasons(script)
     if not reasons and exec_argv:
-        reasons = command_problems(exec_argv, path_env, chdir, _depth + 1)
+        reasons = command_problems(exec_argv, path_env, chdir, _depth + 1, read_files)
     return reasons
 
 

@@ -316,3 +316,21 @@ def test_env_values_are_strings_and_secret_references_render():
     assert env["NCCL_DEBUG_SUBSYS"]["value"] == "1" and env["VLLM_ENABLE_V1_MULTIPROCESSING"]["value"] == "true"
     assert b["command"][-1] == "--api-key=$(ENGINE_KEY)"
     kubernetes_validate.validate(dep, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("command", [
+    ["env", "A=1", "bash", "-c", "vllm serve /m | tee /log/engine.log"],   # env in front of the wrapper
+    ["bash", "/opt/start.sh"],                                             # a script in the image: unseen here
+    ["bash", "-lc", "exec vllm serve /m || true"],
+    ["setsid", "bash", "-lc", "exec vllm serve /m"],
+])
+def test_container_command_follows_engine_process_rule(command):
+    # One rule for "the engine is the foreground process" (_process.command_problems), here applied to the
+    # container's command without reading files of the host that renders it.
+    with pytest.raises(k8s.SpecError, match=r"^command: .*Completed/exit 0"):
+        k8s.check_command(command)
+
+
+def test_container_command_that_execs_the_engine_is_accepted():
+    k8s.check_command(["bash", "-lc", "source /opt/venv/bin/activate && exec vllm serve /m"])
+    k8s.check_command(["vllm", "serve", "/m"])
