@@ -1,4 +1,5 @@
-"""model_stage as real processes on a multi-GB synthetic checkpoint.
+"""model_stage as real processes on a multi-GB synthetic checkpoint: kills and resumes (from the same source
+and from another), broken shards, no space, concurrent runs and the fleet-wide reader cap.
 
 The checkpoint (``LLMOPS_STAGE_TEST_BYTES``, default 2 GiB in 8 shards) is generated once per session.
 Every case runs the module the way Ansible does (``python model_stage.py args.json``) so it can be
@@ -135,9 +136,66 @@ def test_sigkill_mid_copy_then_resume_is_byte_identical(ckpt, tmp_path):
     assert again["changed"] is False and again["bytes_copied"] == 0, again
 
 
+def _kill_mid_copy(tmp_path, args):
+    """Start a run and SIGKILL it once 40% is copied and at least one file is complete in the partial dir."""
+    dest, prog = args["dest"], args["progress_file"]
+    proc = start(tmp_path, args)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            p = json.load(open(prog))
+        except (OSError, ValueError):
+            p = {}
+        complete = os.listdir(dest + ".partial") if os.path.isdir(dest + ".partial") else []
+        complete = [n for n in complete if not n.endswith(".llmops-part") and not n.startswith(".llmops")]
+        if p.get("bytes_done", 0) >= 0.4 * TOTAL and complete:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            return sorted(complete)
+        time.sleep(0.05)
+    proc.wait()
+    raise AssertionError("copy finished before it could be killed; raise LLMOPS_STAGE_TEST_BYTES")
+
+
+def _sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(16 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def test_sigkill_mid_copy_then_another_source_publishes_only_that_source(ckpt, tmp_path):
+    dest = str(tmp_path / "nvme" / "rev")
+    args = {"src": ckpt["src"], "dest": dest, "read_streams": 2, "progress_file": str(tmp_path / "progress.json")}
+    complete = [n for n in _kill_mid_copy(tmp_path, args) if n.endswith(".safetensors")]
+    assert complete, "no shard was complete when the copy was killed"
+    shard = complete[0]
+
+    # another revision: the same files, except that shard has other bytes with the same size and mtime
+    def other_bytes(path):
+        st = os.stat(os.path.join(ckpt["src"], shard))
+        with open(path, "r+b") as f:
+            f.seek(st.st_size // 2)
+            f.write(b"\x00\x01\x02\x03")
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    other = derived_src(ckpt, tmp_path, replace={shard: other_bytes})
+    want = _sha256(os.path.join(other, shard))
+    assert want != ckpt["sums"][shard]
+    r = run(tmp_path, dict(args, src=other))
+    assert r["changed"] is True and not r.get("failed"), r
+    assert _sha256(os.path.join(dest, shard)) == want, "a file of the killed run's source was published"
+    sums = dict(ckpt["sums"], **{shard: want})
+    assert_identical(other, dest, sums)
+    marker = json.load(open(os.path.join(dest, MARKER)))
+    assert marker["source"] == other and not os.path.exists(dest + ".partial")
+    assert run(tmp_path, dict(args, src=other))["changed"] is False
+
+
 def _corrupt_header(path):
     with open(path, "r+b") as f:
-        f.seek(8)
+        f.seek(9)  # inside the JSON, after its opening brace
         f.write(b"#")
 
 
