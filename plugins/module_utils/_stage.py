@@ -850,11 +850,12 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
         slots = None
         if fleet_slots_dir:
             slots = _fleet_slots.FleetSlots(fleet_slots_dir, fleet_read_streams, host_id=fleet_host_id,
-                                            host_max=read_streams, stale_after=fleet_stale_seconds)
+                                            host_max=read_streams, stale_after=fleet_stale_seconds,
+                                            acquire_timeout=lock_timeout)
             try:
                 slots.open()
             except _fleet_slots.FleetSlotError as e:
-                raise StageError(str(e))
+                raise StageError(str(e), file=e.file, reason=e.reason)
         progress = copier = journal = None
         t_copy = time.monotonic()
         try:
@@ -909,6 +910,10 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
                 progress.bytes_total, progress.files_total = need, len(todo)
                 copier.run(unlinked)
             records.update(copier.records)
+        except _fleet_slots.FleetSlotError as e:  # no read slot within lock_timeout, or a broken lease dir
+            if progress:
+                progress.finish("failed")
+            raise StageError(str(e), file=e.file, reason=e.reason)
         except BaseException:
             if progress:
                 progress.finish("failed")

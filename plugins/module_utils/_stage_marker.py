@@ -57,7 +57,15 @@ _HEX = frozenset("0123456789abcdef")
 
 
 class StageError(Exception):
-    """Staging refused or failed; ``str()`` names the option or file and the fix."""
+    """Staging refused or failed; ``str()`` names the option or file and the fix.
+
+    ``file`` and ``reason`` (a short machine-readable cause), where set, go into the module's failed result.
+    """
+
+    def __init__(self, msg, file=None, reason=None):
+        super(StageError, self).__init__(msg)
+        self.file = file
+        self.reason = reason
 
 
 def strength(mode):

@@ -133,7 +133,9 @@ options:
     type: bool
     default: true
   lock_timeout:
-    description: Seconds to wait for another run holding the lock on O(dest).
+    description:
+      - Seconds to wait for another run holding the lock on O(dest), and for each fleet read slot
+        (O(fleet_slots_dir)); past that the run fails naming the lease directory and the hosts holding its slots.
     type: int
     default: 3600
   keep_revisions:
@@ -330,7 +332,9 @@ def main():
     except _safetensors.CheckpointError as e:
         module.fail_json(msg="verify: %s: %s; dest %s was left untouched" % (e.path, e.reason, p["dest"]),
                          file=e.path, reason=e.reason)
-    except (_stage.StageError, _paths.PathEscape) as e:
+    except _stage.StageError as e:
+        module.fail_json(msg=str(e), **dict((k, v) for k, v in (("file", e.file), ("reason", e.reason)) if v))
+    except _paths.PathEscape as e:
         module.fail_json(msg=str(e))
     except OSError as e:
         module.fail_json(msg="%s: %s (dest %s)" % (getattr(e, "filename", None) or "io", e, p["dest"]))

@@ -7,7 +7,8 @@ After every step the invariants a user relies on are checked:
   files and sizes (and the right sha256 where it records one);
 * nothing was written outside ``dest`` (and its ``.partial`` / lock / removal siblings) and the progress file.
 
-Every refusal must be a ``StageError`` (a clean error), never another exception.
+Every refusal must be a ``StageError`` or a ``CheckpointError`` (clean errors the module reports with the option
+or file named), never another exception.
 
 CI runs a bounded number of examples with a fixed seed; ``make fuzz`` runs many more
 (``LLMOPS_FUZZ_EXAMPLES``).
@@ -27,7 +28,10 @@ import time
 from hypothesis import HealthCheck, Phase, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _stage
+from ansible_collections.llmops.serving.plugins.module_utils import _safetensors, _stage
+
+# The clean refusals: the module turns each into fail_json naming the option or file (and file=/reason=).
+CLEAN = (_stage.StageError, _safetensors.CheckpointError)
 
 EXAMPLES = int(os.environ.get("LLMOPS_FUZZ_EXAMPLES", "25"))
 STEPS = int(os.environ.get("LLMOPS_FUZZ_STEPS", "8"))
@@ -166,7 +170,7 @@ class StageMachine(RuleBasedStateMachine):
         try:
             res = _stage.stage(self.sources[name], self.dest, verify=verify, progress_file=self.progress,
                                read_streams=2, fsync=False, **kw)
-        except _stage.StageError as e:
+        except CLEAN as e:
             assert str(e), "a refusal must say why"
             self.last_error = str(e)
             res = None
@@ -339,7 +343,7 @@ class StageMachine(RuleBasedStateMachine):
             _stage.stage(src, dest, verify="sha256" if checksums else "headers", checksums=checksums,
                          progress_file=progress, read_streams=2, fsync=False)
             refused = False
-        except _stage.StageError:
+        except CLEAN:
             refused = True
         assert refused, "%s was not refused" % kind
         assert _snapshot(src) == src_before, "%s changed the source" % kind
@@ -361,7 +365,7 @@ class StageMachine(RuleBasedStateMachine):
     def remove(self):
         try:
             _stage.remove(self.dest)
-        except _stage.StageError as e:
+        except CLEAN as e:
             assert str(e)
             return
         assert not os.path.exists(self.dest)
