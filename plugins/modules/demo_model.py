@@ -53,12 +53,13 @@ options:
     description: Number of safetensors shards.
     type: int
     default: 3
+extends_documentation_fragment:
+  - llmops.serving.attributes
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
+    details: Builds the files in memory and reports the revision and whether it would be written; writes nothing.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in diff mode).
     support: none
 author:
   - LLMOps Serving maintainers (@llmops-serving)

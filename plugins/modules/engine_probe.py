@@ -67,14 +67,12 @@ options:
     type: list
     elements: dict
     default: [{type: health}, {type: models}]
+extends_documentation_fragment:
+  - llmops.serving.attributes
+  - llmops.serving.attributes.info_module
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
-    support: full
-    details: Only sends requests; runs the same in check mode.
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in diff mode).
-    support: none
+    details: Only sends requests (and reads O(process_state_file)); runs the same in check mode.
 author:
   - LLMOps Serving maintainers (@llmops-serving)
 """

@@ -87,13 +87,13 @@ options:
     description: Seconds to watch a newly started process for an immediate exit.
     type: float
     default: 3.0
+extends_documentation_fragment:
+  - llmops.serving.attributes
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Reports whether it would start, restart or stop without doing it.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in diff mode).
     support: none
 author:
   - LLMOps Serving maintainers (@llmops-serving)

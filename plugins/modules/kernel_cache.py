@@ -39,9 +39,11 @@ description:
     O(in_use), or whose published directory or C(.run/) copy a running process uses, is never removed.
     Copies no process uses go with their fingerprint; stale C(.partial-*) directories whose lock is free
     are removed too.
-  - Use by a process is found under O(proc_root) by device and inode, whatever path the process reaches
-    the directory by - a symlinked O(cache_root), a bind mount in another mount namespace (a pod's
-    hostPath), an open file, a mapping, its working directory or a cache variable in its environment.
+  - Use by a process (of a fingerprint directory or its copies, for O(operation=gc), O(operation=checkout)
+    and the quarantine of O(operation=verify), O(operation=prebuild) and O(operation=sync)) is found under
+    O(proc_root) by device and inode, whatever path the process reaches the directory by - a symlinked
+    O(cache_root), a bind mount in another mount namespace (a pod's hostPath), an open file, a mapping, its
+    working directory or a cache variable in its environment.
   - O(operation=report) reads the engine log after start and decides C(hit) or C(miss). A start that
     recompiled (for example vLLM's C(Compiling model again due to a load failure) or SGLang's DeepGEMM
     pre-compile banner) is a miss, and so is one that wrote files into its copy; those are listed as
@@ -155,23 +157,17 @@ options:
     type: list
     elements: str
     default: []
-  proc_root:
-    description:
-      - Root of procfs scanned for processes that use a fingerprint directory or its copies (O(operation=gc),
-        the quarantine of O(operation=verify), O(operation=prebuild) and O(operation=sync), and O(operation=checkout));
-        tests point it at a fixture tree.
-    type: path
-    default: /proc
   log_path:
     description: Engine log read by O(operation=report).
     type: path
+extends_documentation_fragment:
+  - llmops.serving.attributes
+  - llmops.serving.node.proc_root
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Reports what would be quarantined, built, copied or removed without doing it.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
 author:
   - llmops.serving maintainers (@llmops)

@@ -173,18 +173,10 @@ options:
     description: The engine's Python interpreter, used when O(gather=true).
     type: path
     default: python3
-  nvidia_smi:
-    description: Name or path of C(nvidia-smi), used when O(gather=true).
-    type: str
-    default: nvidia-smi
-attributes:
-  check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
-    support: full
-    details: Read-only; runs the same in check mode.
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
-    support: none
+extends_documentation_fragment:
+  - llmops.serving.attributes
+  - llmops.serving.attributes.info_module
+  - llmops.serving.node.nvidia_smi
 author:
   - llmops.serving maintainers (@llmops)
 """

@@ -54,25 +54,22 @@ options:
     description: Remove the job's status file on the target once the result has been read.
     type: bool
     default: true
+extends_documentation_fragment:
+  - llmops.serving.attributes
+  - llmops.serving.attributes.flow
 attributes:
   action:
-    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
     support: full
     details: The polling loop runs on the controller; the target only answers one shell command per poll.
   async:
-    description: Supports being used with the C(async) keyword.
     support: none
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
-    details: Only reads the job's files (a job started in check mode is followed the same way).
+    details:
+      - Reads the job's files the same way in check mode (a job started in check mode is followed the same way).
+      - With O(cleanup) the job's status file is removed once its result is read, in check mode too.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
-  platform:
-    description: Target OS/families that can be operated against.
-    support: full
-    platforms: posix
 author:
   - LLMOps Serving maintainers (@llmops-serving)
 """

@@ -50,13 +50,13 @@ options:
     description: Per-request timeout in seconds.
     type: float
     default: 120.0
+extends_documentation_fragment:
+  - llmops.serving.attributes
 attributes:
   check_mode:
-    description: Can run in check mode and return changed status prediction without modifying target.
     support: none
     details: Sending the load is the point; the task is skipped in check mode.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
 author:
   - LLMOps Serving maintainers (@llmops-serving)

@@ -21,14 +21,6 @@ description:
     same values as top-level return values (C(gpu), C(rdma), C(disk), C(engine_runtime)) for C(register).
   - Each call replaces C(ansible_facts.preflight_node) with what that call gathered.
 options:
-  nvidia_smi:
-    description: Name or path of the C(nvidia-smi) binary.
-    type: str
-    default: nvidia-smi
-  sysfs_root:
-    description: Root of sysfs; tests point this at a fixture tree.
-    type: path
-    default: /sys
   paths:
     description: Paths whose filesystem free space is reported (model root, cache root, ...).
     type: list
@@ -42,17 +34,12 @@ options:
     type: list
     elements: str
     default: [vllm]
-attributes:
-  facts:
-    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
-    support: full
-  check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
-    support: full
-    details: Read-only; runs the same in check mode.
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in diff mode).
-    support: none
+extends_documentation_fragment:
+  - llmops.serving.attributes
+  - llmops.serving.attributes.info_module
+  - llmops.serving.attributes.facts
+  - llmops.serving.node.nvidia_smi
+  - llmops.serving.node.sysfs_root
 author:
   - LLMOps Serving maintainers (@llmops-serving)
 """

@@ -15,7 +15,7 @@ description:
     C(hw_counters), C(link_layer) (C(InfiniBand), or C(Ethernet) = RoCE), C(state) and C(rate).
   - Without O(baseline) it returns a RV(snapshot). With O(baseline) (an earlier RV(snapshot)) it returns
     per-port and total deltas and a RV(verdict) on O(expect).
-  - A snapshot records the host (C(/proc/sys/kernel/random/boot_id) and the host name), the O(devices) and
+  - A snapshot records the host (C(sys/kernel/random/boot_id) and C(sys/kernel/hostname) under O(proc_root)), the O(devices) and
     O(ports) it was taken with, and per port the HCA's C(node_guid) and the port's GID 0.
   - The comparison refuses, with RV(verdict) C(status=error) and a message naming what differs and the fix
     (take a new baseline), a baseline of another host or of an earlier boot of this one, one taken with other
@@ -35,16 +35,6 @@ description:
   - The module fails when the verdict fails or is an error; the result still carries RV(deltas), RV(kv) and
     RV(verdict).
 options:
-  sysfs_root:
-    description: Root of sysfs; tests point this at a fixture tree.
-    type: path
-    default: /sys
-  proc_root:
-    description:
-      - Root of procfs, for the host identity (C(sys/kernel/random/boot_id), C(sys/kernel/hostname)); tests
-        point this at a fixture tree.
-    type: path
-    default: /proc
   devices:
     description:
       - RDMA device names to read (for example V(mlx5_0)). Empty reads every device under
@@ -119,14 +109,14 @@ options:
     description: Share of the engine's KV bytes that RDMA counters must account for under O(expect=rdma).
     type: float
     default: 0.9
+extends_documentation_fragment:
+  - llmops.serving.attributes
+  - llmops.serving.attributes.info_module
+  - llmops.serving.node.sysfs_root
+  - llmops.serving.node.proc_root
 attributes:
   check_mode:
-    description: Can run in check mode and return changed status prediction without modifying target.
-    support: full
-    details: Only reads sysfs and the metrics endpoint; runs the same in check mode.
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
-    support: none
+    details: Only reads sysfs, procfs, O(baseline_file) and the metrics endpoints; runs the same in check mode.
 notes:
   - C(hw_counters) are cached by the kernel for C(lifespan) milliseconds (default 10); reads closer
     together than that return the same values.

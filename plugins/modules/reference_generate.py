@@ -35,14 +35,9 @@ options:
   python:
     description: Interpreter of the engine environment that runs the generation; default is the module's own.
     type: path
-attributes:
-  check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
-    support: full
-    details: Read-only; runs the same in check mode.
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in diff mode).
-    support: none
+extends_documentation_fragment:
+  - llmops.serving.attributes
+  - llmops.serving.attributes.info_module
 author:
   - LLMOps Serving maintainers (@llmops-serving)
 """

@@ -1,0 +1,67 @@
+# -*- coding: utf-8 -*-
+# Copyright: llmops.serving contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Attribute documentation shared by the modules of this collection.
+
+A module extends ``llmops.serving.attributes`` (the descriptions, the action group and the platform) and
+states in its own ``attributes`` only what is particular to it: the ``support`` of check_mode and diff_mode
+and their ``details``. Keys a module states win over the fragment's.
+
+- ``llmops.serving.attributes.info_module``: the module only reads (check mode full, diff mode N/A).
+- ``llmops.serving.attributes.facts``: the module returns ``ansible_facts``.
+- ``llmops.serving.attributes.flow``: an action plugin that runs on the controller.
+"""
+from __future__ import annotations
+
+
+class ModuleDocFragment(object):
+
+    # Every module: the attribute descriptions, the action group of meta/runtime.yml and the platform.
+    DOCUMENTATION = r"""
+options: {}
+attributes:
+  action_group:
+    description: Use C(group/llmops.serving.serving) in C(module_defaults) to set defaults for this module.
+    support: full
+    membership:
+      - llmops.serving.serving
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+  platform:
+    description: Target OS/families that can be operated against.
+    support: full
+    platforms: posix
+"""
+
+    # With DOCUMENTATION: a module that never changes the target (it returns changed=false).
+    INFO_MODULE = r"""
+options: {}
+attributes:
+  check_mode:
+    support: full
+    details: Only reads; runs the same in check mode.
+  diff_mode:
+    support: N/A
+    details: Changes nothing, so there is nothing to show.
+"""
+
+    # With DOCUMENTATION: a module that returns ansible_facts.
+    FACTS = r"""
+options: {}
+attributes:
+  facts:
+    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
+    support: full
+"""
+
+    # With DOCUMENTATION: an action plugin (the module file only documents it).
+    FLOW = r"""
+options: {}
+attributes:
+  action:
+    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
+  async:
+    description: Supports being used with the C(async) keyword.
+"""
