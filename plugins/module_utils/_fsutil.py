@@ -1,10 +1,37 @@
 # -*- coding: utf-8 -*-
 # Copyright: llmops.serving contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""**PRIVATE** to llmops.serving: small filesystem helpers shared by staging, caches and preflight."""
+"""**PRIVATE** to llmops.serving: small filesystem helpers shared by staging, caches, the process supervisor
+and preflight: content hashes, atomic file writes, directory fsync, the nearest existing parent.
+
+An atomic write goes to a temporary file in the destination's own directory (a name no other writer can
+pick: pid and a random part), is fsynced, renamed over the destination with ``os.replace`` and the
+directory fsynced. Readers see the old file or the new one, never a mix; a failed write leaves the old
+file as it was and no temporary file behind.
+"""
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import uuid
+
+#: Read size for hashing: buffered reads into one reused buffer, small enough to stay in CPU cache.
+HASH_BUF = 1024 * 1024
+
+
+def sha256_file(path, bufsize=HASH_BUF):
+    """Hex SHA-256 of the file at ``path``, read ``bufsize`` bytes at a time into one reused buffer."""
+    h = hashlib.sha256()
+    buf = bytearray(bufsize)
+    mv = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            h.update(mv[:n])
+    return h.hexdigest()
 
 
 def fsync_dir(path):
@@ -19,6 +46,57 @@ def fsync_dir(path):
         pass
     finally:
         os.close(fd)
+
+
+def temp_name(path):
+    """A name beside ``path`` that no other writer (thread, process or host) picks at the same time."""
+    return "%s.tmp-%d-%s" % (path, os.getpid(), uuid.uuid4().hex[:12])
+
+
+def atomic_write_bytes(path, data, mode=0o644, fsync=True):
+    """Replace ``path`` with ``data`` atomically (see the module docstring); returns ``path``.
+
+    ``mode`` is the new file's permission bits before the umask (``0o600`` for a private file). With
+    ``fsync`` false the data and the rename are left to the page cache (progress files).
+    Raises OSError; the old file, if any, is then unchanged.
+    """
+    tmp = temp_name(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if fsync:
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
+    return path
+
+
+def atomic_write_text(path, text, mode=0o644, fsync=True):
+    """:func:`atomic_write_bytes` of ``text`` encoded as UTF-8."""
+    return atomic_write_bytes(path, text.encode("utf-8"), mode=mode, fsync=fsync)
+
+
+def atomic_write_json(path, doc, mode=0o644, fsync=True, indent=None, sort_keys=False, newline=False):
+    """:func:`atomic_write_bytes` of ``json.dumps(doc, indent=indent, sort_keys=sort_keys)``.
+
+    The document is serialised before anything is written, so a value JSON cannot represent raises
+    (TypeError, ValueError) with the old file untouched. ``newline`` appends a final line feed.
+    """
+    text = json.dumps(doc, indent=indent, sort_keys=sort_keys)
+    return atomic_write_text(path, text + "\n" if newline else text, mode=mode, fsync=fsync)
 
 
 def nearest_existing(path):

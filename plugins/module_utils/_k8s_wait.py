@@ -15,8 +15,7 @@ No I/O here; the polling module feeds these the objects it reads, and tests feed
 """
 from __future__ import annotations
 
-import datetime
-import json
+from ansible_collections.llmops.serving.plugins.module_utils import _timeline
 
 # Why each Gateway API reason happens, and what fixes it (gateway-api apis/v1/shared_types.go).
 ROUTE_REASONS = {
@@ -43,48 +42,16 @@ FATAL_WAITING = {
 }
 PULL_WAITING = {"ErrImagePull", "ImagePullBackOff"}
 
-STAGE_KEYS = (
-    "pod_created", "scheduled", "container_started", "port_open", "health_ok", "pod_ready", "model_listed",
-    "first_correct_response",
-)
-STAGES = [
-    ("pod_created", "pod created"),
-    ("scheduled", "scheduled"),
-    ("container_started", "container started"),
-    ("port_open", "port open"),
-    ("health_ok", "/health 200"),
-    ("pod_ready", "pod Ready"),
-    ("model_listed", "model listed"),
-    ("first_correct_response", "first correct response"),
-]
+STAGES = _timeline.STAGES
+STAGE_KEYS = _timeline.STAGE_KEYS
 
 
 # --------------------------------------------------------------------------------------------- #
 # helpers
 # --------------------------------------------------------------------------------------------- #
 
-
-def parse_time(value):
-    """RFC 3339 (the API's ``2026-08-01T10:00:00Z``) or epoch seconds -> epoch seconds (float); None passes."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    text = str(value).strip()
-    if text.endswith("Z"):
-        text = text[:-1] + "+00:00"
-    dt = datetime.datetime.fromisoformat(text)
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=datetime.timezone.utc)
-    return dt.timestamp()
-
-
-def iso(epoch):
-    if epoch is None:
-        return None
-    dt = datetime.datetime.fromtimestamp(epoch, tz=datetime.timezone.utc)
-    text = dt.isoformat(timespec="milliseconds" if epoch % 1 else "seconds")
-    return text.replace("+00:00", "Z")
+parse_time = _timeline.parse_time
+iso = _timeline.iso
 
 
 def condition(conditions, ctype):
@@ -285,8 +252,14 @@ def evaluate(pods, route=None, now=None, replicas=1, schedule_timeout=900, gatew
 # --------------------------------------------------------------------------------------------- #
 
 
+def pod_marks(summary):
+    """Timeline marks of one :func:`pod_status` summary (``created``, ``scheduled``, ``started``, ``ready``)."""
+    return dict(pod_created=summary.get("created"), scheduled=summary.get("scheduled"),
+                container_started=summary.get("started"), pod_ready=summary.get("ready"))
+
+
 def cold_start_timeline(pod=None, marks=None):
-    """Merge a pod's own timestamps with probe marks into the cold-start timeline.
+    """Merge a pod's own timestamps with probe marks into the cold-start timeline (``_timeline.staged``).
 
     ``marks`` maps ``port_open``, ``health_ok``, ``model_listed``, ``first_correct_response`` (and
     optionally any pod stage, e.g. ``pod_created`` for a local process start) to RFC 3339 or epoch
@@ -294,72 +267,18 @@ def cold_start_timeline(pod=None, marks=None):
     counts from pod creation, ``step_s`` from the previous recorded stage. ``slo_seconds`` is pod created
     -> first correct response (None while either is unknown).
     """
-    times = {}
-    if pod is not None:
-        ps = pod_status(pod)
-        times.update(pod_created=ps["created"], scheduled=ps["scheduled"], container_started=ps["started"],
-                     pod_ready=ps["ready"])
+    merged = pod_marks(pod_status(pod)) if pod is not None else {}
     for key, value in (marks or {}).items():
-        if key not in dict(STAGES):
-            raise ValueError("unknown timeline stage %r; known: %s" % (key, ", ".join(STAGE_KEYS)))
-        if value is not None:
-            times[key] = parse_time(value)
-    origin = times.get("pod_created")
-    labels = dict(STAGES)
-    rank = dict((k, i) for i, k in enumerate(STAGE_KEYS))
-    missing = [k for k in STAGE_KEYS if times.get(k) is None and k != "pod_ready"]
-    # ordered by time (ties keep the natural order): a probe that starts after the pod is Ready sees the
-    # port open after Ready, and the table shows it that way rather than inventing an earlier time
-    recorded = sorted((k for k in STAGE_KEYS if times.get(k) is not None), key=lambda k: (times[k], rank[k]))
-    stages, prev = [], None
-    for key in recorded:
-        at = times[key]
-        stages.append(dict(stage=key, label=labels[key], at=iso(at),
-                           t_s=round(at - origin, 3) if origin is not None else None,
-                           step_s=round(at - prev, 3) if prev is not None else None))
-        prev = at
-    first = times.get("first_correct_response")
-    slo = round(first - origin, 3) if origin is not None and first is not None else None
-    return dict(stages=stages, slo_seconds=slo, missing=missing)
+        _timeline.check_stage(key)
+        if value is not None or key not in merged:
+            merged[key] = value
+    return _timeline.staged(merged)
 
 
-PROBE_MILESTONES = {"port_open": "port_open", "health": "health_ok", "models": "model_listed",
-                    "first_correct": "first_correct_response"}
-
-
-def marks_from_probe(probe_timeline, since):
-    """engine_probe's ``timeline`` (seconds after ``since``) -> absolute marks for :func:`cold_start_timeline`."""
-    origin = parse_time(since)
-    marks = {}
-    for key, stage in PROBE_MILESTONES.items():
-        value = (probe_timeline or {}).get(key)
-        if isinstance(value, (int, float)) and origin is not None:
-            marks[stage] = origin + value
-    return marks
-
-
-def format_timeline(timeline, title="cold start"):
-    """A fixed-width table of a :func:`cold_start_timeline` result."""
-    rows = [("stage", "at (UTC)", "t (s)", "step (s)")]
-    for s in timeline["stages"]:
-        rows.append((s["label"], s["at"], _num(s["t_s"]), _num(s["step_s"])))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["%s: pod created -> first correct response = %s s" % (title, _num(timeline["slo_seconds"]))]
-    for i, r in enumerate(rows):
-        lines.append("  ".join(c.ljust(widths[j]) if j < 2 else c.rjust(widths[j]) for j, c in enumerate(r)))
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    if timeline["missing"]:
-        lines.append("not recorded: %s" % ", ".join(timeline["missing"]))
-    return "\n".join(lines)
-
-
-def _num(v):
-    return "-" if v is None else ("%.1f" % v)
-
-
-def timeline_json(timeline):
-    return json.dumps(timeline, indent=2, sort_keys=True) + "\n"
+PROBE_MILESTONES = dict((name, stage) for stage, name in _timeline.RELATIVE_NAMES.items())
+marks_from_probe = _timeline.from_relative
+format_timeline = _timeline.format_staged
+timeline_json = _timeline.to_json
 
 
 # --------------------------------------------------------------------------------------------- #

@@ -25,8 +25,8 @@ the expected shape makes its directory ``bad_manifest`` (quarantined like a tamp
 traceback. "In use" is ``_inuse.users_of``: open files, mappings, working directories, environment
 paths and bind mounts in other mount namespaces, compared by device and inode.
 
-Standard library only (``ansible.module_utils.urls`` is imported lazily for the HTTP warm-up probe),
-so benchmark scripts can drive the same code outside Ansible.
+No AnsibleModule needed (the warm-up's HTTP goes through ``_http``, its process through ``_process.Child``),
+so benchmark scripts can drive the same code outside a module.
 """
 from __future__ import annotations
 
@@ -38,13 +38,11 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
-import subprocess
 import tempfile
 import time
 
-from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _inuse, _paths
+from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _http, _inuse, _paths, _probe, _process
 
 MANIFEST = "manifest.json"
 MANIFEST_SCHEMA = 1
@@ -170,14 +168,6 @@ def _utc(ts=None):
 
 # ---- manifest -------------------------------------------------------------------------------------
 
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def is_triton_group(path):
     """Triton's ``__grp__*.json`` files list their members by absolute path (``child_paths``)."""
     name = os.path.basename(path)
@@ -207,11 +197,11 @@ def file_digest(full):
         try:
             data, children = _group_members(full)
         except (OSError, ValueError):
-            return os.path.getsize(full), sha256_file(full)
+            return os.path.getsize(full), _fsutil.sha256_file(full)
         canon = dict(data, child_paths=dict((k, os.path.basename(v)) for k, v in children.items()))
         blob = json.dumps(canon, sort_keys=True, separators=(",", ":")).encode("utf-8")
         return -1, hashlib.sha256(blob).hexdigest()
-    return os.path.getsize(full), sha256_file(full)
+    return os.path.getsize(full), _fsutil.sha256_file(full)
 
 
 def scan_files(path):
@@ -266,10 +256,7 @@ def relocate(path, base):
             if moved == children:
                 continue
             data["child_paths"] = moved
-            tmp = full + ".relocate.tmp"
-            with open(tmp, "w") as f:
-                json.dump(data, f)
-            os.replace(tmp, full)
+            _fsutil.atomic_write_json(full, data, fsync=False)
             changed += 1
     return changed
 
@@ -289,12 +276,7 @@ def write_manifest(path, engine, fingerprint, components, label="", host=None, c
         "producer_host": host or socket.gethostname(),
         "created": created or _utc(),
     }
-    tmp = os.path.join(path, MANIFEST + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(path, MANIFEST))
+    _fsutil.atomic_write_json(os.path.join(path, MANIFEST), manifest, indent=1, sort_keys=True)
     return manifest
 
 
@@ -445,9 +427,8 @@ def quarantine(cache_root, engine, fingerprint, path, reason, proc_root="/proc",
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     dest = os.path.join(qroot, "%s-%s-%s-%d" % (engine, fingerprint, stamp, os.getpid()))
     os.rename(path, dest)
-    with open(dest + ".reason.json", "w") as f:
-        json.dump({"engine": engine, "fingerprint": fingerprint, "from": path, "at": _utc(),
-                   "reason": reason}, f, indent=1, sort_keys=True)
+    _fsutil.atomic_write_json(dest + ".reason.json", {"engine": engine, "fingerprint": fingerprint, "from": path,
+                                                      "at": _utc(), "reason": reason}, indent=1, sort_keys=True)
     return dest
 
 
@@ -541,11 +522,9 @@ class _Log(object):
 
 
 def _default_http_post(url, body, timeout):
-    from ansible.module_utils.urls import open_url  # lazy: keeps this file importable without Ansible
-
-    resp = open_url(url, data=json.dumps(body), headers={"Content-Type": "application/json"},
-                    method="POST", timeout=timeout)
-    return resp.getcode(), resp.read().decode("utf-8", "replace")
+    """POST ``body`` as JSON: ``(status, text)``; raises ``_http.HttpError`` (an error status, no answer)."""
+    resp = _http.request("POST", url, payload=body, timeout=timeout)
+    return resp.status, resp.text
 
 
 def response_text(payload):
@@ -560,27 +539,12 @@ def response_text(payload):
     return msg.get("content") or ""
 
 
-def _stop(proc, grace=30):
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except OSError:
-        pass
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        proc.wait(10)
-
-
 def run_warmup(warmup, env, log, logfile, http_post=None, poll=2.0):
     """Run the warm-up (``mode: run`` to completion, or ``mode: serve`` until a correct response).
 
-    ``warmup``: ``{command: [...], mode, url, body, expect, timeout, cwd}``. Raises KCacheError.
+    ``warmup``: ``{command: [...], mode, url, body, expect, timeout, cwd}``. The command runs as a
+    ``_process.Child`` (its whole process group is stopped afterwards); ``mode: serve`` polls with
+    ``_probe.retry`` until the answer's text contains ``expect``. Raises KCacheError.
     """
     cmd = list(warmup.get("command") or [])
     if not cmd:
@@ -588,19 +552,15 @@ def run_warmup(warmup, env, log, logfile, http_post=None, poll=2.0):
     mode = warmup.get("mode", "run")
     timeout = float(warmup.get("timeout") or 3600)
     log("warm-up (%s): %s" % (mode, " ".join(cmd)))
-    out = open(logfile, "a")
     try:
-        proc = subprocess.Popen(cmd, env=env, cwd=warmup.get("cwd") or None, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        child = _process.Child(cmd, logfile, env=env, cwd=warmup.get("cwd"))
     except OSError as e:
-        out.close()
         raise KCacheError("warmup_command: cannot start %s (%s)" % (cmd[0], e))
     t0 = time.monotonic()
     try:
         if mode == "run":
-            try:
-                rc = proc.wait(timeout)
-            except subprocess.TimeoutExpired:
+            rc = child.wait(timeout)
+            if rc is None:
                 raise KCacheError("warmup_timeout: warm-up still running after %ds; see %s" % (timeout, logfile))
             if rc != 0:
                 raise KCacheError("warmup_command exited %d; see %s" % (rc, logfile))
@@ -610,29 +570,36 @@ def run_warmup(warmup, env, log, logfile, http_post=None, poll=2.0):
         url, body, expect = warmup.get("url"), warmup.get("body") or {}, warmup.get("expect") or ""
         if not url:
             raise KCacheError("warmup_url: required with warmup_mode=serve")
-        last, n = "", 0
-        while True:
-            if proc.poll() is not None:
-                raise KCacheError("warmup_command exited %d before answering; see %s" % (proc.returncode, logfile))
-            if time.monotonic() - t0 > timeout:
-                raise KCacheError("warmup_timeout: no correct response from %s after %ds (last: %s); see %s"
-                                  % (url, timeout, last, logfile))
-            n += 1
+
+        def answered():
             try:
                 code, payload = post(url, body, 30)
-                text = response_text(payload) if code == 200 else ""
-                if text.strip() and expect in text:
-                    log("first correct response after %.1fs (%d probes): %r" % (time.monotonic() - t0, n, text[:80]))
-                    return {"duration_s": round(time.monotonic() - t0, 2), "response": text}
-                last = "HTTP %s %r" % (code, payload[:120])
             except Exception as e:  # connection refused while the engine loads
-                last = "%s: %s" % (type(e).__name__, e)
+                raise _probe.Transient("%s: %s" % (type(e).__name__, e))
+            text = response_text(payload) if code == 200 else ""
+            if text.strip() and expect in text:
+                return text
+            raise _probe.Transient("HTTP %s %r" % (code, payload[:120]))
+
+        def exited():
+            rc = child.returncode
+            return None if rc is None else "warmup_command exited %d before answering; see %s" % (rc, logfile)
+
+        def waiting(n, last):
             if n % 15 == 1:
                 log("waiting for %s (%.0fs elapsed): %s" % (url, time.monotonic() - t0, last))
-            time.sleep(poll)
+
+        try:
+            text, n = _probe.retry(answered, t0 + timeout, poll, process_exited=exited, on_retry=waiting)
+        except _probe.Exited as e:
+            raise KCacheError(e.msg)
+        except _probe.Expired as e:
+            raise KCacheError("warmup_timeout: no correct response from %s after %ds (last: %s); see %s"
+                              % (url, timeout, e.last, logfile))
+        log("first correct response after %.1fs (%d probes): %r" % (time.monotonic() - t0, n, text[:80]))
+        return {"duration_s": round(time.monotonic() - t0, 2), "response": text}
     finally:
-        _stop(proc)
-        out.close()
+        child.stop()
 
 
 def prebuild(cache_root, engine, fingerprint, components, warmup, label="", extra_env=None,

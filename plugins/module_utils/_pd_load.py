@@ -4,13 +4,14 @@
 """**PRIVATE** to llmops.serving: a fixed greedy load through a P/D router, compared with a colocated
 engine answering the same prompts.
 
-HTTP goes through ``ansible.module_utils.urls.open_url`` (injectable as ``opener`` for tests).
+HTTP goes through ``_http`` (``ansible.module_utils.urls.open_url``, injectable as ``opener`` for tests).
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
+
+from ansible_collections.llmops.serving.plugins.module_utils import _http
 
 ROUTE_HEADERS = ("target-pod", "target-pod-ip", "prefill-target-pod", "prefill-target-pod-ip")
 
@@ -19,43 +20,21 @@ class LoadError(Exception):
     """A request failed; the message names the URL and the answer."""
 
 
-def _opener():
-    from ansible.module_utils.urls import open_url
-    return open_url
-
-
 def complete(base_url, model, prompt, max_tokens, headers=None, timeout=120.0, opener=None):
     """One greedy completion: ``(text, route_headers, seconds)``."""
-    opener = opener or _opener()
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
-    hdrs = {"Content-Type": "application/json"}
-    hdrs.update(headers or {})
     url = base_url.rstrip("/") + "/v1/completions"
     t0 = time.monotonic()
     try:
-        resp = opener(url, method="POST", data=json.dumps(body), headers=hdrs, timeout=timeout)
-        raw = resp.read()
-    except Exception as e:  # HTTPError carries the body: show it, it says why (AIBrix 503, no backend...)
-        detail = ""
-        read = getattr(e, "read", None)
-        if read is not None:
-            try:
-                detail = ": " + read().decode("utf-8", "replace")[:300]
-            except Exception:
-                detail = ""
-        raise LoadError("POST %s failed: %s%s" % (url, e, detail))
+        resp = _http.request("POST", url, payload=body, headers=headers, timeout=timeout, opener=opener)
+    except _http.HttpError as e:  # it carries the error answer's body: it says why (AIBrix 503, no backend...)
+        raise LoadError(str(e))
     seconds = time.monotonic() - t0
     try:
-        answer = json.loads(raw)
-        text = answer["choices"][0]["text"]
-    except (ValueError, KeyError, IndexError, TypeError):
-        raise LoadError("POST %s: unexpected answer %r" % (url, raw[:300]))
-    info = getattr(resp, "headers", None) or {}
-    route = {}
-    for h in ROUTE_HEADERS:
-        v = info.get(h) if hasattr(info, "get") else None
-        if v:
-            route[h] = v
+        text = resp.json()["choices"][0]["text"]
+    except (_http.HttpError, KeyError, IndexError, TypeError):
+        raise LoadError("POST %s: unexpected answer %r" % (_http.shown_url(url), resp.body[:300]))
+    route = dict((h, resp.headers[h]) for h in ROUTE_HEADERS if resp.headers.get(h))
     return text, route, seconds
 
 

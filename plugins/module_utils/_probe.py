@@ -12,10 +12,9 @@ import json
 import re
 import socket
 import time
+from urllib.parse import urlparse
 
-from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
-from ansible.module_utils.six.moves.urllib.parse import urlparse
-from ansible.module_utils.urls import open_url
+from ansible_collections.llmops.serving.plugins.module_utils import _http, _timeline
 
 CHECK_TYPES = ("health", "models", "completion", "chat", "json_schema", "tool_call", "stream", "cancel", "route")
 REASONING_MIN_TOKENS = 512
@@ -34,6 +33,52 @@ class CheckFailed(Exception):
         self.details = details
 
 
+class Expired(Exception):
+    """:func:`retry` gave up: the deadline passed while the attempts kept failing transiently."""
+
+    def __init__(self, last, attempts):
+        super().__init__(last)
+        self.last = last
+        self.attempts = attempts
+
+
+class Exited(Exception):
+    """:func:`retry` gave up: the process whose answer is awaited is dead (the message says how)."""
+
+    def __init__(self, msg, attempts):
+        super().__init__(msg)
+        self.msg = msg
+        self.attempts = attempts
+
+
+def retry(attempt, end, interval=2.0, process_exited=None, on_retry=None):
+    """Call ``attempt()`` until it returns; returns ``(its value, attempts made)``.
+
+    :class:`Transient` is retried every ``interval`` seconds until ``end`` (a ``time.monotonic()`` deadline),
+    then :class:`Expired` carries the last error. After each failed attempt ``process_exited()`` (when given)
+    may return a message: the wait ends at once with :class:`Exited`. :class:`CheckFailed` propagates with
+    ``attempts`` set. ``on_retry(attempts, last)`` is called before each wait.
+    """
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            return attempt(), attempts
+        except Transient as e:
+            last = str(e)
+            dead = process_exited() if process_exited else None
+            if dead:
+                raise Exited(dead, attempts)
+            if time.monotonic() + interval > end:
+                raise Expired(last, attempts)
+            if on_retry is not None:
+                on_retry(attempts, last)
+            time.sleep(interval)
+        except CheckFailed as e:
+            e.attempts = attempts
+            raise
+
+
 class Http(object):
     def __init__(self, base_url, headers=None, timeout=60.0):
         self.base = base_url.rstrip("/")
@@ -41,45 +86,31 @@ class Http(object):
         self.timeout = timeout
 
     def _open(self, method, path, payload=None, timeout=None):
-        headers = dict(self.headers)
-        data = None
-        if payload is not None:
-            headers["Content-Type"] = "application/json"
-            data = json.dumps(payload)
-        return open_url(self.base + path, method=method, data=data, headers=headers,
-                        timeout=timeout or self.timeout, validate_certs=True)
+        return _http.open_response(method, self.base + path, payload=payload, headers=self.headers,
+                                   timeout=timeout or self.timeout)
 
     def request(self, method, path, payload=None, timeout=None, transient_status=TRANSIENT_STATUS):
         """Return (status, headers, text); raise Transient on retryable transport errors."""
         try:
-            resp = self._open(method, path, payload, timeout)
-            body = resp.read().decode("utf-8", "replace")
-            return resp.getcode(), _lower_headers(resp), body
-        except HTTPError as e:
-            body = e.read().decode("utf-8", "replace") if hasattr(e, "read") else ""
-            if e.code in transient_status and "does not exist" not in body:
-                raise Transient("HTTP %d from %s: %s" % (e.code, path, body[:300]))
-            return e.code, _lower_headers(e), body
-        except (URLError, socket.timeout, ConnectionError, OSError) as e:
-            raise Transient("%s %s: %s" % (method, path, getattr(e, "reason", e)))
+            resp = _http.request(method, self.base + path, payload=payload, headers=self.headers,
+                                 timeout=timeout or self.timeout)
+            return resp.status, resp.headers, resp.text
+        except _http.HttpError as e:
+            if e.status is None:
+                raise Transient("%s %s: %s" % (method, path, e.reason))
+            if e.status in transient_status and "does not exist" not in e.body:
+                raise Transient("HTTP %d from %s: %s" % (e.status, path, e.body[:300]))
+            return e.status, e.headers, e.body
 
     def open_stream(self, path, payload, timeout):
         try:
             return self._open("POST", path, payload, timeout)
-        except HTTPError as e:
-            body = e.read().decode("utf-8", "replace") if hasattr(e, "read") else ""
-            if e.code in TRANSIENT_STATUS:
-                raise Transient("HTTP %d from %s: %s" % (e.code, path, body[:300]))
-            raise CheckFailed("HTTP %d from %s: %s" % (e.code, path, body[:500]), status=e.code)
-        except (URLError, socket.timeout, ConnectionError, OSError) as e:
-            raise Transient("POST %s: %s" % (path, getattr(e, "reason", e)))
-
-
-def _lower_headers(resp):
-    try:
-        return dict((k.lower(), v) for k, v in resp.headers.items())
-    except AttributeError:
-        return {}
+        except _http.HttpError as e:
+            if e.status is None:
+                raise Transient("POST %s: %s" % (path, e.reason))
+            if e.status in TRANSIENT_STATUS:
+                raise Transient("HTTP %d from %s: %s" % (e.status, path, e.body[:300]))
+            raise CheckFailed("HTTP %d from %s: %s" % (e.status, path, e.body[:500]), status=e.status)
 
 
 def port_open(base_url, timeout=2.0):
@@ -369,18 +400,17 @@ def _check_cancel(http, check, model, warnings):
         resp.close()  # drop the client connection mid-stream
     if first is None:
         raise CheckFailed("cancel: the stream ended before a first chunk")
-    end = time.monotonic() + float(check.get("recover_timeout") or 10)
-    last = None
-    while time.monotonic() < end:
-        try:
-            status, dummy, dummy2 = http.request("GET", "/health", timeout=5)
-            if status == 200:
-                return {"first_chunk_ms": round((time.monotonic() - t0) * 1000, 1), "health_after_cancel": 200}
-            last = "HTTP %d" % status
-        except Transient as e:
-            last = str(e)
-        time.sleep(0.5)
-    raise CheckFailed("cancel: /health did not answer 200 after the client dropped a stream (%s)" % last)
+
+    def healthy():
+        status, dummy, dummy2 = http.request("GET", "/health", timeout=5)
+        if status != 200:
+            raise Transient("HTTP %d" % status)
+
+    try:
+        retry(healthy, time.monotonic() + float(check.get("recover_timeout") or 10), 0.5)
+    except Expired as e:
+        raise CheckFailed("cancel: /health did not answer 200 after the client dropped a stream (%s)" % e.last)
+    return {"first_chunk_ms": round((time.monotonic() - t0) * 1000, 1), "health_after_cancel": 200}
 
 
 def _route_headers(headers):
@@ -408,7 +438,9 @@ CHECKS = {
     "json_schema": _check_json_schema, "tool_call": _check_tool_call, "stream": _check_stream,
     "cancel": _check_cancel, "route": _check_route,
 }
-MILESTONE = {"health": "health", "models": "models", "completion": "first_correct", "chat": "first_correct"}
+#: The timeline stage (``_timeline.STAGES``) a passing check of each type reaches.
+MILESTONE = {"health": "health_ok", "models": "model_listed", "completion": "first_correct_response",
+             "chat": "first_correct_response"}
 
 
 def validate_checks(checks):
@@ -438,48 +470,40 @@ def run(base_url, model, checks, headers=None, deadline=600, interval=2.0, timeo
     start_wall = time.time()
     origin = since if since is not None else start_wall
     end = time.monotonic() + deadline
-    timeline = {}
+    marks = _timeline.Recorder()
     warnings = []
     results = []
 
-    def mark(key):
-        if key not in timeline:
-            timeline[key] = round(time.time() - origin, 3)
+    def attempt(fn, check):
+        if "port_open" not in marks and port_open(base_url):
+            marks.mark("port_open")
+        return fn(http, check, model, warnings)
 
     for i, check in enumerate(checks):
         name = check.get("name") or "%s-%d" % (check["type"], i)
         fn = CHECKS[check["type"]]
         t0 = time.monotonic()
-        attempts, last = 0, None
-        while True:
-            attempts += 1
-            try:
-                if "port_open" not in timeline and port_open(base_url):
-                    mark("port_open")
-                out = fn(http, dict(check, name=name), model, warnings)
-                res = dict(name=name, type=check["type"], ok=True, attempts=attempts,
-                           seconds=round(time.monotonic() - t0, 3))
-                res.update(out)
-                results.append(res)
-                if check["type"] in MILESTONE:
-                    mark("port_open")
-                    mark(MILESTONE[check["type"]])
-                break
-            except Transient as e:
-                last = str(e)
-                dead = process_exited() if process_exited else None
-                if dead:
-                    results.append(dict(name=name, type=check["type"], ok=False, attempts=attempts, error=dead))
-                    return False, results, timeline, warnings, "%s: %s" % (name, dead)
-                if time.monotonic() + interval > end:
-                    results.append(dict(name=name, type=check["type"], ok=False, attempts=attempts, error=last))
-                    return (False, results, timeline, warnings,
-                            "%s: still failing when the deadline (%ss) passed: %s" % (name, deadline, last))
-                time.sleep(interval)
-            except CheckFailed as e:
-                res = dict(name=name, type=check["type"], ok=False, attempts=attempts, error=str(e))
-                res.update(e.details)
-                results.append(res)
-                return False, results, timeline, warnings, "%s: %s" % (name, e)
+        try:
+            out, attempts = retry(lambda fn=fn, c=dict(check, name=name): attempt(fn, c), end, interval,
+                                  process_exited)
+        except Exited as e:
+            results.append(dict(name=name, type=check["type"], ok=False, attempts=e.attempts, error=e.msg))
+            return False, results, _timeline.relative(marks.marks, origin), warnings, "%s: %s" % (name, e.msg)
+        except Expired as e:
+            results.append(dict(name=name, type=check["type"], ok=False, attempts=e.attempts, error=e.last))
+            return (False, results, _timeline.relative(marks.marks, origin), warnings,
+                    "%s: still failing when the deadline (%ss) passed: %s" % (name, deadline, e.last))
+        except CheckFailed as e:
+            res = dict(name=name, type=check["type"], ok=False, attempts=e.attempts, error=str(e))
+            res.update(e.details)
+            results.append(res)
+            return False, results, _timeline.relative(marks.marks, origin), warnings, "%s: %s" % (name, e)
+        res = dict(name=name, type=check["type"], ok=True, attempts=attempts, seconds=round(time.monotonic() - t0, 3))
+        res.update(out)
+        results.append(res)
+        if check["type"] in MILESTONE:
+            marks.mark("port_open")
+            marks.mark(MILESTONE[check["type"]])
+    timeline = _timeline.relative(marks.marks, origin)
     timeline["probe_seconds"] = round(time.time() - start_wall, 3)
     return True, results, timeline, warnings, "all %d checks passed" % len(results)

@@ -48,7 +48,7 @@ import subprocess
 import sys
 import time
 
-from ansible_collections.llmops.serving.plugins.module_utils import _secrets
+from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _secrets
 
 MARKER_ENV = "LLMOPS_ENGINE_PROCESS"
 SPEC_ENV = "LLMOPS_ENGINE_SPEC"
@@ -965,10 +965,7 @@ def log_tail(path, lines=40):
 
 
 def _write_private(path, data):
-    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, sort_keys=True)
-    os.replace(path + ".tmp", path)
+    _fsutil.atomic_write_json(path, data, mode=0o600, sort_keys=True)
 
 
 # --------------------------------------------------------------------------------------------- #
@@ -1056,15 +1053,12 @@ def _signal_group(pgrp, sig):
         pass
 
 
-def _stop_orphan(run_dir, name, st, timeout, proc_root="/proc"):
-    """Stop an engine whose supervisor is gone: SIGTERM to its process group, SIGKILL after ``timeout``."""
-    if not st.get("pid"):
-        return dict(st, state="lost", returncode=None)
-    pgrp = int(st["pid"])
+def stop_group(pgrp, timeout, proc_root="/proc", poll=0.05):
+    """End process group ``pgrp``: SIGTERM, then SIGKILL to what is left after ``timeout`` seconds; returns once
+    no live member remains (or 10 s after SIGKILL). Returns the last signal sent, None when none was alive."""
     if not _group_alive(pgrp, proc_root):
-        return dict(st, state="lost", returncode=None)
+        return None
     sent = signal.SIGTERM
-    stop_requested = time.time()
     _signal_group(pgrp, signal.SIGTERM)
     end = time.monotonic() + timeout
     while _group_alive(pgrp, proc_root):
@@ -1074,7 +1068,57 @@ def _stop_orphan(run_dir, name, st, timeout, proc_root="/proc"):
             sent = signal.SIGKILL
             _signal_group(pgrp, signal.SIGKILL)
             end = time.monotonic() + 10
-        time.sleep(0.05)
+        time.sleep(poll)
+    return sent
+
+
+class Child(object):
+    """A command run to completion or until stopped (a warm-up, not a supervised engine).
+
+    It runs in its own session, so its process group id is its pid and :meth:`stop` ends it together with
+    every worker it started; stdout and stderr are appended to ``log_path``. Raises OSError when the
+    command cannot be started.
+    """
+
+    def __init__(self, argv, log_path, env=None, cwd=None):
+        self._log = open(log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(list(argv), env=env, cwd=cwd or None, stdin=subprocess.DEVNULL,
+                                         stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        except BaseException:
+            self._log.close()
+            raise
+        self.pid = self.proc.pid
+
+    @property
+    def returncode(self):
+        return self.proc.poll()
+
+    def wait(self, timeout=None):
+        """The exit status, or None when it still runs after ``timeout`` seconds."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, grace=30):
+        """SIGTERM to the whole process group, SIGKILL after ``grace`` seconds; reaps the command."""
+        try:
+            stop_group(self.pid, grace)
+            self.wait(10)
+        finally:
+            self._log.close()
+
+
+def _stop_orphan(run_dir, name, st, timeout, proc_root="/proc"):
+    """Stop an engine whose supervisor is gone: SIGTERM to its process group, SIGKILL after ``timeout``."""
+    if not st.get("pid"):
+        return dict(st, state="lost", returncode=None)
+    pgrp = int(st["pid"])
+    if not _group_alive(pgrp, proc_root):
+        return dict(st, state="lost", returncode=None)
+    stop_requested = time.time()
+    sent = stop_group(pgrp, timeout, proc_root) or signal.SIGTERM
     final = {k: v for k, v in st.items() if k not in ("group", "recovered")}
     final.update(state="exited", returncode=None, signal=None, ended_at=time.time(), stop_requested=True,
                  stop_requested_at=stop_requested, stop_signal=int(sent), supervisor_lost=True)

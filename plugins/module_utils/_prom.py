@@ -4,12 +4,14 @@
 """**PRIVATE** to llmops.serving: Prometheus text exposition parsing and the KV-transfer metrics of a
 decode engine (vLLM NixlConnector, SGLang disaggregation).
 
-Only the standard library; fetching a URL goes through ``ansible.module_utils.urls.open_url``.
+Only the standard library; fetching a URL goes through ``_http`` (``ansible.module_utils.urls.open_url``).
 """
 from __future__ import annotations
 
 import math
 import re
+
+from ansible_collections.llmops.serving.plugins.module_utils import _http
 
 _NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
@@ -232,12 +234,11 @@ def is_url(value):
 
 
 def fetch_text(url, opener=None, timeout=10):
-    """GET ``url`` and return its body as text (``opener`` is injectable for tests)."""
-    if opener is None:
-        from ansible.module_utils.urls import open_url as opener
-    resp = opener(url, method="GET", timeout=timeout, validate_certs=True)
-    body = resp.read()
-    return body.decode("utf-8", errors="replace") if isinstance(body, bytes) else body
+    """GET ``url`` and return its body as text (``_http.get_text``; ``opener`` is injectable for tests).
+
+    Raises ``_http.HttpError`` (its message never shows credentials or the query string of ``url``).
+    """
+    return _http.get_text(url, timeout=timeout, opener=opener)
 
 
 def load(value, opener=None):

@@ -276,17 +276,6 @@ from ansible_collections.llmops.serving.plugins.module_utils import _kcache
 NEEDS_COMPONENTS = ("verify", "prebuild", "sync", "checkout")
 
 
-def _http_post(module):
-    from ansible.module_utils.urls import open_url
-
-    def post(url, body, timeout):
-        resp = open_url(url, data=module.jsonify(body), headers={"Content-Type": "application/json"},
-                        method="POST", timeout=timeout)
-        return resp.getcode(), resp.read().decode("utf-8", "replace")
-
-    return post
-
-
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -353,7 +342,7 @@ def main():
             res = _kcache.prebuild(root, engine, fp, p["components"], warmup, label=p["label"],
                                    extra_env=dict((k, str(v)) for k, v in p["warmup_env"].items()),
                                    lock_timeout=p["lock_timeout"], allow_extra=p["allow_extra"],
-                                   check_mode=module.check_mode, http_post=_http_post(module), proc_root=proc)
+                                   check_mode=module.check_mode, proc_root=proc)
         elif op == "sync":
             res = _kcache.sync(p["source_root"], root, engine, fp, p["components"], p["lock_timeout"],
                                p["allow_extra"], module.check_mode, proc_root=proc)

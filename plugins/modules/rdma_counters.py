@@ -239,25 +239,9 @@ file:
   type: str
 """
 
-from urllib.parse import urlsplit, urlunsplit
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _prom, _rdma
-
-
-def _shown_url(source):
-    """``source`` for a message: credentials (user:password@) and the query string are left out."""
-    try:
-        u = urlsplit(source.strip())
-        host = u.hostname or ""
-        if u.port:
-            host = "%s:%d" % (host, u.port)
-        if u.username is not None or u.password is not None:
-            host = "***@" + host
-        return urlunsplit((u.scheme, host, u.path, "***" if u.query else "", ""))
-    except ValueError:
-        return "the URL given"
+from ansible_collections.llmops.serving.plugins.module_utils import _http, _prom, _rdma
 
 
 def _kv_sample(module, source, option="nixl_metrics", role="decode"):
@@ -266,9 +250,9 @@ def _kv_sample(module, source, option="nixl_metrics", role="decode"):
     except _prom.PromParseError as e:
         module.fail_json(msg="%s: not Prometheus text (%s); pass the %s engine's /metrics body or "
                              "its http(s):// URL" % (option, e, role))
-    except Exception as e:  # open_url raises several types (URLError, HTTPError, socket errors)
+    except _http.HttpError as e:  # no credentials or query string of the URL in e.url / e.reason
         module.fail_json(msg="%s: cannot read %s: %s; check the %s engine's metrics URL"
-                             % (option, _shown_url(source), e, role))
+                             % (option, e.url, e.reason, role))
 
 
 def _load_baseline(module, p):
