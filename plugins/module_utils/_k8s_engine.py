@@ -131,7 +131,7 @@ DEFAULTS = dict(
     service_name=None,
     manage_route=True,
     route_paths=list(AIBRIX_ROUTE_PATHS),
-    route_timeout="120s",
+    route_request_timeout="120s",
     labels={},
     annotations={},
 )
@@ -581,7 +581,7 @@ def build(params):
                                 for path in p["route_paths"]],
                     "backendRefs": [{"group": "", "kind": "Service", "name": svc, "namespace": p["namespace"],
                                      "port": p["port"]}],
-                    "timeouts": {"request": p["route_timeout"]},
+                    "timeouts": {"request": p["route_request_timeout"]},
                 }],
             },
         })

@@ -7,7 +7,7 @@ Two full engines (TP=8 by default) on different nodes, with vLLM ``--kv-transfer
 or SGLang ``--disaggregation-mode``. ``transport`` picks the ``UCX_TLS`` value and nothing else, so an
 RDMA rendering and a TCP rendering differ only in that environment variable.
 
-Modes:
+Workloads (``workload``):
 
 * ``stormservice``: one AIBrix StormService with roles ``prefill`` and ``decode``; the pods carry the
   ``model.aibrix.ai/config`` annotation with ``routingStrategy`` (default ``pd``), without which the
@@ -48,7 +48,7 @@ class SpecError(ValueError):
 
 
 DEFAULTS = dict(
-    engine="vllm", transport="rdma", mode="stormservice", namespace="llm", model_name=None,
+    engine="vllm", transport="rdma", workload="stormservice", namespace="llm", model_name=None,
     image=None, model_path=None, model_host_path=None, tp_size=8, gpus=8, port=8000,
     extra_args=[], env=[], ucx_tls={"rdma": "rc,ud,sm,self,cuda_copy,cuda_ipc", "tcp": "tcp,sm,self,cuda_copy,cuda_ipc"},
     ucx_net_devices="all", side_channel_port=5600, kv_connector="NixlConnector", kv_buffer_device="cuda",
@@ -82,8 +82,8 @@ def validate(p):
             raise SpecError("%s: required" % key)
     if p["engine"] not in ("vllm", "sglang"):
         raise SpecError("engine: %r is not vllm or sglang" % p["engine"])
-    if p["mode"] not in ("stormservice", "deployments"):
-        raise SpecError("mode: %r is not stormservice or deployments" % p["mode"])
+    if p["workload"] not in ("stormservice", "deployments"):
+        raise SpecError("workload: %r is not stormservice or deployments" % p["workload"])
     if p["transport"] not in p["ucx_tls"]:
         raise SpecError("ucx_tls: no entry for transport %r (keys: %s); add the UCX_TLS value for it"
                         % (p["transport"], ", ".join(sorted(p["ucx_tls"]))))
@@ -96,8 +96,8 @@ def validate(p):
     if p["tp_size"] < 1 or p["gpus"] < p["tp_size"]:
         raise SpecError("gpus: %d GPUs cannot hold tensor parallel size %d; set gpus >= tp_size"
                         % (p["gpus"], p["tp_size"]))
-    if p["mode"] == "deployments" and not p["proxy_source"]:
-        raise SpecError("proxy_source: the P/D proxy source is required for mode deployments")
+    if p["workload"] == "deployments" and not p["proxy_source"]:
+        raise SpecError("proxy_source: the P/D proxy source is required for workload deployments")
     ports = [p["port"], p["side_channel_port"]] + ([p["sglang_bootstrap_port"]] if p["engine"] == "sglang" else [])
     if len(set(ports)) != len(ports):
         raise SpecError("side_channel_port: %d collides with another port of the pod (%s); pick a free port"
@@ -316,7 +316,7 @@ def build(params):
     p = dict(DEFAULTS)
     p.update({k: v for k, v in params.items() if v is not None})
     validate(p)
-    objects = [storm_service(p)] if p["mode"] == "stormservice" else deployments(p)
+    objects = [storm_service(p)] if p["workload"] == "stormservice" else deployments(p)
     net = _secrets.Scan(env_field="env")
     net.objects(objects)
     net.refuse(SpecError)

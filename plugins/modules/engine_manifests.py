@@ -216,10 +216,15 @@ options:
     elements: str
     default: [/v1/completions, /v1/chat/completions, /v1/messages, /v1/embeddings, /v1/rerank, /v1/classify,
               /generate, /generatevideo, /v1/audio/transcriptions, /v1/audio/translations]
-  route_timeout:
-    description: HTTPRoute request timeout (Gateway API duration).
+  route_request_timeout:
+    description:
+      - HTTPRoute request timeout (Gateway API duration, for example C(120s) or C(30m)); the gateway answers 504
+        to a request that takes longer.
+      - C(route_timeout) is a deprecated alias, removed in 1.0.0. It is not the wait for the route's conditions,
+        which is O(llmops.serving.k8s_engine_wait#module:route_condition_timeout) (seconds).
     type: str
     default: 120s
+    aliases: [route_timeout]
   labels:
     description: Extra pod labels.
     type: dict
@@ -393,7 +398,9 @@ def main():
             service_name=dict(type="str"),
             manage_route=dict(type="bool", default=True),
             route_paths=dict(type="list", elements="str", default=list(_k8s_engine.AIBRIX_ROUTE_PATHS)),
-            route_timeout=dict(type="str", default="120s"),
+            route_request_timeout=dict(type="str", default="120s", aliases=["route_timeout"],
+                                       deprecated_aliases=[dict(name="route_timeout", version="1.0.0",
+                                                                collection_name="llmops.serving")]),
             labels=dict(type="dict", default={}),
             annotations=dict(type="dict", default={}),
             render_dir=dict(type="path"),
@@ -401,7 +408,8 @@ def main():
         supports_check_mode=True,
     )
     _secrets.unmask_rendered_options(module, RENDERED_OPTIONS)
-    params = dict(module.params)
+    # the canonical names only (module.params also holds each alias the task used)
+    params = dict((k, v) for k, v in module.params.items() if k not in module.aliases)
     render_dir = params.pop("render_dir")
     try:
         built = _k8s_engine.build(params)

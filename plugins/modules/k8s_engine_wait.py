@@ -16,7 +16,7 @@ description:
   - Fails at once when an engine container restarted or exited (including C(Completed)/exit 0, which for
     a server is a masked crash), cannot be created, or a pod stays unschedulable longer than
     O(schedule_timeout); the message carries the exit code or the scheduler's reason.
-  - Fails when a route condition stays False for O(route_timeout), naming the reason
+  - Fails when a route condition stays False for O(route_condition_timeout), naming the reason
     (C(NotAllowedByListeners), C(BackendNotFound), C(RefNotPermitted), ...) and its usual fix.
   - Returns each pod's cold-start timestamps (created, scheduled, container started, Ready).
 requirements:
@@ -59,10 +59,14 @@ options:
     description: Seconds to wait in total; cover image pull plus the engine's startup window.
     type: int
     default: 4500
-  route_timeout:
-    description: Seconds a False route condition may persist before the wait fails.
+  route_condition_timeout:
+    description:
+      - Seconds a False route condition may persist before the wait fails.
+      - C(route_timeout) is a deprecated alias, removed in 1.0.0. It is not the HTTPRoute's request timeout,
+        which is O(llmops.serving.engine_manifests#module:route_request_timeout) (a duration).
     type: int
     default: 300
+    aliases: [route_timeout]
   schedule_timeout:
     description: Seconds a pod may stay unschedulable before the wait fails.
     type: int
@@ -187,7 +191,7 @@ def run(module, fetch):
         verdict.update(elapsed=0.0)
     else:
         verdict = _k8s_wait.wait_rollout(
-            fetch, timeout=p["timeout"], route_timeout=p["route_timeout"], schedule_timeout=p["schedule_timeout"],
+            fetch, timeout=p["timeout"], route_timeout=p["route_condition_timeout"], schedule_timeout=p["schedule_timeout"],
             poll_interval=p["poll_interval"], replicas=p["replicas"], gateway_name=p["gateway_name"],
             check_route=check_route, container=p["container"])
     result = dict(
@@ -218,7 +222,9 @@ def main():
             gateway_namespace=dict(type="str", default="aibrix-system"),
             gateway_name=dict(type="str", default="aibrix-eg"),
             timeout=dict(type="int", default=4500),
-            route_timeout=dict(type="int", default=300),
+            route_condition_timeout=dict(type="int", default=300, aliases=["route_timeout"],
+                                         deprecated_aliases=[dict(name="route_timeout", version="1.0.0",
+                                                                  collection_name="llmops.serving")]),
             schedule_timeout=dict(type="int", default=900),
             poll_interval=dict(type="int", default=10),
         ),

@@ -17,12 +17,12 @@ description:
   - Every engine pod gets C(UCX_NET_DEVICES), C(VLLM_NIXL_SIDE_CHANNEL_HOST) from the pod IP (downward API), the
     RDMA device resource O(rdma_resource), the C(IPC_LOCK) capability (lifts the memlock limit for verbs
     registration) and C(/dev/shm) on a memory emptyDir.
-  - O(mode=stormservice) renders an AIBrix StormService with roles C(prefill) and C(decode) whose pods carry the
+  - O(workload=stormservice) renders an AIBrix StormService with roles C(prefill) and C(decode) whose pods carry the
     C(model.aibrix.ai/config) annotation with O(routing_strategy); without a strategy the AIBrix gateway answers
     503 for StormService models. AIBrix's prefill request timeout (30 s) can kill very long prefills.
-  - O(mode=deployments) renders a Deployment and Service per role and the collection's P/D proxy (ConfigMap with
+  - O(workload=deployments) renders a Deployment and Service per role and the collection's P/D proxy (ConfigMap with
     O(proxy_source), Deployment, and a Service named after the model that AIBrix's HTTPRoute targets).
-  - With O(dest) the objects are written there as YAML with a C(kustomization.yaml); files it rendered before and
+  - With O(render_dir) the objects are written there as YAML with a C(kustomization.yaml); files it rendered before and
     no longer produces are removed.
   - Plain-text credentials are refused in O(env), O(extra_args) and the built objects, by the rule of
     M(llmops.serving.engine_manifests) (names ending in C(TOKEN), C(KEY), C(SECRET), C(PASSWORD) and the like,
@@ -39,11 +39,14 @@ options:
     type: str
     choices: [rdma, tcp]
     default: rdma
-  mode:
-    description: AIBrix StormService, or plain Deployments with the P/D proxy.
+  workload:
+    description:
+      - The Kubernetes workload of the pair - an AIBrix StormService, or plain Deployments with the P/D proxy.
+      - C(mode) is a deprecated alias, removed in 1.0.0 (in the roles C(*_k8s_mode) means apply or render).
     type: str
     choices: [stormservice, deployments]
     default: stormservice
+    aliases: [mode]
   namespace:
     description: Namespace of every object.
     type: str
@@ -164,17 +167,19 @@ options:
     type: int
     default: 8000
   proxy_source:
-    description: Source of the P/D proxy script; required with O(mode=deployments).
+    description: Source of the P/D proxy script; required with O(workload=deployments).
     type: str
     default: ""
-  dest:
+  render_dir:
     description:
       - Directory the YAML files are written to (created when missing); without it the objects are only returned.
+      - C(dest) is a deprecated alias, removed in 1.0.0 (the name M(llmops.serving.engine_manifests) uses).
       - Files rendered before are listed in C(.llmops-manifests.json) there; an entry that is absolute, contains
         C(..) or leads through a symlink is refused before anything is written or deleted, and so is a marker
         that is not the JSON this module writes (an object with a C(files) list) - fix or delete the marker. A stale file
         that is a symlink is removed as a link, never followed.
     type: path
+    aliases: [dest]
 attributes:
   check_mode:
     description: Can run in check mode and return changed status prediction without modifying target.
@@ -199,7 +204,7 @@ EXAMPLES = r"""
     model_host_path: /mnt/nvme/models/glm-5.2-fp8/8f94f6f0fade
     transport: rdma
     ucx_net_devices: mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1
-    dest: /var/tmp/llmops/manifests/pd
+    render_dir: /var/tmp/llmops/manifests/pd
   register: pd
 """
 
@@ -210,22 +215,22 @@ objects:
   type: list
   elements: dict
 files:
-  description: File names written (or that would be written) under O(dest).
-  returned: when O(dest) is set
+  description: File names written (or that would be written) under O(render_dir).
+  returned: when O(render_dir) is set
   type: list
   elements: str
 changed_files:
-  description: Files of RV(files) whose content changes (or would change in check mode) under O(dest).
-  returned: when O(dest) is set
+  description: Files of RV(files) whose content changes (or would change in check mode) under O(render_dir).
+  returned: when O(render_dir) is set
   type: list
   elements: str
 removed:
   description: Files rendered before and removed now (or that would be removed in check mode).
-  returned: when O(dest) is set
+  returned: when O(render_dir) is set
   type: list
   elements: str
 file:
-  description: The file or directory a O(dest) error is about (for example the marker).
+  description: The file or directory a O(render_dir) error is about (for example the marker).
   returned: failure
   type: str
 """
@@ -243,7 +248,8 @@ def main():
         argument_spec=dict(
             engine=dict(type="str", choices=["vllm", "sglang"], default="vllm"),
             transport=dict(type="str", choices=["rdma", "tcp"], default="rdma"),
-            mode=dict(type="str", choices=["stormservice", "deployments"], default="stormservice"),
+            workload=dict(type="str", choices=["stormservice", "deployments"], default="stormservice", aliases=["mode"],
+                          deprecated_aliases=[dict(name="mode", version="1.0.0", collection_name="llmops.serving")]),
             namespace=dict(type="str", default="llm"),
             model_name=dict(type="str", required=True),
             image=dict(type="str", required=True),
@@ -272,23 +278,25 @@ def main():
             proxy_image=dict(type="str", default="python:3.11-slim"),
             proxy_port=dict(type="int", default=8000),
             proxy_source=dict(type="str", default=""),
-            dest=dict(type="path"),
+            render_dir=dict(type="path", aliases=["dest"],
+                            deprecated_aliases=[dict(name="dest", version="1.0.0", collection_name="llmops.serving")]),
         ),
         supports_check_mode=True,
     )
     _secrets.unmask_rendered_options(module, RENDERED_OPTIONS)
-    p = dict(module.params)
-    dest = p.pop("dest")
+    # the canonical names only (module.params also holds each alias the task used)
+    p = dict((k, v) for k, v in module.params.items() if k not in module.aliases)
+    render_dir = p.pop("render_dir")
     try:
         objects = _pd_manifests.build(p)
     except _pd_manifests.SpecError as e:
         module.no_log_values.update(e.secret_values)
         module.fail_json(msg=str(e))
     result = dict(changed=False, objects=objects)
-    if dest:
+    if render_dir:
         try:
-            result.update(_render_dir.apply(dest, _render_dir.manifest_files(objects), check_mode=module.check_mode,
-                                            diff=module._diff, field="dest"))
+            result.update(_render_dir.apply(render_dir, _render_dir.manifest_files(objects), check_mode=module.check_mode,
+                                            diff=module._diff, field="render_dir"))
         except _render_dir.RenderDirError as e:
             module.fail_json(msg=str(e), file=e.file)
     module.exit_json(**result)

@@ -57,7 +57,7 @@ CASES = [(engine, mode) for engine in ("vllm", "sglang") for mode in ("stormserv
 
 @pytest.mark.parametrize("engine,mode", CASES)
 def test_objects_validate_against_kubernetes_and_aibrix_schemas(engine, mode):
-    objs = pd.build(dict(BASE, engine=engine, mode=mode))
+    objs = pd.build(dict(BASE, engine=engine, workload=mode))
     for o in objs:
         if o["kind"] == "StormService":
             jsonschema.validate(o, _storm_schema())
@@ -79,8 +79,8 @@ def test_storm_schema_rejects_a_bad_update_strategy():
 
 @pytest.mark.parametrize("engine,mode", CASES)
 def test_rdma_and_tcp_renderings_differ_only_in_ucx_tls(engine, mode):
-    rdma = pd.build(dict(BASE, engine=engine, mode=mode, transport="rdma"))
-    tcp = pd.build(dict(BASE, engine=engine, mode=mode, transport="tcp"))
+    rdma = pd.build(dict(BASE, engine=engine, workload=mode, transport="rdma"))
+    tcp = pd.build(dict(BASE, engine=engine, workload=mode, transport="tcp"))
     diffs = []
 
     def walk(a, b, path):
@@ -149,7 +149,7 @@ def test_sglang_pods_use_disaggregation_mode_backend_and_ib_device():
 
 
 def test_deployments_route_through_the_proxy_named_after_the_model():
-    objs = pd.build(dict(BASE, mode="deployments"))
+    objs = pd.build(dict(BASE, workload="deployments"))
     kinds = [(o["kind"], o["metadata"]["name"]) for o in objs]
     assert ("Service", "glm-5-2-fp8") in kinds  # DNS-1035 form of the model name
     proxy = [o for o in objs if o["kind"] == "Deployment" and o["metadata"]["labels"].get(pd.ROLE_LABEL) == "proxy"][0]
@@ -169,7 +169,7 @@ def test_deployments_route_through_the_proxy_named_after_the_model():
     (dict(ucx_tls={"rdma": "rc"}, transport="tcp"), "ucx_tls: no entry for transport 'tcp'"),
     (dict(gpus=4), "gpus: 4 GPUs cannot hold tensor parallel size 8"),
     (dict(side_channel_port=8000), "side_channel_port: 8000 collides"),
-    (dict(mode="deployments", proxy_source=""), "proxy_source:"),
+    (dict(workload="deployments", proxy_source=""), "proxy_source:"),
     (dict(namespace="LLM"), "namespace:"),
 ])
 def test_bad_input_names_the_field(change, field):

@@ -1,4 +1,4 @@
-"""Rendering into a directory (engine_manifests render_dir, pd_manifests dest): the marker cannot reach outside.
+"""Rendering into a directory (render_dir of engine_manifests and pd_manifests): the marker cannot reach outside.
 
 Both modules go through one helper, so every case runs against both modules as a playbook would call them.
 """
@@ -20,7 +20,7 @@ PD = dict(model_name="glm-5.2-fp8", image="vllm/vllm-openai:v0.10.1", model_path
 # module, its arguments, the directory option, and a change that renames every file
 MODULES = {
     "engine_manifests": (engine_manifests, ENGINE, "render_dir", dict(served_model_name="glm-5.3-fp8-vllm")),
-    "pd_manifests": (pd_manifests, PD, "dest", dict(model_name="glm-5.3-fp8")),
+    "pd_manifests": (pd_manifests, PD, "render_dir", dict(model_name="glm-5.3-fp8")),
 }
 SECRET_CONTENT = "root-only-content-0d1f"
 

@@ -126,7 +126,7 @@ PD_CASES = {
 def test_pd_renderer_refuses_credentials_without_echoing_them(case, mode):
     extra, field = PD_CASES[case]
     with pytest.raises(pd.SpecError) as e:
-        pd.build(dict(PD, mode=mode, proxy_source="print('proxy')\n", **extra))
+        pd.build(dict(PD, workload=mode, proxy_source="print('proxy')\n", **extra))
     msg = str(e.value)
     assert msg.startswith(field) and "secretKeyRef" in msg
     assert FAKE not in msg and HF_FAKE not in msg
@@ -172,7 +172,7 @@ def _run_module_process(module, args, tmp_path):
 ])
 def test_failed_result_never_contains_the_credential(module, args, tmp_path):
     dest = tmp_path / "out"
-    args = dict(args, **{"render_dir" if module is engine_manifests else "dest": str(dest)})
+    args = dict(args, render_dir=str(dest))
     result, raw = _run_module_process(module, args, tmp_path)
     assert result["failed"] is True and "plain-text credential" in result["msg"]
     assert FAKE not in raw
@@ -270,7 +270,7 @@ def test_engine_role_output_hides_env_but_keeps_the_report(tmp_path):
 
 def test_pd_role_refuses_a_plain_api_key_and_never_prints_it(tmp_path):
     out = tmp_path / "pd"
-    rc, output = _play(tmp_path, "pd_disagg", dict(pd_disagg_platform="kubernetes", pd_disagg_manifest_dir=str(out),
+    rc, output = _play(tmp_path, "pd_disagg", dict(pd_disagg_platform="kubernetes", pd_disagg_render_dir=str(out),
                                                    pd_disagg_engine_extra_args=["--api-key", FAKE]))
     assert rc != 0
     assert "extra_args[1]: plain-text credential" in output

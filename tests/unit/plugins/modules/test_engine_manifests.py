@@ -69,3 +69,21 @@ def test_shared_fs_over_budget_warns(run_module):
     r = run_module(engine_manifests, dict(ARGS, engine="sglang", model_source="shared_fs", replicas=4))
     assert r["read_concurrency"]["concurrent_reads"] == 64
     assert any("exceeds read_streams_warn" in w for w in get_warning_messages())
+
+
+def test_route_timeout_is_a_deprecated_alias_of_route_request_timeout(run_module):
+    """The old name still sets the HTTPRoute request timeout, and says it is deprecated."""
+    from ansible.module_utils.common import warnings as w
+
+    results = {}
+    for name in ("route_request_timeout", "route_timeout"):
+        w._global_deprecations.clear()  # pylint: disable=protected-access
+        r = run_module(engine_manifests, dict(ARGS, **{name: "900s"}))
+        results[name] = (r, [d for d in w.get_deprecation_messages() if "route_timeout" in d["msg"]])
+    for name, (r, _deprecations) in results.items():
+        assert not r.get("failed"), (name, r)
+        route = [o for o in r["objects"] if o["kind"] == "HTTPRoute"][0]
+        assert route["spec"]["rules"][0]["timeouts"] == {"request": "900s"}
+    assert results["route_timeout"][0]["objects"] == results["route_request_timeout"][0]["objects"]
+    assert results["route_request_timeout"][1] == []
+    assert [(d["version"], d["collection_name"]) for d in results["route_timeout"][1]] == [("1.0.0", "llmops.serving")]

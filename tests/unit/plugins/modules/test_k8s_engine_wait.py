@@ -17,7 +17,7 @@ with open(os.path.join(FIX, "routes.yaml")) as f:
     ROUTES = yaml.safe_load(f)
 
 ARGS = dict(namespace="llm-lab", selector={"app.kubernetes.io/name": "glm-5-2-fp8-vllm"},
-            route_name="glm-5.2-fp8-vllm-router", timeout=60, route_timeout=20, poll_interval=1)
+            route_name="glm-5.2-fp8-vllm-router", timeout=60, route_condition_timeout=20, poll_interval=1)
 
 
 @pytest.fixture
@@ -149,3 +149,25 @@ def test_real_client_missing_route_times_out_with_not_found(run_module, tmp_path
         srv.close()
     assert r["failed"] is True and r["state"] == "timeout"
     assert "HTTPRoute does not exist" in r["msg"]
+
+
+def _deprecations():
+    from ansible.module_utils.common import warnings as w
+
+    return [d for d in w.get_deprecation_messages() if "route_timeout" in d["msg"]]
+
+
+def test_route_timeout_is_a_deprecated_alias_of_route_condition_timeout(run_module, cluster):
+    """The old name still sets how long a False route condition is tolerated, and says it is deprecated."""
+    from ansible.module_utils.common import warnings as w
+
+    args = dict((k, v) for k, v in ARGS.items() if k != "route_condition_timeout")
+    results = {}
+    for name in ("route_condition_timeout", "route_timeout"):
+        w._global_deprecations.clear()  # pylint: disable=protected-access
+        cluster["seq"] = [([PODS["ready"]], ROUTES["ref_not_permitted"])]
+        results[name] = (run_module(k8s_engine_wait, dict(args, **{name: 7})), _deprecations())
+    for name, (r, deprecations) in results.items():
+        assert r["failed"] is True and "route not usable for 7s" in r["msg"], (name, r["msg"])
+    assert results["route_condition_timeout"][1] == []
+    assert [(d["version"], d["collection_name"]) for d in results["route_timeout"][1]] == [("1.0.0", "llmops.serving")]

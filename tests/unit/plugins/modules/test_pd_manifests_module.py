@@ -13,23 +13,23 @@ ARGS = dict(model_name="glm-5.2-fp8", image="vllm/vllm-openai:v0.10.1", model_pa
 
 def test_renders_writes_and_is_idempotent(run_module, tmp_path):
     dest = str(tmp_path / "pd")
-    check = run_module(pd_manifests, dict(ARGS, dest=dest), check_mode=True, diff=True)
+    check = run_module(pd_manifests, dict(ARGS, render_dir=dest), check_mode=True, diff=True)
     assert check["changed"] is True and not os.path.exists(dest)
     assert any(d["after_header"].endswith("stormservice-glm-5-2-fp8.yaml") for d in check["diff"])
-    first = run_module(pd_manifests, dict(ARGS, dest=dest))
+    first = run_module(pd_manifests, dict(ARGS, render_dir=dest))
     assert first["changed"] is True
     assert first["files"] == ["10-stormservice-glm-5-2-fp8.yaml", "kustomization.yaml"]
     with open(os.path.join(dest, first["files"][0])) as f:
         obj = yaml.safe_load(f)
     assert obj["kind"] == "StormService" and obj == first["objects"][0]
-    again = run_module(pd_manifests, dict(ARGS, dest=dest))
+    again = run_module(pd_manifests, dict(ARGS, render_dir=dest))
     assert again["changed"] is False
 
 
 def test_switching_transport_rewrites_only_ucx_tls(run_module, tmp_path):
     dest = str(tmp_path / "pd")
-    run_module(pd_manifests, dict(ARGS, dest=dest, transport="rdma"))
-    r = run_module(pd_manifests, dict(ARGS, dest=dest, transport="tcp"), diff=True)
+    run_module(pd_manifests, dict(ARGS, render_dir=dest, transport="rdma"))
+    r = run_module(pd_manifests, dict(ARGS, render_dir=dest, transport="tcp"), diff=True)
     assert r["changed"] is True and len(r["diff"]) == 1
     before = r["diff"][0]["before"].splitlines()
     after = r["diff"][0]["after"].splitlines()
@@ -40,8 +40,8 @@ def test_switching_transport_rewrites_only_ucx_tls(run_module, tmp_path):
 
 def test_switching_mode_removes_stale_files(run_module, tmp_path):
     dest = str(tmp_path / "pd")
-    run_module(pd_manifests, dict(ARGS, dest=dest))
-    r = run_module(pd_manifests, dict(ARGS, dest=dest, mode="deployments", proxy_source="print('proxy')\n"))
+    run_module(pd_manifests, dict(ARGS, render_dir=dest))
+    r = run_module(pd_manifests, dict(ARGS, render_dir=dest, workload="deployments", proxy_source="print('proxy')\n"))
     assert r["removed"] == ["10-stormservice-glm-5-2-fp8.yaml"]
     assert not os.path.exists(os.path.join(dest, "10-stormservice-glm-5-2-fp8.yaml"))
     assert [o["kind"] for o in r["objects"]] == ["Deployment", "Service", "Deployment", "Service", "ConfigMap",
@@ -50,6 +50,30 @@ def test_switching_mode_removes_stale_files(run_module, tmp_path):
 
 def test_bad_input_fails_before_writing(run_module, tmp_path):
     dest = str(tmp_path / "pd")
-    r = run_module(pd_manifests, dict(ARGS, dest=dest, gpus=2))
+    r = run_module(pd_manifests, dict(ARGS, render_dir=dest, gpus=2))
     assert r["failed"] and r["msg"].startswith("gpus: 2 GPUs cannot hold tensor parallel size 8")
     assert not os.path.exists(dest)
+
+
+def _deprecated(names):
+    from ansible.module_utils.common import warnings as w
+
+    return sorted(n for n in names for d in w.get_deprecation_messages() if "'%s'" % n in d["msg"]
+                  and d["version"] == "1.0.0" and d["collection_name"] == "llmops.serving")
+
+
+def test_mode_and_dest_are_deprecated_aliases_of_workload_and_render_dir(run_module, tmp_path):
+    """Tasks written with the old names render the same files, and are told the new names."""
+    from ansible.module_utils.common import warnings as w
+
+    new_dir, old_dir = tmp_path / "new", tmp_path / "old"
+    w._global_deprecations.clear()  # pylint: disable=protected-access
+    new = run_module(pd_manifests, dict(ARGS, render_dir=str(new_dir), workload="deployments", proxy_source="p\n"))
+    assert _deprecated(["mode", "dest"]) == []
+    old = run_module(pd_manifests, dict(ARGS, dest=str(old_dir), mode="deployments", proxy_source="p\n"))
+    assert _deprecated(["mode", "dest"]) == ["dest", "mode"]
+    assert not old.get("failed"), old
+    assert old["objects"] == new["objects"] and old["files"] == new["files"]
+    assert [o["kind"] for o in old["objects"]][:2] == ["Deployment", "Service"]
+    for name in old["files"]:
+        assert (old_dir / name).read_text() == (new_dir / name).read_text()
