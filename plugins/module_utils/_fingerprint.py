@@ -31,6 +31,8 @@ import re
 import shutil
 import subprocess
 
+from ansible_collections.llmops.serving.plugins.module_utils import _process
+
 #: Bump when the meaning of a component changes, so old directories can never match.
 #: 2: toolchain components, engine-grammar argument parsing, draft-model identity.
 SCHEMA = 2
@@ -638,14 +640,12 @@ def gather_versions(engine, engine_python, run=subprocess.run):
     for key in ("torch", "triton", "deep_gemm", "sgl_kernel", "flashinfer"):
         wanted[key] = DISTRIBUTIONS[key]
     try:
-        proc = run([engine_python, "-c", _GATHER_CODE, json.dumps(wanted)],
-                   capture_output=True, text=True, check=False, timeout=120)
+        found = _process.python_json(engine_python, _GATHER_CODE, [json.dumps(wanted)], timeout=120, run=run)
     except OSError as e:
         raise FingerprintError("engine_python: cannot run %s (%s); set engine_python to the engine's "
                                "interpreter or pass the versions explicitly" % (engine_python, e))
-    if proc.returncode != 0:
-        raise FingerprintError("engine_python: %s failed: %s" % (engine_python, proc.stderr.strip()[-300:]))
-    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    except _process.PythonFailed as e:
+        raise FingerprintError("engine_python: %s failed: %s" % (engine_python, e.stderr[-300:]))
     engine_version = found.pop(engine)
     return engine_version, found
 
@@ -794,7 +794,7 @@ def compute(engine, engine_version=None, versions=None, driver_version=None, gpu
             kv_cache_dtype="auto", engine_args=None, gather=False, engine_python="python3",
             gpu_inventory=None, toolchain=None, cxx=None, draft_model_path=None):
     """Whole computation as the module runs it. ``gpu_inventory`` is ``_preflight.gpu_inventory``'s
-    result when gathering (injected so this file stays free of other module_utils)."""
+    result when gathering (the module reads it with its own ``nvidia_smi`` option and passes it in)."""
     if not model_path:
         raise FingerprintError("model_path: required; point it at the staged model directory")
     model_info = read_model_config(model_path)

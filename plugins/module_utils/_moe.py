@@ -26,6 +26,8 @@ import os
 import re
 import subprocess
 
+from ansible_collections.llmops.serving.plugins.module_utils import _process
+
 VLLM_CONFIGS = ("vllm", "model_executor", "layers", "fused_moe", "configs")
 SGLANG_CONFIGS = ("sglang", "srt", "layers", "moe", "fused_moe_triton", "configs")
 EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
@@ -139,12 +141,11 @@ print(json.dumps(out))
 def locate_engine(engine, engine_python, run=subprocess.run):
     """``(configs_dir, triton_version)`` of the engine installed in ``engine_python`` (nothing imported)."""
     try:
-        proc = run([engine_python, "-c", _LOCATE, engine], capture_output=True, text=True, check=False, timeout=120)
+        found = _process.python_json(engine_python, _LOCATE, [engine], timeout=120, run=run)
     except OSError as e:
         raise MoeError("engine_python: cannot run %s (%s); set engine_python or configs_dir" % (engine_python, e))
-    if proc.returncode != 0:
-        raise MoeError("engine_python: %s failed: %s" % (engine_python, proc.stderr.strip()[-300:]))
-    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    except _process.PythonFailed as e:
+        raise MoeError("engine_python: %s failed: %s" % (engine_python, e.stderr[-300:]))
     if not found["package_dir"]:
         raise MoeError("engine_python: %s has no %s package; set engine_python to the engine's interpreter or "
                        "configs_dir to its fused-MoE configs directory" % (engine_python, engine))

@@ -4,11 +4,12 @@
 """**PRIVATE** to llmops.serving: what the later roles depend on, gathered from injectable paths."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 
-from ansible_collections.llmops.serving.plugins.module_utils import _fsutil
+from ansible.module_utils.common.process import get_bin_path
+
+from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _process
 
 GPU_QUERY = "name,count,compute_cap,driver_version,memory.total,pci.bus_id"
 # The name of the host fact preflight_facts publishes (``ansible_facts.preflight_node``); the preflight role
@@ -39,9 +40,22 @@ def parse_nvidia_smi_csv(text):
     return devices
 
 
-def gpu_inventory(nvidia_smi, run=subprocess.run):
-    """GPU facts, or ``mode: cpu-only`` when there is no nvidia-smi or it finds no device."""
-    path = _which(nvidia_smi)
+def find_bin(cmd):
+    """The executable ``cmd`` names, found as ``AnsibleModule.get_bin_path`` finds it (``PATH``, then
+    ``/sbin``, ``/usr/sbin``, ``/usr/local/sbin``; an absolute path as given); None when there is none."""
+    try:
+        return get_bin_path(cmd)
+    except ValueError:
+        return None
+
+
+def gpu_inventory(nvidia_smi, run=subprocess.run, which=find_bin):
+    """GPU facts, or ``mode: cpu-only`` when there is no nvidia-smi or it finds no device.
+
+    ``run`` is ``subprocess.run`` (``AnsibleModule.run_command`` has no timeout, and a GPU whose driver is
+    wedged hangs nvidia-smi); ``which`` finds the executable (a module passes its ``get_bin_path``).
+    """
+    path = which(nvidia_smi)
     if path is None:
         return {"mode": "cpu-only", "count": 0, "devices": [], "reason": "%s not found" % nvidia_smi}
     proc = run(
@@ -67,16 +81,6 @@ def gpu_inventory(nvidia_smi, run=subprocess.run):
         "homogeneous": len(names) == 1,
         "reason": "",
     }
-
-
-def _which(cmd):
-    if os.sep in cmd:
-        return cmd if os.access(cmd, os.X_OK) else None
-    for d in os.environ.get("PATH", "").split(os.pathsep):
-        p = os.path.join(d, cmd)
-        if os.path.isfile(p) and os.access(p, os.X_OK):
-            return p
-    return None
 
 
 def _read(path, default=None):
@@ -124,7 +128,7 @@ def disk_space(path):
     }
 
 
-def engine_runtime(python, modules, run=subprocess.run):
+def engine_runtime(python, modules, run=subprocess.run, which=find_bin):
     """Check that ``modules`` import in the engine's Python and report their versions."""
     code = (
         "import importlib, json, sys\n"
@@ -137,15 +141,14 @@ def engine_runtime(python, modules, run=subprocess.run):
         "        out[m] = {'importable': False, 'error': '%s: %s' % (type(e).__name__, e)}\n"
         "print(json.dumps(out))\n"
     )
-    if _which(python) is None:
+    if which(python) is None:
         return {"python": python, "importable": False, "modules": {},
                 "reason": "engine python %s not found" % python}
-    proc = run([python, "-c", code] + list(modules), capture_output=True, text=True, check=False, timeout=600)
-    if proc.returncode != 0:
+    try:
+        mods = _process.python_json(python, code, modules, timeout=600, run=run)
+    except _process.PythonFailed as e:
         return {"python": python, "importable": False, "modules": {},
-                "reason": "engine python failed: %s" % proc.stderr.strip()[-500:]}
-
-    mods = json.loads(proc.stdout.strip().splitlines()[-1])
+                "reason": "engine python failed: %s" % e.stderr[-500:]}
     bad = sorted(m for m, r in mods.items() if not r["importable"])
     return {
         "python": python,
@@ -155,18 +158,19 @@ def engine_runtime(python, modules, run=subprocess.run):
     }
 
 
-def node_facts(nvidia_smi, sysfs_root, paths, engine_python=None, engine_modules=(), run=subprocess.run):
+def node_facts(nvidia_smi, sysfs_root, paths, engine_python=None, engine_modules=(), run=subprocess.run,
+               which=find_bin):
     """Everything preflight_facts reports: ``{gpu, rdma, disk, engine_runtime}``.
 
     ``engine_runtime`` is empty when ``engine_python`` is not set. Raises ``ValueError`` when nvidia-smi's
     output cannot be parsed.
     """
     facts = {
-        "gpu": gpu_inventory(nvidia_smi, run=run),
+        "gpu": gpu_inventory(nvidia_smi, run=run, which=which),
         "rdma": rdma_devices(sysfs_root),
         "disk": [disk_space(path) for path in paths],
         "engine_runtime": {},
     }
     if engine_python:
-        facts["engine_runtime"] = engine_runtime(engine_python, engine_modules, run=run)
+        facts["engine_runtime"] = engine_runtime(engine_python, engine_modules, run=run, which=which)
     return facts

@@ -1053,6 +1053,33 @@ def _signal_group(pgrp, sig):
         pass
 
 
+class PythonFailed(Exception):
+    """:func:`python_json`'s interpreter exited non-zero; ``stderr`` is its error output."""
+
+    def __init__(self, python, returncode, stderr):
+        super(PythonFailed, self).__init__("%s exited %d" % (python, returncode))
+        self.python = python
+        self.returncode = returncode
+        self.stderr = (stderr or "").strip()
+
+
+def python_json(python, code, args=(), stdin=None, timeout=120, run=subprocess.run):
+    """Run ``python -c code *args`` (``stdin``: text fed to it) and return the JSON its last stdout line holds.
+
+    How the collection asks an engine's interpreter what it has installed without importing it here.
+    Raises OSError when the interpreter cannot be started, :class:`PythonFailed` when it exits non-zero,
+    ``subprocess.TimeoutExpired`` after ``timeout`` seconds, ValueError when the last line is not JSON.
+    """
+    proc = run([python, "-c", code] + list(args), input=stdin, capture_output=True, text=True, check=False,
+               timeout=timeout)
+    if proc.returncode != 0:
+        raise PythonFailed(python, proc.returncode, proc.stderr)
+    lines = proc.stdout.strip().splitlines()
+    if not lines:
+        raise ValueError("%s printed nothing" % python)
+    return json.loads(lines[-1])
+
+
 def stop_group(pgrp, timeout, proc_root="/proc", poll=0.05):
     """End process group ``pgrp``: SIGTERM, then SIGKILL to what is left after ``timeout`` seconds; returns once
     no live member remains (or 10 s after SIGKILL). Returns the last signal sent, None when none was alive."""

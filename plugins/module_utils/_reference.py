@@ -10,8 +10,9 @@ interpreter (the engine environment's Python), so the module needs neither torch
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
+
+from ansible_collections.llmops.serving.plugins.module_utils import _process
 
 SCRIPT = r'''
 import json, sys, time
@@ -49,9 +50,8 @@ def greedy_reference(model_path, prompts, max_new_tokens=16, dtype="float32", py
     """Return ``{references: [{prompt, prompt_token_ids, token_ids, text}], load_seconds, ...}``."""
     req = json.dumps({"model_path": model_path, "prompts": list(prompts), "max_new_tokens": int(max_new_tokens),
                       "dtype": dtype})
-    proc = subprocess.run([python or sys.executable, "-c", SCRIPT], input=req, capture_output=True, text=True,
-                          timeout=timeout, check=False)
-    if proc.returncode != 0:
-        raise ReferenceError_("reference generation with %s exited %d: %s"
-                              % (python or sys.executable, proc.returncode, proc.stderr.strip()[-1500:]))
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    python = python or sys.executable
+    try:
+        return _process.python_json(python, SCRIPT, stdin=req, timeout=timeout)
+    except _process.PythonFailed as e:
+        raise ReferenceError_("reference generation with %s exited %d: %s" % (python, e.returncode, e.stderr[-1500:]))

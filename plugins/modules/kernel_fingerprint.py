@@ -296,7 +296,7 @@ def main():
     inventory = None
     try:
         if p["gather"]:
-            inventory = _preflight.gpu_inventory(p["nvidia_smi"])
+            inventory = _preflight.gpu_inventory(p["nvidia_smi"], which=module.get_bin_path)
         result = _fingerprint.compute(
             engine=p["engine"], engine_version=p["engine_version"], versions=p["versions"],
             driver_version=p["driver_version"], gpu_name=p["gpu_name"],

@@ -118,7 +118,8 @@ def main():
     p = module.params
     try:
         facts = _preflight.node_facts(p["nvidia_smi"], p["sysfs_root"], p["paths"],
-                                      engine_python=p["engine_python"], engine_modules=p["engine_modules"])
+                                      engine_python=p["engine_python"], engine_modules=p["engine_modules"],
+                                      which=module.get_bin_path)
     except ValueError as e:
         module.fail_json(msg="nvidia_smi: cannot parse its output: %s" % e)
     module.exit_json(changed=False, ansible_facts={_preflight.FACT_NAME: facts}, **facts)
