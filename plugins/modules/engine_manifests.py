@@ -72,7 +72,7 @@ options:
     description: With O(model_source=shared_fs), a PersistentVolumeClaim holding the models (else a hostPath).
     type: str
   model_pvc_sub_path:
-    description: Path of the revision inside O(model_pvc).
+    description: Path of the revision inside O(model_pvc); requires O(model_pvc).
     type: str
   tp_size:
     description: Tensor-parallel size; the pod requests exactly this many GPUs.
@@ -233,26 +233,9 @@ options:
     description: Extra pod annotations (for example C(model.aibrix.ai/config)).
     type: dict
     default: {}
-  render_dir:
-    description:
-      - Directory to write the manifests to (created when missing). Unset - only return them.
-      - Files this module rendered before and no longer produces are removed; they are listed in
-        C(.llmops-manifests.json) in that directory. An entry of that file that is absolute, contains C(..) or
-        leads through a symlink is refused before anything is written or deleted, and so is a marker that is not
-        the JSON this module writes (an object with a C(files) list) - fix or delete the marker. A stale file that is a
-        symlink is removed as a link, never followed.
-    type: path
-attributes:
-  check_mode:
-    description: Can run in check mode and return changed status prediction without modifying target.
-    support: full
-    details: Reports which files would change without writing them.
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
-    support: full
-    details:
-      - Shows the per-file before/after of O(render_dir), the marker included.
-      - The previous content of a file that holds a plain-text credential is not shown.
+extends_documentation_fragment:
+  - llmops.serving.attributes
+  - llmops.serving.render_dir
 author:
   - LLMOps Serving maintainers (@llmops-serving)
 """
@@ -405,6 +388,7 @@ def main():
             annotations=dict(type="dict", default={}),
             render_dir=dict(type="path"),
         ),
+        required_by={"model_pvc_sub_path": "model_pvc"},
         supports_check_mode=True,
     )
     _secrets.unmask_rendered_options(module, RENDERED_OPTIONS)

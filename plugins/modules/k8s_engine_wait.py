@@ -75,14 +75,12 @@ options:
     description: Seconds between polls.
     type: int
     default: 10
+extends_documentation_fragment:
+  - llmops.serving.attributes
+  - llmops.serving.attributes.info_module
 attributes:
   check_mode:
-    description: Can run in check mode and return changed status prediction without modifying target.
-    support: full
-    details: Read-only. In check mode the state is read once and reported without waiting.
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
-    support: none
+    details: Only reads the API. In check mode the state is read once and reported without waiting.
 author:
   - LLMOps Serving maintainers (@llmops-serving)
 """

@@ -171,26 +171,12 @@ options:
     type: str
     default: ""
   render_dir:
-    description:
-      - Directory the YAML files are written to (created when missing); without it the objects are only returned.
-      - C(dest) is a deprecated alias, removed in 1.0.0 (the name M(llmops.serving.engine_manifests) uses).
-      - Files rendered before are listed in C(.llmops-manifests.json) there; an entry that is absolute, contains
-        C(..) or leads through a symlink is refused before anything is written or deleted, and so is a marker
-        that is not the JSON this module writes (an object with a C(files) list) - fix or delete the marker. A stale file
-        that is a symlink is removed as a link, never followed.
-    type: path
     aliases: [dest]
-attributes:
-  check_mode:
-    description: Can run in check mode and return changed status prediction without modifying target.
-    support: full
-    details: Reports which files would change without writing them.
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
-    support: full
-    details:
-      - Shows the rendered files before and after, the marker included.
-      - The previous content of a file that holds a plain-text credential is not shown.
+extends_documentation_fragment:
+  - llmops.serving.attributes
+  - llmops.serving.render_dir
+notes:
+  - C(dest) is a deprecated alias of O(render_dir), removed in 1.0.0 (the name M(llmops.serving.engine_manifests) uses).
 author:
   - LLMOps Serving maintainers (@llmops-serving)
 """
