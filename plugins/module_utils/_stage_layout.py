@@ -18,11 +18,17 @@ inside ``src``; a symlink leaving ``src``, a directory symlink (never followed: 
 a dangling link, a FIFO, socket or device, an unreadable directory and a name model_stage reserves for its own
 files (``_stage_marker.reserved``) are refused with the path and the fix, so a listing is never silently
 incomplete.
+
+Deleting there goes through :func:`remove_tree`: the tree first vanishes from its name in one ``rename`` (to
+``<name>.removing-<random>``, which no listing or prune counts as a revision), then the renamed tree is deleted,
+so no reader ever sees a half-deleted revision under its name.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import uuid
 
 from ansible_collections.llmops.serving.plugins.module_utils import _paths
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_marker
@@ -182,3 +188,26 @@ def _kind(mode):
     if stat.S_ISDIR(mode):
         return "a directory"
     return "a special file"
+
+
+def try_unlink(path):
+    """Unlink ``path``; best effort (absent or undeletable is left as it is)."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def remove_tree(path):
+    """Make ``path`` vanish in one rename, then delete the renamed tree."""
+    grave = "%s%s%s" % (path, REMOVING_INFIX, uuid.uuid4().hex[:8])
+    os.rename(path, grave)
+    shutil.rmtree(grave, ignore_errors=True)
+
+
+def remove_partial(path):
+    """Delete a build directory (or whatever sits at its name, never following a symlink)."""
+    if os.path.islink(path) or os.path.isfile(path):
+        try_unlink(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)

@@ -72,6 +72,11 @@ def strength(mode):
     return VERIFY_MODES.index(mode) if mode in VERIFY_MODES else -1
 
 
+def min_level(records):
+    """The marker's ``verify``: the weakest check any of its files passed (``sha256`` for none)."""
+    return min((r.verify for r in records), key=strength, default="sha256")
+
+
 def reserved(rel):
     """Why the relative source path ``rel`` collides with model_stage's own names, or None."""
     parts = rel.split("/")
