@@ -29,7 +29,7 @@ os.makedirs(os.path.join(PYCOLL, "ansible_collections", "llmops"))
 os.symlink(ROOT, os.path.join(PYCOLL, "ansible_collections", "llmops", "serving"))
 sys.path.insert(0, PYCOLL)
 
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_synth  # noqa: E402
+from ansible_collections.llmops.serving.tests.lib import stage_synth as _stage_synth  # noqa: E402
 
 
 def parse_size(text):
@@ -207,7 +207,7 @@ def main():
         "```",
         "",
         "- Tree: synthetic safetensors checkpoint, %.2f GiB in %d shards + index, config and `SHA256SUMS` "
-        "(`plugins/module_utils/_stage_synth.py`). Source and destination on the same filesystem here." % (
+        "(`tests/lib/stage_synth.py`). Source and destination on the same filesystem here." % (
             size / 2 ** 30, a.shards),
         "- Each run is timed up to and including `sync`, so written data is on disk for every method "
         "(model_stage also fsyncs each file before publishing). Page cache: %s." % cache_note,

@@ -18,7 +18,7 @@ import threading
 import pytest
 
 from llmops_testlib import ROOT, ansible_env, recap
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_synth
+from ansible_collections.llmops.serving.tests.lib import stage_synth as _stage_synth
 
 PLAYBOOK = os.path.join(ROOT, "tests", "integration", "playbooks", "stage_follow.yml")
 ROLE_PLAYBOOK = os.path.join(ROOT, "tests", "integration", "playbooks", "argspec_role.yml")

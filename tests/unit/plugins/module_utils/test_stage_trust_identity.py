@@ -18,7 +18,8 @@ import sys
 import pytest
 
 from ansible_collections.llmops.serving.plugins.modules import model_stage
-from ansible_collections.llmops.serving.plugins.module_utils import _safetensors, _stage_synth
+from ansible_collections.llmops.serving.plugins.module_utils import _safetensors
+from ansible_collections.llmops.serving.tests.lib import stage_synth as _stage_synth
 
 MARKER = ".llmops-staged.json"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))

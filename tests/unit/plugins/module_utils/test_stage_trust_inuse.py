@@ -14,7 +14,7 @@ import time
 import pytest
 
 from ansible_collections.llmops.serving.plugins.modules import model_stage
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_synth
+from ansible_collections.llmops.serving.tests.lib import stage_synth as _stage_synth
 
 SHARD = "model-00001-of-00002.safetensors"
 

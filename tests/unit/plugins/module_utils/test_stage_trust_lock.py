@@ -18,7 +18,7 @@ import time
 import pytest
 
 from ansible_collections.llmops.serving.plugins.modules import model_stage
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_synth
+from ansible_collections.llmops.serving.tests.lib import stage_synth as _stage_synth
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 MODULE = os.path.join(ROOT, "plugins", "modules", "model_stage.py")

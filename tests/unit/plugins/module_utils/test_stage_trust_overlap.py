@@ -13,7 +13,7 @@ import os
 import pytest
 
 from ansible_collections.llmops.serving.plugins.modules import model_stage
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_synth
+from ansible_collections.llmops.serving.tests.lib import stage_synth as _stage_synth
 
 MARKER = ".llmops-staged.json"
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 import filecmp
 import json
 import os
-import shutil
 import struct
 
 import pytest
 
 from ansible_collections.llmops.serving.plugins.modules import model_stage
-from ansible_collections.llmops.serving.plugins.module_utils import _stage, _stage_synth
+from ansible_collections.llmops.serving.tests.lib import stage_synth as _stage_synth
 
 MARKER = ".llmops-staged.json"
 

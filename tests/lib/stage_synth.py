@@ -1,11 +1,12 @@
 # -*- coding: utf-8 -*-
 # Copyright: llmops.serving contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""**PRIVATE** to llmops.serving: a synthetic, valid, multi-GB sharded safetensors checkpoint.
+"""A synthetic, valid, multi-GB sharded safetensors checkpoint, for the staging tests and benchmarks.
 
-Used by the staging tests and benchmarks: real shard files, a ``model.safetensors.index.json`` and a
-``SHA256SUMS`` manifest, written quickly (a random block repeated with a per-shard rotation, so every
-shard has different bytes) and deterministically for a given seed.
+Real shard files, a ``model.safetensors.index.json`` and a ``SHA256SUMS`` manifest, written quickly (a random
+block repeated with a per-shard rotation, so every shard has different bytes) and deterministically for a given
+seed. Not shipped (``tests/`` is in ``build_ignore``); import it as
+``ansible_collections.llmops.serving.tests.lib.stage_synth``.
 """
 from __future__ import annotations
 
