@@ -60,9 +60,9 @@ options:
       - V(present) stages the revision.
       - V(absent) removes O(dest) (and any C(<dest>.partial)) under C(<dest>.lock); refused when O(dest) is
         listed in O(pinned), when it was not staged by this module (no marker file), or when a process uses it
-        by any path, found by device and inode - an open file, a mapping, its working or root directory, or a
-        bind mount in another mount namespace (how pods mount it). The error names the pid and how it uses
-        O(dest).
+        by any path, found under O(proc_root) by device and inode - an open file, a mapping, its working or root
+        directory, or a bind mount in another mount namespace (how pods mount it). The error names the pid and
+        how it uses O(dest).
     type: str
     choices: [present, absent]
     default: present
@@ -150,17 +150,14 @@ options:
     type: list
     elements: str
     default: []
-  proc_root:
-    description: Root of procfs, searched for processes using a revision; tests point this at a fixture tree.
-    type: path
-    default: /proc
+extends_documentation_fragment:
+  - llmops.serving.attributes
+  - llmops.serving.node.proc_root
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Reads and verifies O(src) and reports what would be copied and removed; writes nothing.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
     details: Shows the staged file list (path and size) before and after.
 author:
