@@ -227,7 +227,7 @@ def _environ_paths(path):
         return []
     out = []
     for entry in data.split("\x00"):
-        _, _, value = entry.partition("=")
+        value = entry.partition("=")[2]
         out.extend(v for v in value.split(":") if v.startswith("/"))
     return out
 

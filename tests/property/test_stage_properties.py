@@ -47,7 +47,7 @@ NEAR_INTERNAL = [_stage.MARKER, _stage.MARKER + ".tmp", "w.safetensors" + _stage
 PLAIN = ["config.json", "tokenizer.json", "model-00001.bin", "model-00002.bin", "sub/a.bin", "sub/deep/b.bin"]
 
 file_names = st.sampled_from(PLAIN + NEAR_INTERNAL)
-contents = st.one_of(st.binary(max_size=64), st.integers(0, 300 * 1024).map(lambda n: os.urandom(n)))
+contents = st.one_of(st.binary(max_size=64), st.integers(0, 300 * 1024).map(os.urandom))
 trees = st.dictionaries(file_names, contents, min_size=1, max_size=6)
 links = st.lists(st.tuples(st.sampled_from(["ln-in", "sub/ln-in", "ln-out", "ln-dir"]), st.booleans()),
                  max_size=2, unique_by=lambda t: t[0])

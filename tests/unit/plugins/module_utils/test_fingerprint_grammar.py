@@ -236,7 +236,7 @@ VALUES = st.sampled_from(["fp8", "EAGLE", "16", "-1", '{"mode": 3}', "org/draft"
 def argv(draw, engine):
     flags = sorted(fpmod.ENGINE_FLAGS[engine])
     tokens, positional_done = [], False
-    for _ in range(draw(st.integers(0, 6))):
+    for _i in range(draw(st.integers(0, 6))):
         canon = draw(st.sampled_from(flags))
         kind = fpmod.ENGINE_FLAGS[engine][canon][0]
         spelling, negated = draw(st.sampled_from(_spellings(engine, canon)))
@@ -244,7 +244,7 @@ def argv(draw, engine):
             tokens.append(spelling)
         elif kind == fpmod.INTS:
             n = draw(st.integers(1, 3))
-            ints = [str(draw(st.integers(-2, 512))) for _ in range(n)]
+            ints = [str(draw(st.integers(-2, 512))) for _i in range(n)]
             if n == 1 and draw(st.booleans()):
                 tokens.append("%s=%s" % (spelling, ints[0]))
             else:

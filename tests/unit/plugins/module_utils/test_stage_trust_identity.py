@@ -31,7 +31,7 @@ SHARD = "model-00001-of-00002.safetensors"
 @pytest.fixture
 def twins(tmp_path):
     a, b = str(tmp_path / "shared" / "m" / "rev-a"), str(tmp_path / "shared" / "m" / "rev-b")
-    info, _ = _stage_synth.write_twins(a, b, 256 * 1024, shards=2, seed=3)
+    info = _stage_synth.write_twins(a, b, 256 * 1024, shards=2, seed=3)[0]
     return {"a": a, "b": b, "files": info["files"], "dest": str(tmp_path / "nvme" / "m" / "rev"), "tmp": tmp_path}
 
 
@@ -172,7 +172,7 @@ def test_dest_symlinked_to_another_published_revision_is_refused_and_that_revisi
     run_module(model_stage, {"src": twins["a"], "dest": rev_a})
     before = (tree_bytes(rev_a), open(os.path.join(rev_a, MARKER)).read())
     os.symlink(rev_a, twins["dest"])
-    for _ in range(2):
+    for _attempt in range(2):
         r = run_module(model_stage, {"src": twins["b"], "dest": twins["dest"]})
         assert r.get("failed") and r["msg"].startswith("dest: ") and "is a symlink" in r["msg"], r
     assert (tree_bytes(rev_a), open(os.path.join(rev_a, MARKER)).read()) == before

@@ -48,7 +48,7 @@ def run_proc(tmp_path, args, timeout=20):
     path.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
     try:
         p = subprocess.run([sys.executable, MODULE, str(path)], capture_output=True, text=True, timeout=timeout,
-                           env=dict(os.environ, PYTHONPATH=PYCOLL))
+                           env=dict(os.environ, PYTHONPATH=PYCOLL), check=False)
     except subprocess.TimeoutExpired:
         pytest.fail("model_stage hung for %d s" % timeout)
     assert "{" in p.stdout, (p.stdout[-2000:], p.stderr[-2000:])
@@ -138,7 +138,8 @@ def _manifest(tree, lines):
 
 
 def _good_lines(tree):
-    return [ln for ln in open(os.path.join(tree["src"], "SHA256SUMS"))]
+    with open(os.path.join(tree["src"], "SHA256SUMS")) as f:
+        return list(f)
 
 
 @pytest.mark.parametrize("name,why", [
