@@ -25,6 +25,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from ansible_collections.llmops.serving.plugins.module_utils import _fsutil
 from ansible_collections.llmops.serving.plugins.module_utils import _paths
 from ansible_collections.llmops.serving.plugins.module_utils import _safetensors
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_layout
@@ -36,7 +37,7 @@ from ansible_collections.llmops.serving.plugins.module_utils._stage_progress imp
 CHUNK = 64 * 1024 * 1024        # per copy_file_range/sendfile call (also the progress granularity)
 DIRECT_BUF = 16 * 1024 * 1024   # O_DIRECT request size: large, page-aligned, one buffer per stream
 DIRECT_ALIGN = 4096             # O_DIRECT needs block-aligned offsets and lengths; an unaligned tail is buffered
-HASH_BUF = _verify.HASH_BUF     # buffered reads in user space (the sha256 path without O_DIRECT)
+HASH_BUF = _fsutil.HASH_BUF     # buffered reads in user space (the sha256 path without O_DIRECT)
 
 
 class Copier:

@@ -41,8 +41,8 @@ import socket
 import stat
 import threading
 import time
-import uuid
 
+from ansible_collections.llmops.serving.plugins.module_utils import _fsutil
 from ansible_collections.llmops.serving.plugins.module_utils import _paths
 
 MARKER = ".llmops-staged.json"
@@ -282,29 +282,10 @@ def read_marker(directory):
 
 
 def write_marker(directory, source, verify, records, fsync=True):
-    """Write the marker into ``directory`` atomically (temp file + rename)."""
+    """Write the marker into ``directory`` atomically (``_fsutil.atomic_write_json``)."""
     doc = {"format": MARKER_FORMAT, "source": source, "verify": verify, "host": socket.gethostname(),
            "staged_at": time.time(), "files": [r.to_json() for r in records]}
-    data = json.dumps(doc, indent=1, sort_keys=True).encode("utf-8")
-    tmp = os.path.join(directory, "%s.tmp-%d-%s" % (MARKER, os.getpid(), uuid.uuid4().hex[:8]))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            if fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, os.path.join(directory, MARKER))
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    _fsutil.atomic_write_json(os.path.join(directory, MARKER), doc, mode=0o644, fsync=fsync, indent=1, sort_keys=True)
 
 
 class Journal(object):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 
+from ansible_collections.llmops.serving.plugins.module_utils import _fsutil
 from ansible_collections.llmops.serving.plugins.module_utils import _paths
 from ansible_collections.llmops.serving.plugins.module_utils import _safetensors
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_marker as _marker
@@ -114,7 +115,7 @@ def check_upgrades(plan, lay, files, content, verify):
             sha = rec.sha256
             want = content.sums.get(rel) if verify == "sha256" else None
             if want and sha != want:
-                sha = _verify.sha256_file(path)
+                sha = _fsutil.sha256_file(path)
                 if sha != want:
                     raise _safetensors.CheckpointError(path, "checksum mismatch: sha256 %s, manifest says %s"
                                                        % (sha, want))

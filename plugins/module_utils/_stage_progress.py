@@ -11,10 +11,11 @@ Writing it is best effort: a progress file that cannot be written never fails a 
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
+
+from ansible_collections.llmops.serving.plugins.module_utils import _fsutil
 
 
 def human_bytes(n):
@@ -75,15 +76,13 @@ class Progress:
     def write(self):
         if not self.path:
             return
-        data = json.dumps(self.snapshot(), sort_keys=True)
-        tmp = "%s.tmp-%d" % (self.path, os.getpid())
+        snapshot = self.snapshot()
         try:
             d = os.path.dirname(self.path)
             if d:
                 os.makedirs(d, exist_ok=True)
-            with open(tmp, "w") as f:
-                f.write(data + "\n")
-            os.replace(tmp, self.path)
+            # rewritten every interval, so a write lost in a crash costs nothing: not fsynced
+            _fsutil.atomic_write_json(self.path, snapshot, mode=0o666, fsync=False, sort_keys=True, newline=True)
         except OSError:
             pass  # progress is best effort; never fail a copy over it
 

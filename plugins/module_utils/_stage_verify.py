@@ -23,8 +23,6 @@ from ansible_collections.llmops.serving.plugins.module_utils import _safetensors
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_marker as _marker
 from ansible_collections.llmops.serving.plugins.module_utils._stage_marker import StageError
 
-HASH_BUF = 1024 * 1024          # buffered reads in user space: small enough for hash + write to hit CPU cache
-
 
 def header_digest(raw):
     return hashlib.sha256(raw).hexdigest() if raw is not None else None
@@ -93,19 +91,6 @@ def check_copy_header(path, size, src_header):
     if src_header is not None and raw != src_header:
         raise _safetensors.CheckpointError(path, "header differs from the source file's header")
     return summary
-
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    buf = bytearray(HASH_BUF)
-    mv = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
-            h.update(mv[:n])
-    return h.hexdigest()
 
 
 def ident(f):
