@@ -2,7 +2,8 @@
 # Copyright: llmops.serving contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """**PRIVATE** to llmops.serving: small filesystem helpers shared by staging, caches, the process supervisor
-and preflight: content hashes, atomic file writes, directory fsync, the nearest existing parent.
+and preflight: content hashes, atomic file writes, directory fsync, waiting for an exclusive flock, the
+nearest existing parent.
 
 An atomic write goes to a temporary file in the destination's own directory (a name no other writer can
 pick: pid and a random part), is fsynced, renamed over the destination with ``os.replace`` and the
@@ -11,9 +12,12 @@ file as it was and no temporary file behind.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import os
+import time
 import uuid
 
 #: Read size for hashing: buffered reads into one reused buffer, small enough to stay in CPU cache.
@@ -97,6 +101,29 @@ def atomic_write_json(path, doc, mode=0o644, fsync=True, indent=None, sort_keys=
     """
     text = json.dumps(doc, indent=indent, sort_keys=sort_keys)
     return atomic_write_text(path, text + "\n" if newline else text, mode=mode, fsync=fsync)
+
+
+def try_flock(fd):
+    """Take an exclusive ``flock`` on ``fd`` without waiting: True when taken, False while another holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError as e:
+        if e.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+
+
+def wait_flock(fd, deadline, poll=0.2, first_poll=None):
+    """Exclusive ``flock`` on ``fd``, tried every ``poll`` seconds (from ``first_poll``, doubling up to ``poll``)
+    until the ``time.monotonic()`` ``deadline``: True when taken, False when the deadline passed first."""
+    delay = poll if first_poll is None else min(first_poll, poll)
+    while not try_flock(fd):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, poll)
+    return True
 
 
 def nearest_existing(path):

@@ -31,8 +31,6 @@ so benchmark scripts can drive the same code outside a module.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -472,19 +470,11 @@ def fingerprint_lock(cache_root, engine, fingerprint, timeout, poll=0.2):
     fd = os.open(os.path.join(ldir, fingerprint + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
     start = time.monotonic()
     try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as e:
-                if e.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if time.monotonic() - start > timeout:
-                    raise KCacheError("lock_timeout: another build of %s/%s still holds %s after %ds; raise "
-                                      "lock_timeout or check the builder's log in %s"
-                                      % (engine, fingerprint, ldir, timeout,
-                                         os.path.join(engine_root(cache_root, engine), ".logs")))
-                time.sleep(poll)
+        if not _fsutil.wait_flock(fd, start + timeout, poll):
+            raise KCacheError("lock_timeout: another build of %s/%s still holds %s after %ds; raise "
+                              "lock_timeout or check the builder's log in %s"
+                              % (engine, fingerprint, ldir, timeout,
+                                 os.path.join(engine_root(cache_root, engine), ".logs")))
         yield time.monotonic() - start
     finally:
         os.close(fd)
@@ -496,8 +486,7 @@ def lock_is_free(cache_root, engine, fingerprint):
         return True
     fd = os.open(path, os.O_RDWR)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
+        return _fsutil.try_flock(fd)
     except OSError:
         return False
     finally:

@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -124,3 +125,29 @@ def test_engine_process_private_files_are_written_through_the_helper(tmp_path):
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     with open(path) as f:
         assert json.load(f) == {"command": ["vllm", "serve"]}
+
+
+def test_wait_flock_waits_for_the_holder_and_gives_up_at_the_deadline(tmp_path):
+    """Another process holds the lock for ~0.6 s: a short deadline gives up, a longer one gets it after release."""
+    lock = str(tmp_path / "fp.lock")
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import fcntl, os, sys, time
+        fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        print("held", flush=True)
+        time.sleep(0.6)
+    """), lock], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            assert _fsutil.try_flock(fd) is False
+            t0 = time.monotonic()
+            assert _fsutil.wait_flock(fd, time.monotonic() + 0.1, poll=0.02) is False
+            assert time.monotonic() - t0 < 0.5
+            assert _fsutil.wait_flock(fd, time.monotonic() + 10, poll=0.05, first_poll=0.01) is True
+            assert holder.poll() is not None or time.monotonic() - t0 >= 0.4
+        finally:
+            os.close(fd)
+    finally:
+        holder.wait(10)
