@@ -8,8 +8,9 @@
 * :func:`pod_status` - where an engine pod is: unscheduled, starting, ready, or failed (restarted,
   crash loop, exited).
 * :func:`evaluate` - one verdict for a rollout from the pods and the route, given the clock.
-* :func:`cold_start_timeline` - pod created -> scheduled -> container started -> port open -> /health
-  200 -> model listed -> first correct response; the SLO figure is the first to the last.
+* :func:`cold_start_timeline` - a pod's timestamps and probe marks as ``_timeline.staged``: pod created ->
+  scheduled -> container started -> port open -> /health 200 -> model listed -> first correct response;
+  the SLO figure is the first to the last.
 
 No I/O here; the polling module feeds these the objects it reads, and tests feed recorded ones.
 """
@@ -42,16 +43,11 @@ FATAL_WAITING = {
 }
 PULL_WAITING = {"ErrImagePull", "ImagePullBackOff"}
 
-STAGES = _timeline.STAGES
-STAGE_KEYS = _timeline.STAGE_KEYS
-
-
 # --------------------------------------------------------------------------------------------- #
 # helpers
 # --------------------------------------------------------------------------------------------- #
 
 parse_time = _timeline.parse_time
-iso = _timeline.iso
 
 
 def condition(conditions, ctype):
@@ -275,7 +271,7 @@ def cold_start_timeline(pod=None, marks=None):
     return _timeline.staged(merged)
 
 
-PROBE_MILESTONES = dict((name, stage) for stage, name in _timeline.RELATIVE_NAMES.items())
+# The names the k8s_engine filters use; the timeline itself lives in _timeline.
 marks_from_probe = _timeline.from_relative
 format_timeline = _timeline.format_staged
 timeline_json = _timeline.to_json
