@@ -93,11 +93,12 @@ def _status(resp):
 class HttpError(Exception):
     """A request that got no usable answer; ``str()`` names the method, the shown URL and why.
 
-    ``status``: the HTTP status of an error answer, None when there was no answer (see ``timed_out``).
+    ``status``: the HTTP status of an error answer, None when there was no answer (``timed_out``: none within
+    the timeout; ``refused``: nothing listens there).
     ``body``: the error answer's text (``""`` without one). ``reason`` is the cause without the URL.
     """
 
-    def __init__(self, method, url, reason, status=None, body="", headers=None, timed_out=False):
+    def __init__(self, method, url, reason, status=None, body="", headers=None, timed_out=False, refused=False):
         self.method = method
         self.url = shown_url(url)
         self.reason = redact(reason, url)
@@ -105,6 +106,7 @@ class HttpError(Exception):
         self.body = redact(body or "", url)
         self.headers = headers or {}
         self.timed_out = timed_out
+        self.refused = refused
         detail = (": " + self.body[:BODY_SHOWN]) if self.body else ""
         super(HttpError, self).__init__("%s %s failed: %s%s" % (method, self.url, self.reason, detail))
 
@@ -147,13 +149,15 @@ def _transport_errors():
     return errors + (UrlsConnectionError,)
 
 
-def _why(exc, timeout):
+def _failure(method, url, exc, timeout, prefix=""):
+    """The HttpError for a request that got no usable answer because of ``exc``."""
     reason = getattr(exc, "reason", None) if isinstance(exc, URLError) else None
     cause = reason if isinstance(reason, BaseException) else exc
     if isinstance(cause, (socket.timeout, TimeoutError)):
-        return "no answer within %gs (timed out)" % timeout, True
+        return HttpError(method, url, prefix + "no answer within %gs (timed out)" % timeout, timed_out=True)
     text = str(reason) if reason is not None else str(exc)
-    return text or type(exc).__name__, False
+    return HttpError(method, url, prefix + (text or type(exc).__name__),
+                     refused=isinstance(cause, ConnectionRefusedError))
 
 
 def open_response(method, url, payload=None, data=None, headers=None, timeout=DEFAULT_TIMEOUT, opener=None,
@@ -178,8 +182,7 @@ def open_response(method, url, payload=None, data=None, headers=None, timeout=DE
             body = ""
         raise HttpError(method, url, str(e), status=e.code, body=body, headers=_lower_headers(e))
     except _transport_errors() as e:
-        why, timed_out = _why(e, timeout)
-        raise HttpError(method, url, why, timed_out=timed_out)
+        raise _failure(method, url, e, timeout)
 
 
 def request(method, url, payload=None, data=None, headers=None, timeout=DEFAULT_TIMEOUT, opener=None,
@@ -193,8 +196,7 @@ def request(method, url, payload=None, data=None, headers=None, timeout=DEFAULT_
     try:
         body = resp.read()
     except _transport_errors() as e:
-        why, timed_out = _why(e, timeout)
-        raise HttpError(method, url, "the answer (HTTP %d) broke off: %s" % (_status(resp), why), timed_out=timed_out)
+        raise _failure(method, url, e, timeout, "the answer (HTTP %d) broke off: " % _status(resp))
     finally:
         close = getattr(resp, "close", None)
         if close is not None:
