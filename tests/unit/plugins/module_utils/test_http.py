@@ -168,3 +168,12 @@ def test_an_injected_opener_is_called_like_open_url():
     assert _http.post_json("http://10.0.0.9:8000/v1/x", {"a": 1}, timeout=7, opener=opener) == {"ok": True}
     assert seen["url"] == "http://10.0.0.9:8000/v1/x" and seen["method"] == "POST" and seen["timeout"] == 7
     assert json.loads(seen["data"]) == {"a": 1} and seen["headers"]["Content-Type"] == "application/json"
+
+
+def test_probe_retries_an_answer_that_breaks_off(server):
+    """An engine dying mid-answer is transient for engine_probe (retried until the deadline), not a traceback."""
+    from ansible_collections.llmops.serving.plugins.module_utils import _probe
+
+    with pytest.raises(_probe.Transient, match="broke off"):
+        _probe.Http(server, timeout=5).request("GET", "/broken")
+    assert _probe.Http(server).request("GET", "/loading", transient_status=())[0] == 503
