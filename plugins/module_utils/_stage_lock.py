@@ -19,6 +19,7 @@ import os
 import stat
 import time
 
+from ansible_collections.llmops.serving.plugins.module_utils import _fsutil
 from ansible_collections.llmops.serving.plugins.module_utils._stage_marker import StageError
 
 
@@ -51,22 +52,12 @@ class DestLock(object):
     def __enter__(self):
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         t0 = time.monotonic()
-        poll = min(self.poll, 0.01)
         while True:
             fd = self._open()
             try:
-                while True:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
-                    except OSError as e:
-                        if e.errno not in (errno.EAGAIN, errno.EACCES):
-                            raise
-                    if time.monotonic() - t0 >= self.timeout:
-                        raise StageError("lock_timeout: another run has held %s for more than %d s; wait for it "
-                                         "or raise lock_timeout" % (self.path, self.timeout))
-                    time.sleep(poll)
-                    poll = min(poll * 2, self.poll)
+                if not _fsutil.wait_flock(fd, t0 + self.timeout, poll=self.poll, first_poll=0.01):
+                    raise StageError("lock_timeout: another run has held %s for more than %d s; wait for it "
+                                     "or raise lock_timeout" % (self.path, self.timeout))
                 if self._still_at_path(fd):
                     self.fd = fd
                     self.waited = time.monotonic() - t0
