@@ -304,6 +304,7 @@ def main():
             pinned=dict(type="list", elements="str", default=[]),
             proc_root=dict(type="path", default="/proc"),
         ),
+        required_by={"fleet_slots_dir": "fleet_read_streams"},
         supports_check_mode=True,
     )
     p = module.params

@@ -246,3 +246,12 @@ def test_absent_sees_mapped_files_too(run_module, tree):
                                  "proc_root": str(tree["tmp"] / "proc")})
     assert r["failed"] and "in use (pid 9 maps %s/model-00001" % tree["dest"] in r["msg"], r
     assert os.path.isdir(tree["dest"])
+
+
+def test_fleet_slots_dir_needs_fleet_read_streams_before_anything_runs(tmp_path, run_module):
+    # required_by in the argument spec: refused for state=absent too, and nothing is created
+    for state in ("present", "absent"):
+        r = run_module(model_stage, {"src": str(tmp_path / "src"), "dest": str(tmp_path / "dest"), "state": state,
+                                     "fleet_slots_dir": str(tmp_path / "fleet")})
+        assert r.get("failed") and "fleet_read_streams" in r["msg"], r
+    assert not (tmp_path / "fleet").exists() and not (tmp_path / "dest").exists()
