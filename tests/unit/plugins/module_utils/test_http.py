@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -69,14 +68,6 @@ def server():
     srv.server_close()
 
 
-def _closed_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def test_get_json_and_headers(server):
     assert _http.get_json(server + "/v1/models") == {"data": [{"id": "glm"}]}
     resp = _http.request("GET", server + "/v1/models")
@@ -123,9 +114,9 @@ def test_an_answer_that_breaks_off_is_no_answer(server):
     assert e.value.status is None and "broke off" in str(e.value)
 
 
-def test_connection_refused_is_no_answer():
+def test_connection_refused_is_no_answer(free_port):
     with pytest.raises(_http.HttpError) as e:
-        _http.get_json("http://127.0.0.1:%d/health" % _closed_port(), timeout=2)
+        _http.get_json("http://127.0.0.1:%d/health" % free_port(), timeout=2)
     assert e.value.status is None and e.value.refused and not e.value.timed_out
     assert "refused" in str(e.value).lower()
 
@@ -141,8 +132,8 @@ def test_credentials_and_query_never_reach_the_message(server, path):
     assert SECRET not in str(e.value) and SECRET not in e.value.reason and SECRET not in repr(e.value.args)
 
 
-def test_unreachable_url_with_credentials_is_redacted():
-    url = "http://admin:%s@127.0.0.1:%d/metrics?key=%s" % (SECRET, _closed_port(), SECRET)
+def test_unreachable_url_with_credentials_is_redacted(free_port):
+    url = "http://admin:%s@127.0.0.1:%d/metrics?key=%s" % (SECRET, free_port(), SECRET)
     with pytest.raises(_http.HttpError) as e:
         _http.get_text(url, timeout=2)
     assert SECRET not in str(e.value) and "***@127.0.0.1" in str(e.value)

@@ -35,14 +35,6 @@ ENGINE = textwrap.dedent("""
 """)
 
 
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 class _Log(object):
     def __init__(self):
         self.lines = []
@@ -68,8 +60,8 @@ def _gone(pid, within=5.0):
     return False
 
 
-def test_serve_mode_waits_for_the_first_correct_answer_then_stops_the_engine(tmp_path):
-    port = _free_port()
+def test_serve_mode_waits_for_the_first_correct_answer_then_stops_the_engine(tmp_path, free_port):
+    port = free_port()
     log, logfile = _Log(), str(tmp_path / "prebuild.log")
     out = _kcache.run_warmup(_warmup(tmp_path, port), dict(os.environ), log, logfile, poll=0.1)
     assert out["response"] == "OK The model is staged"
@@ -81,8 +73,8 @@ def test_serve_mode_waits_for_the_first_correct_answer_then_stops_the_engine(tmp
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
 
 
-def test_serve_mode_fails_at_once_when_the_engine_exits(tmp_path):
-    w = _warmup(tmp_path, _free_port(), timeout=60)
+def test_serve_mode_fails_at_once_when_the_engine_exits(tmp_path, free_port):
+    w = _warmup(tmp_path, free_port(), timeout=60)
     w["command"] = [sys.executable, "-c", "import sys; sys.exit(3)"]
     t0 = time.monotonic()
     with pytest.raises(_kcache.KCacheError, match=r"warmup_command exited 3 before answering; see "):
@@ -90,8 +82,8 @@ def test_serve_mode_fails_at_once_when_the_engine_exits(tmp_path):
     assert time.monotonic() - t0 < 10
 
 
-def test_serve_mode_times_out_on_wrong_answers_and_says_what_came_back(tmp_path):
-    port = _free_port()
+def test_serve_mode_times_out_on_wrong_answers_and_says_what_came_back(tmp_path, free_port):
+    port = free_port()
     w = _warmup(tmp_path, port, answer="garbage", delay="0", expect="OK", timeout=2)
     t0 = time.monotonic()
     with pytest.raises(_kcache.KCacheError) as e:
