@@ -6,18 +6,17 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.llmops.serving.plugins.module_utils import _k8s_wait
+from ansible_collections.llmops.serving.plugins.module_utils import _k8s_wait, _timeline
 
 
 def k8s_cold_start(pod, probe_timeline=None):
     """Cold-start timeline of one pod: created -> scheduled -> started -> port -> /health -> listed -> correct."""
     if not isinstance(pod, dict) or "created" not in pod:
         raise AnsibleFilterError("k8s_cold_start: expected one item of k8s_engine_wait's 'pods' (with 'created')")
-    marks = {"pod_created": pod.get("created"), "scheduled": pod.get("scheduled"),
-             "container_started": pod.get("started"), "pod_ready": pod.get("ready")}
-    marks.update(_k8s_wait.marks_from_probe(probe_timeline, pod.get("created")))
+    marks = _k8s_wait.pod_marks(pod)
+    marks.update(_timeline.from_relative(probe_timeline, pod.get("created")))
     try:
-        return _k8s_wait.cold_start_timeline(None, marks)
+        return _timeline.staged(marks)
     except ValueError as e:
         raise AnsibleFilterError("k8s_cold_start: %s" % e)
 
@@ -26,7 +25,7 @@ def k8s_timeline_lines(timeline, title="cold start"):
     """A k8s_cold_start result as table lines (for debug output)."""
     if not isinstance(timeline, dict) or "stages" not in timeline:
         raise AnsibleFilterError("k8s_timeline_lines: expected the result of k8s_cold_start")
-    return _k8s_wait.format_timeline(timeline, title).splitlines()
+    return _timeline.format_staged(timeline, title).splitlines()
 
 
 class FilterModule(object):

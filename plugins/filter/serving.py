@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-TIMELINE_ORDER = ("process_start", "pod_created", "scheduled", "container_started", "port_open", "health",
-                  "models", "first_correct")
+from ansible_collections.llmops.serving.plugins.module_utils import _timeline
 
 
 def reference_checks(references, max_tokens=16, prefix="reference"):
@@ -31,19 +30,10 @@ def reference_checks(references, max_tokens=16, prefix="reference"):
 
 
 def timeline_table(timeline, title="cold start"):
-    """Render a {milestone: seconds} dict as an aligned text table (ordered by the milestones' order)."""
+    """Render a {milestone: seconds} dict as an aligned text table (``_timeline.relative_rows``)."""
     if not isinstance(timeline, dict):
         raise AnsibleFilterError("timeline_table: expected a dict of milestone -> seconds")
-    keys = [k for k in TIMELINE_ORDER if k in timeline]
-    rows = ["%-18s %10s %10s" % (title, "at (s)", "step (s)")]
-    prev = 0.0
-    for k in keys:
-        v = timeline[k]
-        if not isinstance(v, (int, float)):
-            continue
-        rows.append("%-18s %10.1f %10.1f" % (k, v, v - prev))
-        prev = v
-    return rows
+    return _timeline.relative_rows(timeline, title)
 
 
 class FilterModule(object):

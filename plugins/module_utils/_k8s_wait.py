@@ -271,22 +271,16 @@ def cold_start_timeline(pod=None, marks=None):
     return _timeline.staged(merged)
 
 
-# The names the k8s_engine filters use; the timeline itself lives in _timeline.
-marks_from_probe = _timeline.from_relative
-format_timeline = _timeline.format_staged
-timeline_json = _timeline.to_json
-
-
 # --------------------------------------------------------------------------------------------- #
 # Polling loop (I/O injected)
 # --------------------------------------------------------------------------------------------- #
 
 
-def wait_rollout(fetch, timeout, route_timeout=300, schedule_timeout=900, poll_interval=10, replicas=1,
+def wait_rollout(fetch, timeout, route_condition_timeout=300, schedule_timeout=900, poll_interval=10, replicas=1,
                  gateway_name=None, check_route=True, container="engine", clock=None, sleep=None, now=None):
     """Poll ``fetch() -> (pods, route)`` until the rollout is ready, failed, or ``timeout`` seconds pass.
 
-    A route condition that stays False for ``route_timeout`` seconds fails the wait with its reason.
+    A route condition that stays False for ``route_condition_timeout`` seconds fails the wait with its reason.
     Returns the last :func:`evaluate` verdict with ``elapsed`` and ``polls`` added; ``state`` is
     ``ready``, ``failed`` or ``timeout``.
     """
@@ -310,8 +304,9 @@ def wait_rollout(fetch, timeout, route_timeout=300, schedule_timeout=900, poll_i
         rstate = verdict["route"]
         if rstate is not None and rstate["state"] == "failed":
             route_bad_since = elapsed if route_bad_since is None else route_bad_since
-            if elapsed - route_bad_since >= route_timeout:
-                verdict.update(state="failed", message="route not usable for %ds: %s" % (route_timeout, rstate["message"]))
+            if elapsed - route_bad_since >= route_condition_timeout:
+                verdict.update(state="failed", message="route not usable for %ds: %s" % (route_condition_timeout,
+                                                                                         rstate["message"]))
                 return verdict
         else:
             route_bad_since = None

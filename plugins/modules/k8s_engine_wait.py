@@ -175,10 +175,6 @@ def make_fetch(params):
     return fetch
 
 
-def _pod_marks(ps):
-    return dict(pod_created=ps["created"], scheduled=ps["scheduled"], container_started=ps["started"], pod_ready=ps["ready"])
-
-
 def run(module, fetch):
     p = module.params
     check_route = bool(p["route_name"])
@@ -189,8 +185,8 @@ def run(module, fetch):
         verdict.update(elapsed=0.0)
     else:
         verdict = _k8s_wait.wait_rollout(
-            fetch, timeout=p["timeout"], route_timeout=p["route_condition_timeout"], schedule_timeout=p["schedule_timeout"],
-            poll_interval=p["poll_interval"], replicas=p["replicas"], gateway_name=p["gateway_name"],
+            fetch, timeout=p["timeout"], route_condition_timeout=p["route_condition_timeout"],
+            schedule_timeout=p["schedule_timeout"], poll_interval=p["poll_interval"], replicas=p["replicas"], gateway_name=p["gateway_name"],
             check_route=check_route, container=p["container"])
     result = dict(
         changed=False,
@@ -198,7 +194,7 @@ def run(module, fetch):
         message=verdict["message"],
         elapsed=verdict["elapsed"],
         pods=verdict["pods"],
-        timelines=[dict(pod=ps["name"], **_k8s_wait.cold_start_timeline(marks=_pod_marks(ps))) for ps in verdict["pods"]],
+        timelines=[dict(pod=ps["name"], **_k8s_wait.cold_start_timeline(marks=_k8s_wait.pod_marks(ps))) for ps in verdict["pods"]],
     )
     if check_route:
         result["route"] = verdict["route"]

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from ansible_collections.llmops.serving.plugins.module_utils import _k8s_wait as w
+from ansible_collections.llmops.serving.plugins.module_utils import _timeline
 
 FIX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "fixtures", "k8s")
 
@@ -132,7 +133,7 @@ def test_wait_rollout_reaches_ready_through_loading():
 
 def test_wait_rollout_fails_when_route_stays_broken():
     fc = FakeClock()
-    v = w.wait_rollout(lambda: ([PODS["ready"]], ROUTES["backend_not_found"]), timeout=3600, route_timeout=60,
+    v = w.wait_rollout(lambda: ([PODS["ready"]], ROUTES["backend_not_found"]), timeout=3600, route_condition_timeout=60,
                        poll_interval=10, clock=fc.clock, sleep=fc.sleep, now=lambda: T0)
     assert v["state"] == "failed"
     assert "BackendNotFound" in v["message"] and "route not usable for 60s" in v["message"]
@@ -157,9 +158,9 @@ def test_cold_start_timeline_from_pod_and_probe_marks():
     assert by["container_started"]["step_s"] == 395.0  # image pull + mounts: 08:00:06 -> 08:06:41
     assert tl["slo_seconds"] == pytest.approx(16 * 60 + 50.25)
     assert tl["missing"] == []
-    table = w.format_timeline(tl)
+    table = _timeline.format_staged(tl)
     assert "first correct response = 1010.2 s" in table and "/health 200" in table
-    assert json.loads(w.timeline_json(tl)) == tl
+    assert json.loads(_timeline.to_json(tl)) == tl
 
 
 def test_timeline_reports_missing_stages_and_no_slo_without_a_correct_answer():
@@ -174,7 +175,7 @@ def test_probe_marks_relative_to_pod_creation_and_ordering_by_time():
     # engine_probe measured from pod creation; it started after the pod was Ready, so the port is
     # recorded after Ready and the table keeps that order instead of inventing an earlier time
     probe = {"port_open": 1010.0, "health": 1010.2, "models": 1010.4, "first_correct": 1011.5, "probe_seconds": 2}
-    marks = w.marks_from_probe(probe, "2026-08-02T08:00:05Z")
+    marks = _timeline.from_relative(probe, "2026-08-02T08:00:05Z")
     assert set(marks) == {"port_open", "health_ok", "model_listed", "first_correct_response"}
     tl = w.cold_start_timeline(PODS["ready"], marks)
     order = [s["stage"] for s in tl["stages"]]

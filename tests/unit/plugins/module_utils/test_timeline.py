@@ -39,7 +39,7 @@ def test_a_local_start_and_a_pod_give_the_same_staged_view_of_the_same_marks():
     one model: the process start stands where the pod's creation does."""
     probe = {"port_open": 12.0, "health": 12.5, "models": 12.6, "first_correct": 14.0, "probe_seconds": 2.1}
     local = _timeline.staged(dict(_timeline.from_relative(probe, T0), pod_created=T0))
-    pod = _k8s_wait.cold_start_timeline(None, dict(_k8s_wait.marks_from_probe(probe, T0), pod_created=T0))
+    pod = _k8s_wait.cold_start_timeline(None, dict(_timeline.from_relative(probe, T0), pod_created=T0))
     assert local == pod
     stages = [s["stage"] for s in local["stages"]]
     assert stages == ["pod_created", "port_open", "health_ok", "model_listed", "first_correct_response"]
