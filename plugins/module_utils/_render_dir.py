@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import tempfile
 
 from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _paths, _secrets
 
@@ -204,18 +203,7 @@ def plan(directory, files, field="render_dir"):
 
 
 def _atomic_write(directory, name, text):
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, os.path.join(directory, name))
-    except BaseException:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        raise
+    _fsutil.atomic_write_text(os.path.join(directory, name), text)
 
 
 def write(p):
