@@ -17,30 +17,18 @@ import math
 import os
 import re
 
+from ansible_collections.llmops.serving.plugins.module_utils import _aibrix_route as route
 from ansible_collections.llmops.serving.plugins.module_utils import _k8s_names as names
 from ansible_collections.llmops.serving.plugins.module_utils import _process
 from ansible_collections.llmops.serving.plugins.module_utils import _secrets
 
-AIBRIX_NAME = "model.aibrix.ai/name"
-AIBRIX_PORT = "model.aibrix.ai/port"
-AIBRIX_ENGINE = "model.aibrix.ai/engine"
-GATEWAY_GROUP = "gateway.networking.k8s.io"
+AIBRIX_NAME = route.AIBRIX_NAME
+AIBRIX_PORT = route.AIBRIX_PORT
+AIBRIX_ENGINE = route.AIBRIX_ENGINE
 MANAGED_BY = "llmops.serving"
 
-# Paths the AIBrix model-router controller matches (pkg/controller/modelrouter); every match also
-# requires the request header ``model`` to equal the model name.
-AIBRIX_ROUTE_PATHS = [
-    "/v1/completions",
-    "/v1/chat/completions",
-    "/v1/messages",
-    "/v1/embeddings",
-    "/v1/rerank",
-    "/v1/classify",
-    "/generate",
-    "/generatevideo",
-    "/v1/audio/transcriptions",
-    "/v1/audio/translations",
-]
+# Paths the AIBrix model-router controller matches (the one list lives in _aibrix_route).
+AIBRIX_ROUTE_PATHS = list(route.ROUTE_PATHS)
 
 # The field report's GLM-5.2 FP8 command lines (TP=8 on 8 x H20 141 GB). ``True`` is a bare flag.
 PROFILES = {
@@ -461,7 +449,6 @@ def build(params):
     _validate(p)
     model = p["served_model_name"]
     svc = p["service_name"] or names.service_name(model)
-    route = names.route_name(model)
     command, args, final = engine_argv(p)
     concurrency = read_concurrency(p["engine"], p["model_source"], p["replicas"], p["tp_size"], final)
     warnings = []
@@ -482,7 +469,7 @@ def build(params):
 
     selector = {"app.kubernetes.io/name": svc, "app.kubernetes.io/instance": svc}
     common = dict(selector, **{"app.kubernetes.io/component": "engine", "app.kubernetes.io/managed-by": MANAGED_BY})
-    aibrix = {AIBRIX_NAME: model, AIBRIX_PORT: str(p["port"]), AIBRIX_ENGINE: p["engine"]}
+    aibrix = route.pod_labels(model, p["port"], p["engine"])
     pod_labels = dict(common, **aibrix)
     pod_labels.update(p["labels"] or {})
     # With the route managed here the Deployment itself carries no model.aibrix.ai/name: the AIBrix
@@ -554,37 +541,17 @@ def build(params):
                  "ports": [{"name": "http", "port": p["port"], "targetPort": "http", "protocol": "TCP"}]},
     }
     objects = [service]
-    grant_name = None
+    routed = dict(route_name=None, reference_grant_name=None)
     if p["manage_route"]:
-        if p["namespace"] != p["gateway_namespace"]:
-            grant_name = names.reference_grant_name(svc, p["gateway_namespace"])
-            objects.append({
-                "apiVersion": GATEWAY_GROUP + "/v1beta1",
-                "kind": "ReferenceGrant",
-                "metadata": {"name": grant_name, "namespace": p["namespace"], "labels": dict(common)},
-                "spec": {
-                    "from": [{"group": GATEWAY_GROUP, "kind": "HTTPRoute", "namespace": p["gateway_namespace"]}],
-                    "to": [{"group": "", "kind": "Service", "name": svc}],
-                },
-            })
-        header = {"type": "Exact", "name": "model", "value": model}
-        objects.append({
-            "apiVersion": GATEWAY_GROUP + "/v1",
-            "kind": "HTTPRoute",
-            "metadata": {"name": route, "namespace": p["gateway_namespace"], "labels": dict(common),
-                         "annotations": {"llmops.serving/served-model-name": model}},
-            "spec": {
-                "parentRefs": [{"group": GATEWAY_GROUP, "kind": "Gateway", "name": p["gateway_name"],
-                                "namespace": p["gateway_namespace"]}],
-                "rules": [{
-                    "matches": [{"path": {"type": "PathPrefix", "value": path}, "headers": [dict(header)]}
-                                for path in p["route_paths"]],
-                    "backendRefs": [{"group": "", "kind": "Service", "name": svc, "namespace": p["namespace"],
-                                     "port": p["port"]}],
-                    "timeouts": {"request": p["route_request_timeout"]},
-                }],
-            },
-        })
+        try:
+            routed = route.route_objects(
+                model, svc, p["namespace"], p["port"], gateway_name=p["gateway_name"],
+                gateway_namespace=p["gateway_namespace"], request_timeout=p["route_request_timeout"],
+                paths=p["route_paths"], labels=common)
+        except route.RouteError as e:
+            raise SpecError(str(e))
+        objects.extend(routed["objects"])
+        warnings.extend(routed["warnings"])
     objects.append(deployment)
     net = _secrets.Scan(env_field="env")
     net.objects(objects)
@@ -594,8 +561,8 @@ def build(params):
         objects=objects,
         service_name=svc,
         deployment_name=svc,
-        route_name=route if p["manage_route"] else None,
-        reference_grant_name=grant_name,
+        route_name=routed["route_name"],
+        reference_grant_name=routed["reference_grant_name"],
         namespace=p["namespace"],
         gateway_namespace=p["gateway_namespace"],
         pod_selector=selector,

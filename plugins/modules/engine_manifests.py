@@ -214,8 +214,8 @@ options:
     description: Path prefixes the HTTPRoute matches (with header C(model) = the model name).
     type: list
     elements: str
-    default: [/v1/completions, /v1/chat/completions, /v1/messages, /v1/embeddings, /v1/rerank, /v1/classify,
-              /generate, /generatevideo, /v1/audio/transcriptions, /v1/audio/translations]
+    default: [/v1/completions, /v1/chat/completions, /v1/responses, /v1/messages, /v1/embeddings, /v1/rerank,
+              /v1/classify, /generate, /generatevideo, /v1/audio/transcriptions, /v1/audio/translations]
   route_request_timeout:
     description:
       - HTTPRoute request timeout (Gateway API duration, for example C(120s) or C(30m)); the gateway answers 504

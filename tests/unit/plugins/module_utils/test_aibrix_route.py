@@ -1,0 +1,155 @@
+"""The one AIBrix routing rule: labels on pods only, our own ``<model>-router`` to the DNS-1035 Service.
+
+Upstream rules restated here (read at tag v0.7.0 of vllm-project/aibrix):
+
+* ``pkg/controller/modelrouter/modelrouter_controller.go``: informers on Deployment, ModelAdapter,
+  RayClusterFleet and (when its CRD exists) ``leaderworkerset.x-k8s.io/v1`` LeaderWorkerSet; for an object
+  whose *own* labels carry ``model.aibrix.ai/name`` it creates ``<model>-router`` in ``aibrix-system`` with
+  ``backendRefs[0].name = <model>`` and ``timeouts.request = AIBRIX_GATEWAY_TIMEOUT_SECONDS`` (120 s), and
+  matches ``modelPaths`` (the list below, with ``/v1/responses``).
+* Gateway API v1.4.1 ``HTTPRouteTimeouts.request``: "Setting a timeout to the zero duration (e.g. "0s")
+  MUST disable the timeout"; duration pattern ``^([0-9]{1,5}(h|m|s|ms)){1,4}$`` (GEP-2257).
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import jsonschema
+import pytest
+import yaml
+
+from ansible_collections.llmops.serving.plugins.module_utils import _aibrix_route as route
+from ansible_collections.llmops.serving.plugins.module_utils import _k8s_names as names
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCHEMAS = os.path.join(HERE, "..", "..", "fixtures", "schemas", "gateway-api-v1.4.1")
+
+# modelPaths in pkg/controller/modelrouter/modelrouter_controller.go at v0.7.0
+AIBRIX_V070_MODEL_PATHS = [
+    "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/embeddings",
+    "/v1/rerank", "/v1/classify", "/generate", "/generatevideo", "/v1/audio/transcriptions",
+    "/v1/audio/translations",
+]
+
+
+@functools.lru_cache(maxsize=None)
+def _schema(filename, version):
+    with open(os.path.join(SCHEMAS, filename)) as f:
+        crd = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return [v for v in crd["spec"]["versions"] if v["name"] == version][0]["schema"]["openAPIV3Schema"]
+
+
+def controller_route_for(obj):
+    """What AIBrix v0.7.0's model-router controller creates for one object, or None (its rule, restated)."""
+    if (obj["apiVersion"].split("/")[0] if "/" in obj["apiVersion"] else "", obj["kind"]) not in {
+            ("apps", "Deployment"), ("orchestration.aibrix.ai", "RayClusterFleet"),
+            ("leaderworkerset.x-k8s.io", "LeaderWorkerSet")}:
+        return None
+    labels = obj["metadata"].get("labels") or {}
+    if "model.aibrix.ai/name" not in labels:
+        return None
+    model = labels["model.aibrix.ai/name"]
+    return {"name": model + "-router", "backend": model, "namespace": obj["metadata"]["namespace"]}
+
+
+def test_paths_are_aibrix_v070s_list_with_responses():
+    assert list(route.ROUTE_PATHS) == AIBRIX_V070_MODEL_PATHS
+
+
+def test_dotted_model_routes_to_the_dns1035_service_across_namespaces():
+    model = "glm-5.2-fp8"
+    svc = names.service_name(model)
+    out = route.route_objects(model, svc, "llm-serving", 8000, labels={"app.kubernetes.io/managed-by": "llmops.serving"})
+    grant, http = out["objects"]
+    assert (grant["kind"], http["kind"]) == ("ReferenceGrant", "HTTPRoute")
+    jsonschema.validate(http, _schema("httproutes.yaml", "v1"))
+    jsonschema.validate(grant, _schema("referencegrants.yaml", "v1beta1"))
+    # the gateway plugin looks up exactly <model>-router in the gateway namespace
+    assert http["metadata"]["name"] == "glm-5.2-fp8-router" == out["route_name"]
+    assert http["metadata"]["namespace"] == "aibrix-system"
+    backend = http["spec"]["rules"][0]["backendRefs"]
+    assert backend == [{"group": "", "kind": "Service", "name": "glm-5-2-fp8", "namespace": "llm-serving", "port": 8000}]
+    # the grant sits beside the Service and admits routes from the gateway namespace to that Service only
+    assert grant["metadata"]["namespace"] == "llm-serving"
+    assert grant["spec"]["from"] == [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": "aibrix-system"}]
+    assert grant["spec"]["to"] == [{"group": "", "kind": "Service", "name": "glm-5-2-fp8"}]
+    # every path is matched together with the model header (AIBrix's match)
+    matches = http["spec"]["rules"][0]["matches"]
+    assert [m["path"]["value"] for m in matches] == AIBRIX_V070_MODEL_PATHS
+    assert all(m["headers"] == [{"type": "Exact", "name": "model", "value": model}] for m in matches)
+
+
+def test_same_namespace_needs_no_grant():
+    out = route.route_objects("qwen3-8b", "qwen3-8b", "aibrix-system", 8000)
+    assert [o["kind"] for o in out["objects"]] == ["HTTPRoute"] and out["reference_grant_name"] is None
+
+
+def test_default_request_timeout_is_none_at_all():
+    http = route.route_objects("glm-5.2-fp8", "glm-5-2-fp8", "llm", 8000)["objects"][-1]
+    assert http["spec"]["rules"][0]["timeouts"] == {"request": "0s"}
+    assert route.parse_duration("0s") == 0
+
+
+@pytest.mark.parametrize("value, seconds", [("0s", 0), ("1800s", 1800), ("30m", 1800), ("1h30m", 5400), ("500ms", 0.5)])
+def test_durations_parse_as_gateway_api_defines_them(value, seconds):
+    assert route.parse_duration(value) == seconds
+    out = route.route_objects("m1", "m1", "llm", 8000, request_timeout=value)
+    jsonschema.validate(out["objects"][-1], _schema("httproutes.yaml", "v1"))
+
+
+def test_short_timeout_warns_with_the_tokens_it_holds():
+    # 120 s is the AIBrix controller's default; at 65 tok/s it holds 7800 tokens
+    out = route.route_objects("m1", "m1", "llm", 8000, request_timeout="120s")
+    assert len(out["warnings"]) == 1 and "about 7800 tokens" in out["warnings"][0] and "0s" in out["warnings"][0]
+    assert route.route_objects("m1", "m1", "llm", 8000, request_timeout="30m")["warnings"] == []
+
+
+@pytest.mark.parametrize("value", ["120", "2 min", "-1s", "1d", ""])
+def test_bad_duration_is_refused_with_the_field(value):
+    with pytest.raises(route.RouteError, match=r"^route_request_timeout: .* is not a Gateway API duration"):
+        route.route_objects("m1", "m1", "llm", 8000, request_timeout=value)
+    # the refusal is right: the CRD rejects it too
+    with pytest.raises(jsonschema.ValidationError):
+        obj = route.route_objects("m1", "m1", "llm", 8000)["objects"][-1]
+        obj["spec"]["rules"][0]["timeouts"]["request"] = value
+        jsonschema.validate(obj, _schema("httproutes.yaml", "v1"))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(model="Qwen3-8B"), "served_model_name"),
+    (dict(service="glm-5.2-fp8"), "DNS-1035"),
+    (dict(namespace="LLM"), "namespace"),
+    (dict(port=0), "port"),
+    (dict(paths=["v1/chat"]), r"route_paths\[0\]"),
+])
+def test_unroutable_inputs_are_refused(kwargs, match):
+    args = dict(model="glm-5.2-fp8", service="glm-5-2-fp8", namespace="llm", port=8000)
+    args.update(kwargs)
+    with pytest.raises(route.RouteError, match=match):
+        route.route_objects(args.pop("model"), args.pop("service"), args.pop("namespace"), args.pop("port"), **args)
+
+
+def test_pod_labels_and_workload_labels():
+    labels = route.pod_labels("glm-5.2-fp8", 8000, "sglang")
+    assert labels == {"model.aibrix.ai/name": "glm-5.2-fp8", "model.aibrix.ai/port": "8000", "model.aibrix.ai/engine": "sglang"}
+    assert "model.aibrix.ai/name" not in route.workload_labels(dict(labels, app="x"))
+
+
+@pytest.mark.parametrize("api, kind, watched", [
+    ("apps/v1", "Deployment", True),
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", True),
+    ("orchestration.aibrix.ai/v1alpha1", "RayClusterFleet", True),
+    ("orchestration.aibrix.ai/v1alpha1", "StormService", False),  # no HTTPRoute for StormService (AIBrix #1321)
+])
+def test_workload_problems_agree_with_the_controller(api, kind, watched):
+    labelled = {"apiVersion": api, "kind": kind,
+                "metadata": {"name": "w", "namespace": "llm", "labels": route.pod_labels("glm-5.2-fp8", 8000, "vllm")}}
+    clean = {"apiVersion": api, "kind": kind, "metadata": {"name": "w", "namespace": "llm", "labels": {"app": "w"}}}
+    expected = controller_route_for(labelled)
+    assert bool(route.workload_problems([labelled])) is (expected is not None) is watched
+    if watched:
+        # the route the controller would make points at a Service that cannot exist
+        assert not names.is_dns1035_label(expected["backend"])
+        assert "glm-5.2-fp8-router" in route.workload_problems([labelled])[0]
+    assert route.workload_problems([clean]) == [] and controller_route_for(clean) is None
