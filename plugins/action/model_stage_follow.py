@@ -24,6 +24,8 @@ from ansible.module_utils.common.text.converters import to_text
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
+from ansible_collections.llmops.serving.plugins.module_utils import _units
+
 display = Display()
 
 # States the progress file ends in; seen while the job still runs, the file is from an earlier run.
@@ -34,24 +36,6 @@ _JID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _STATE = re.compile(r"^[a-z][a-z_-]{0,23}$")  # a state word (copying, publishing, ...), nothing else is shown
 # Keys async_status adds to the job's own result.
 _STATUS_KEYS = ("started", "finished", "results_file", "stdout_lines", "stderr_lines")
-
-
-def _human_bytes(n):
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return ("%d %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
-        n /= 1024.0
-    return "%.1f TiB" % n  # pragma: no cover
-
-
-def _human_seconds(s):
-    s = int(round(s))
-    if s < 60:
-        return "%ds" % s
-    if s < 3600:
-        return "%dm%02ds" % (s // 60, s % 60)
-    return "%dh%02dm" % (s // 3600, (s % 3600) // 60)
 
 
 def _number(value):
@@ -75,15 +59,15 @@ def progress_line(record):
         return None
     state = record.get("state")
     state = state if isinstance(state, str) and _STATE.match(state) else "running"
-    parts = ["%s: %s / %s" % (state, _human_bytes(done), _human_bytes(total))]
+    parts = ["%s: %s / %s" % (state, _units.human_bytes(done), _units.human_bytes(total))]
     parts[0] += " (%.1f%%)" % (100.0 * done / total if total else 100.0)
     files_done, files_total = _number(record.get("files_done")), _number(record.get("files_total"))
     if files_done is not None and files_total is not None:
         parts.append("%d/%d files" % (files_done, files_total))
     rate = _number(record.get("rate_bytes_per_second"))
-    parts.append("%s/s" % _human_bytes(rate) if rate is not None else "rate unknown")
+    parts.append("%s/s" % _units.human_bytes(rate) if rate is not None else "rate unknown")
     eta = _number(record.get("eta_seconds"))
-    parts.append("ETA %s" % (_human_seconds(eta) if eta is not None else "unknown"))
+    parts.append("ETA %s" % (_units.human_seconds(eta) if eta is not None else "unknown"))
     return ", ".join(parts)
 
 
@@ -223,7 +207,7 @@ class ActionModule(ActionBase):
 
     @staticmethod
     def _line(record, elapsed):
-        waiting = "waiting for the job to report progress (%s so far)" % _human_seconds(elapsed)
+        waiting = "waiting for the job to report progress (%s so far)" % _units.human_seconds(elapsed)
         if isinstance(record, dict) and record.get("state") in TERMINAL_STATES:
             return waiting  # a finished earlier run's file; this run has not written one yet
         return progress_line(record) or waiting

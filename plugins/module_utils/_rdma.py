@@ -31,6 +31,8 @@ import re
 import stat
 import time
 
+from ansible_collections.llmops.serving.plugins.module_utils import _units
+
 SCHEMA = 2
 DATA_COUNTERS = {"tx": "port_xmit_data", "rx": "port_rcv_data"}
 PACKET_COUNTERS = {"tx": "port_xmit_packets", "rx": "port_rcv_packets"}
@@ -629,15 +631,6 @@ def compare(baseline, current, proc_hint="/proc/sys/kernel/random/boot_id"):
     return out
 
 
-def _fmt_bytes(n):
-    n = float(n or 0)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return ("%d %s" % (n, unit)) if unit == "B" else ("%.2f %s" % (n, unit))
-        n /= 1024.0
-    return "%d B" % n  # pragma: no cover
-
-
 def _directions(direction):
     return ("tx", "rx") if direction == "both" else (direction,)
 
@@ -751,7 +744,7 @@ def verdict(deltas, current, expect, direction="both", min_bytes=0, tolerance_by
             passed = False
             msg = ("RDMA ports moved %s (%d bytes, %s) during the load, below min_bytes %d: the KV did "
                    "not go over RDMA (check UCX_TLS, UCX_NET_DEVICES and the RDMA device resource)"
-                   % (_fmt_bytes(moved), moved, dir_label, min_bytes))
+                   % (_units.human_bytes(moved), moved, dir_label, min_bytes))
             if untrusted:
                 msg += "; some counters could not be trusted, see warnings"
             reasons.append(msg)
@@ -765,7 +758,7 @@ def verdict(deltas, current, expect, direction="both", min_bytes=0, tolerance_by
                 reasons.append(
                     "RDMA ports moved %s but the engine transferred %s of KV (need at least %.0f%% of "
                     "it on RDMA): the KV went over another transport, most likely TCP"
-                    % (_fmt_bytes(moved), _fmt_bytes(kv_bytes), min_nixl_ratio * 100))
+                    % (_units.human_bytes(moved), _units.human_bytes(kv_bytes), min_nixl_ratio * 100))
     elif expect == "tcp":
         if not present:
             reasons.append("%s: no RDMA port could carry the transfer" % (current.get("reason") or "no RDMA ports"))
@@ -774,7 +767,7 @@ def verdict(deltas, current, expect, direction="both", min_bytes=0, tolerance_by
                 passed = False
                 reasons.append(
                     "RDMA ports moved %s (%d bytes, %s) during the TCP control run, above tolerance_bytes "
-                    "%d: the control run used RDMA" % (_fmt_bytes(moved), moved, dir_label, tolerance_bytes))
+                    "%d: the control run used RDMA" % (_units.human_bytes(moved), moved, dir_label, tolerance_bytes))
             if untrusted:
                 passed = False
                 reasons.append("cannot confirm RDMA stayed idle: %d port counters could not be measured "
@@ -784,7 +777,7 @@ def verdict(deltas, current, expect, direction="both", min_bytes=0, tolerance_by
                             "exercise the P/D path")
     status = "pass" if passed else "fail"
     if passed and not reasons:
-        reasons.append("RDMA ports moved %s (%s)" % (_fmt_bytes(moved), dir_label))
+        reasons.append("RDMA ports moved %s (%s)" % (_units.human_bytes(moved), dir_label))
     result.update(passed=passed, status=status, rdma_bytes=moved, reasons=reasons, warnings=warnings,
                   summary="expect %s: %s; %s" % (expect, status.upper(), "; ".join(reasons)))
     return result

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: llmops.serving contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""**PRIVATE** to llmops.serving: model_stage's progress file and its human-readable sizes and durations.
+"""**PRIVATE** to llmops.serving: model_stage's progress file (sizes and durations read as ``_units`` writes them).
 
 While a copy runs, :class:`Progress` rewrites ``progress_file`` (atomically: temp file + rename) once per
 ``interval`` seconds with one JSON object: ``state`` (``copying``, ``publishing``, ``done``, ``failed``),
@@ -15,20 +15,12 @@ import os
 import threading
 import time
 
-from ansible_collections.llmops.serving.plugins.module_utils import _fsutil
+from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _units
 
 
-def human_bytes(n):
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return ("%d %s" % (n, unit)) if unit == "B" else ("%.2f %s" % (n, unit))
-        n /= 1024.0
-    return "%d B" % n  # pragma: no cover
-
-
-def human_seconds(s):
-    s = int(round(s))
-    return "%d:%02d:%02d" % (s // 3600, (s % 3600) // 60, s % 60)
+# The names _stage and _stage_copy import; the formats live in _units.
+human_bytes = _units.human_bytes
+human_seconds = _units.human_seconds
 
 
 class Progress:

@@ -205,6 +205,14 @@ def test_rdma_fails_when_only_the_other_direction_moved(tmp_path):
     assert "below min_bytes 1048576" in v["summary"] and "UCX_TLS" in v["summary"]
 
 
+def test_rdma_shortfall_says_how_much_moved_in_the_shared_units(tmp_path):
+    # RoCE data counters count 4-byte words: 1 << 19 words = 2 MiB, written as _units writes sizes
+    v = _run(tree(tmp_path, "roce_mlx5"), lambda r: bump(r, "mlx5_0", 1, "port_xmit_data", 1 << 19),
+             "rdma", direction="tx", min_bytes=8 << 20)
+    assert not v["passed"]
+    assert "RDMA ports moved 2.0 MiB (2097152 bytes, tx) during the load, below min_bytes 8388608" in v["summary"]
+
+
 def test_rdma_fails_on_a_host_without_rdma(tmp_path):
     v = _run(tree(tmp_path, "no_rdma"), lambda r: None, "rdma")
     assert not v["passed"] and "no RDMA devices" in v["summary"]
