@@ -34,4 +34,3 @@ def test_progress_file_message_and_follow_line_agree():
     snap = p.snapshot()
     assert snap["message"] == "copying: 3.0 TiB / 7.0 TiB (42.9%), 60/141 files, 2.5 GiB/s, ETA 27m18s"
     assert follow.progress_line(snap) == snap["message"]
-
