@@ -228,7 +228,7 @@ def main():
             min(times["cp -r"]), ", ".join("%s %.2f×" % (m, med[m] / min(times["cp -r"]))
                                            for m in methods if m.startswith("model_stage"))),
         "",
-        "Re-run on a published 141-shard revision (marker compared with src sizes/mtimes, no data read), "
+        "Re-run on a published 141-shard revision (marker and copies checked with stat only, no data read), "
         "5 runs after a cache drop: module time max %.3f s, whole process (Python start-up included) max %.3f s."
         % (rerun_max_module, rerun_max_proc),
         "",
