@@ -15,6 +15,20 @@ GPU_QUERY = "name,count,compute_cap,driver_version,memory.total,pci.bus_id"
 # The name of the host fact preflight_facts publishes (``ansible_facts.preflight_node``); the preflight role
 # publishes the same dictionary as the variable ``preflight_node``.
 FACT_NAME = "preflight_node"
+# How long nvidia-smi may take to list the GPUs (a wedged driver hangs it) and the engine's Python to import
+# the engine modules (a cold import of vLLM and torch from a network filesystem takes minutes).
+NVIDIA_SMI_TIMEOUT = 60
+ENGINE_PYTHON_TIMEOUT = 600
+
+
+class PreflightError(ValueError):
+    """A fact could not be gathered because of what an option points at; ``option`` names it.
+
+    A ValueError, so that callers that also catch bad values (kernel_fingerprint's gather) report it cleanly."""
+
+    def __init__(self, option, msg):
+        super(PreflightError, self).__init__("%s: %s" % (option, msg))
+        self.option = option
 
 
 def parse_nvidia_smi_csv(text):
@@ -49,25 +63,36 @@ def find_bin(cmd):
         return None
 
 
-def gpu_inventory(nvidia_smi, run=subprocess.run, which=find_bin):
+def gpu_inventory(nvidia_smi, run=subprocess.run, which=find_bin, timeout=None):
     """GPU facts, or ``mode: cpu-only`` when there is no nvidia-smi or it finds no device.
 
     ``run`` is ``subprocess.run`` (``AnsibleModule.run_command`` has no timeout, and a GPU whose driver is
     wedged hangs nvidia-smi); ``which`` finds the executable (a module passes its ``get_bin_path``).
+    Raises :class:`PreflightError` (option ``nvidia_smi``) when it does not answer within ``timeout`` seconds
+    (default :data:`NVIDIA_SMI_TIMEOUT`) or its output cannot be parsed.
     """
+    timeout = NVIDIA_SMI_TIMEOUT if timeout is None else timeout
     path = which(nvidia_smi)
     if path is None:
         return {"mode": "cpu-only", "count": 0, "devices": [], "reason": "%s not found" % nvidia_smi}
-    proc = run(
-        [path, "--query-gpu=" + GPU_QUERY, "--format=csv,noheader,nounits"],
-        capture_output=True, text=True, check=False, timeout=60,
-    )
+    try:
+        proc = run(
+            [path, "--query-gpu=" + GPU_QUERY, "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, check=False, timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        raise PreflightError("nvidia_smi", "%s did not list the GPUs within %s s (a hung GPU driver or a GPU that "
+                             "fell off the bus does this); check the node (dmesg for Xid errors, nvidia-smi -q) "
+                             "and drain it, or point nvidia_smi at a working binary" % (path, timeout))
     if proc.returncode != 0:
         return {
             "mode": "cpu-only", "count": 0, "devices": [],
             "reason": "nvidia-smi exited %d: %s" % (proc.returncode, (proc.stderr or proc.stdout).strip()[:300]),
         }
-    devices = parse_nvidia_smi_csv(proc.stdout)
+    try:
+        devices = parse_nvidia_smi_csv(proc.stdout)
+    except ValueError as e:
+        raise PreflightError("nvidia_smi", "cannot parse its output: %s" % e)
     if not devices:
         return {"mode": "cpu-only", "count": 0, "devices": [], "reason": "nvidia-smi listed no GPU"}
     names = sorted({d["name"] for d in devices})
@@ -128,8 +153,25 @@ def disk_space(path):
     }
 
 
-def engine_runtime(python, modules, run=subprocess.run, which=find_bin):
-    """Check that ``modules`` import in the engine's Python and report their versions."""
+def _runtime_report(doc, modules):
+    """The import check's JSON if it has the shape the check prints (one entry per module), else None."""
+    if not isinstance(doc, dict) or sorted(doc) != sorted(set(modules)):
+        return None
+    for entry in doc.values():
+        if not isinstance(entry, dict) or not isinstance(entry.get("importable"), bool):
+            return None
+        if not entry["importable"] and not isinstance(entry.get("error"), str):
+            return None
+    return doc
+
+
+def engine_runtime(python, modules, run=subprocess.run, which=find_bin, timeout=None):
+    """Check that ``modules`` import in the engine's Python and report their versions.
+
+    Raises :class:`PreflightError` (option ``engine_python``) when the interpreter cannot be started, does
+    not finish within ``timeout`` seconds (default :data:`ENGINE_PYTHON_TIMEOUT`) or prints no import report.
+    """
+    timeout = ENGINE_PYTHON_TIMEOUT if timeout is None else timeout
     code = (
         "import importlib, json, sys\n"
         "out = {}\n"
@@ -144,11 +186,27 @@ def engine_runtime(python, modules, run=subprocess.run, which=find_bin):
     if which(python) is None:
         return {"python": python, "importable": False, "modules": {},
                 "reason": "engine python %s not found" % python}
+    modules = list(modules)
     try:
-        mods = _process.python_json(python, code, modules, timeout=600, run=run)
+        mods = _process.python_json(python, code, modules, timeout=timeout, run=run)
     except _process.PythonFailed as e:
         return {"python": python, "importable": False, "modules": {},
                 "reason": "engine python failed: %s" % e.stderr[-500:]}
+    except subprocess.TimeoutExpired:
+        raise PreflightError("engine_python", "%s did not finish importing %s within %s s; check that the engine "
+                             "environment's filesystem is mounted and responsive (a hung NFS mount does this)"
+                             % (python, ", ".join(modules) or "nothing", timeout))
+    except OSError as e:
+        raise PreflightError("engine_python", "cannot run %s: %s; point engine_python at the Python interpreter of "
+                             "the engine environment (e.g. /opt/vllm/bin/python)" % (python, e.strerror or e))
+    except ValueError:
+        mods = None
+    mods = _runtime_report(mods, modules)
+    if mods is None:
+        raise PreflightError("engine_python", "%s printed no import report (its last output line is not the JSON "
+                             "object the check prints): it is not a Python interpreter, or something in it "
+                             "writes to stdout at exit; point engine_python at the Python interpreter of the "
+                             "engine environment (e.g. /opt/vllm/bin/python)" % python)
     bad = sorted(m for m, r in mods.items() if not r["importable"])
     return {
         "python": python,
@@ -162,8 +220,8 @@ def node_facts(nvidia_smi, sysfs_root, paths, engine_python=None, engine_modules
                which=find_bin):
     """Everything preflight_facts reports: ``{gpu, rdma, disk, engine_runtime}``.
 
-    ``engine_runtime`` is empty when ``engine_python`` is not set. Raises ``ValueError`` when nvidia-smi's
-    output cannot be parsed.
+    ``engine_runtime`` is empty when ``engine_python`` is not set. Raises :class:`PreflightError` naming the
+    option (``nvidia_smi``, ``engine_python``) whose program hung or answered something unreadable.
     """
     facts = {
         "gpu": gpu_inventory(nvidia_smi, run=run, which=which),

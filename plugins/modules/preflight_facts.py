@@ -17,6 +17,9 @@ description:
     exist yet).
   - Checks that the engine's Python can import O(engine_modules) and reports their versions.
   - Only reads; the role decides what is fatal.
+  - Fails, naming O(nvidia_smi), when C(nvidia-smi) does not list the GPUs within 60 seconds (a hung driver) or
+    prints something that is not its CSV; fails, naming O(engine_python), when that interpreter cannot be
+    started, does not finish the import check within 600 seconds, or prints no import report (not a Python).
   - Returns what it gathered as the host fact C(preflight_node) (C(ansible_facts.preflight_node)), and the
     same values as top-level return values (C(gpu), C(rdma), C(disk), C(engine_runtime)) for C(register).
   - Each call replaces C(ansible_facts.preflight_node) with what that call gathered.
@@ -120,8 +123,8 @@ def main():
         facts = _preflight.node_facts(p["nvidia_smi"], p["sysfs_root"], p["paths"],
                                       engine_python=p["engine_python"], engine_modules=p["engine_modules"],
                                       which=module.get_bin_path)
-    except ValueError as e:
-        module.fail_json(msg="nvidia_smi: cannot parse its output: %s" % e)
+    except _preflight.PreflightError as e:
+        module.fail_json(msg=str(e))
     module.exit_json(changed=False, ansible_facts={_preflight.FACT_NAME: facts}, **facts)
 
 

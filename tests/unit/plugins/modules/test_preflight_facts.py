@@ -6,7 +6,11 @@ import os
 import stat
 import subprocess
 import sys
+import time
 
+import pytest
+
+from ansible_collections.llmops.serving.plugins.module_utils import _preflight
 from ansible_collections.llmops.serving.plugins.modules import preflight_facts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
@@ -132,3 +136,58 @@ def test_role_publishes_the_module_facts_without_fact_injection(tmp_path):
     assert published["fact"]["gpu"]["names"] == ["NVIDIA H20"]
     assert published["fact"]["rdma"]["devices"][0]["ports"][0]["link_layer"] == "Ethernet"
     assert published["fact"]["disk"][0]["path"] == str(tmp_path)
+
+
+def _script(tmp_path, name, body):
+    p = tmp_path / name
+    p.write_text("#!/bin/sh\n" + body)
+    p.chmod(p.stat().st_mode | stat.S_IEXEC)
+    return str(p)
+
+
+def test_a_hanging_nvidia_smi_fails_naming_the_option_and_the_fix(run_module, tmp_path, monkeypatch):
+    """A wedged GPU driver hangs nvidia-smi: the run stops at the timeout with a message, not a traceback."""
+    monkeypatch.setattr(_preflight, "NVIDIA_SMI_TIMEOUT", 0.5)
+    smi = _script(tmp_path, "nvidia-smi", "exec sleep 30\n")
+    t0 = time.monotonic()
+    r = run_module(preflight_facts, {"nvidia_smi": smi, "sysfs_root": str(tmp_path)})
+    assert time.monotonic() - t0 < 10
+    assert r["failed"]
+    assert r["msg"].startswith("nvidia_smi: %s did not list the GPUs within 0.5 s" % smi)
+    assert "point nvidia_smi at a working binary" in r["msg"]
+
+
+def test_a_hanging_engine_python_fails_naming_the_option(run_module, tmp_path, monkeypatch):
+    monkeypatch.setattr(_preflight, "ENGINE_PYTHON_TIMEOUT", 0.5)
+    python = _script(tmp_path, "python", "exec sleep 30\n")
+    r = run_module(preflight_facts, {"nvidia_smi": "none", "sysfs_root": str(tmp_path),
+                                     "engine_python": python, "engine_modules": ["vllm"]})
+    assert r["failed"]
+    assert r["msg"].startswith("engine_python: %s did not finish importing vllm within 0.5 s" % python)
+
+
+@pytest.mark.parametrize("stdout", [
+    "garbage\n",  # not JSON at all
+    "",  # nothing
+    "[1, 2]\n",  # JSON, not the report
+    '{"vllm": {"importable": "yes"}}\n',  # the report's shape, wrong types
+    '{"torch": {"importable": true, "version": "2.9"}}\n',  # a report for other modules
+])
+def test_an_engine_python_that_prints_no_import_report_fails_naming_engine_python(run_module, tmp_path, stdout):
+    """A wrong engine_python (a shell script, another program) is reported as engine_python, not nvidia_smi."""
+    python = _script(tmp_path, "python", "cat <<'EOF'\n%sEOF\n" % stdout)
+    smi = _fake_bin(tmp_path, "nvidia-smi", NVSMI_8xH20)
+    r = run_module(preflight_facts, {"nvidia_smi": smi, "sysfs_root": str(tmp_path),
+                                     "engine_python": python, "engine_modules": ["vllm"]})
+    assert r["failed"]
+    assert r["msg"].startswith("engine_python: %s printed no import report" % python)
+    assert "point engine_python at the Python interpreter of the engine environment" in r["msg"]
+
+
+def test_an_engine_python_that_cannot_be_started_fails_naming_engine_python(run_module, tmp_path):
+    python = tmp_path / "python"
+    python.write_text("not a script, no interpreter line\0\n")
+    python.chmod(0o755)
+    r = run_module(preflight_facts, {"nvidia_smi": "none", "sysfs_root": str(tmp_path),
+                                     "engine_python": str(python)})
+    assert r["failed"] and r["msg"].startswith("engine_python: cannot run %s: " % python)
