@@ -16,6 +16,7 @@ import json
 import math
 import os
 import re
+import shlex
 
 from ansible_collections.llmops.serving.plugins.module_utils import _aibrix_route as route
 from ansible_collections.llmops.serving.plugins.module_utils import _k8s_names as names
@@ -30,38 +31,17 @@ MANAGED_BY = "llmops.serving"
 # Paths the AIBrix model-router controller matches (the one list lives in _aibrix_route).
 AIBRIX_ROUTE_PATHS = list(route.ROUTE_PATHS)
 
-# The field report's GLM-5.2 FP8 command lines (TP=8 on 8 x H20 141 GB). ``True`` is a bare flag.
-PROFILES = {
-    "glm-5.2-fp8": {
-        "vllm": [
-            ("kv-cache-dtype", "fp8"),
-            ("gpu-memory-utilization", 0.90),
-            ("max-model-len", 131072),
-            ("max-num-seqs", 16),
-            ("max-num-batched-tokens", 32768),
-            ("tool-call-parser", "glm47"),
-            ("reasoning-parser", "glm45"),
-            ("enable-auto-tool-choice", True),
-            ("enable-prefix-caching", True),
-        ],
-        "sglang": [
-            ("kv-cache-dtype", "fp8_e4m3"),
-            ("reasoning-parser", "glm45"),
-            ("tool-call-parser", "glm47"),
-            ("context-length", 131072),
-            ("mem-fraction-static", 0.85),
-            ("speculative-algorithm", "EAGLE"),
-            ("speculative-num-steps", 3),
-            ("speculative-eagle-topk", 1),
-            ("speculative-num-draft-tokens", 4),
-            ("max-running-requests", 32),
-            ("enable-metrics", True),
-            ("enable-metrics-for-all-schedulers", True),
-            ("enable-cache-report", True),
-        ],
+# Built-in engine profile: no tuning flags at all (a Llama user must not get GLM parsers). Tuned profiles are
+# data (the engine role's vars/profiles.yml, extended by engine_k8s_profiles) passed in as ``profiles``.
+BUILTIN_PROFILES = {
+    "none": {
+        "description": "no tuning flags; only what the collection manages (model, port, TP size, served name, loader)",
+        "vllm": {"args": {}},
+        "sglang": {"args": {}},
     },
-    "none": {"vllm": [], "sglang": []},
 }
+PROFILE_KEYS = {"description", "vllm", "sglang"}
+PROFILE_ENGINE_KEYS = {"min_version", "args"}
 
 DEFAULT_COMMAND = {
     "vllm": ["vllm", "serve"],
@@ -69,44 +49,81 @@ DEFAULT_COMMAND = {
 }
 
 # Flags the collection sets itself: the served name must be byte-identical to the AIBrix label and the
-# port to the probes and the Service, so they cannot be overridden through engine_args/extra_args.
+# port to the probes and the Service, the parallel layout to the GPUs and nodes requested, so they cannot
+# be overridden through engine_args/extra_args.
 MANAGED_FLAGS = {
-    "vllm": {"model", "host", "port", "tensor-parallel-size", "tp", "served-model-name"},
-    "sglang": {"model-path", "model", "host", "port", "tp-size", "tp", "served-model-name"},
+    "vllm": {"model", "host", "port", "tensor-parallel-size", "tp", "served-model-name", "pipeline-parallel-size",
+             "pp", "nnodes", "node-rank", "master-addr", "master-port", "headless"},
+    "sglang": {"model-path", "model", "host", "port", "tp-size", "tp", "served-model-name", "pp-size",
+               "pipeline-parallel-size", "nnodes", "node-rank", "dist-init-addr"},
 }
 
 # Default loader threads per TP rank, by where the weights are read from.
 LOADER_THREADS = {"staged_nvme": 8, "shared_fs": 2}
 
-QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+# CPU and memory requested per GPU when not given: 32 CPUs and 256 GiB for an 8-GPU engine. Requests make the
+# pod Burstable instead of BestEffort (GPUs alone do not count for the QoS class, so without them the engine
+# is the first pod the kubelet evicts under node memory pressure); no CPU/memory limit is set by default, a
+# limit below weights-in-page-cache plus /dev/shm would OOM-kill the loader.
+CPU_PER_GPU = 4
+MEMORY_GI_PER_GPU = 32
+
+# Init processes that forward signals, reap children and exit with the engine's status (128 + signal when it
+# was killed): tini (krallin/tini src/tini.c reap_zombies) and dumb-init (Yelp/dumb-init README).
+INIT_ARGS = {"tini": ["-g", "--"], "dumb-init": ["--"]}
+
+# Multi-node rendezvous: vLLM's multiprocessing launcher (--nnodes/--node-rank/--master-addr, --headless on
+# the other nodes; vllm-project/vllm PR #23691, docs/serving/parallelism_scaling.md) and SGLang's
+# (--nnodes/--node-rank/--dist-init-addr; sgl-project/sglang docs/references/multi_node_deployment).
+VLLM_MULTINODE_MIN = "0.11.0"
+DIST_PORT = {"vllm": 29501, "sglang": 20000}
+LWS_API = "leaderworkerset.x-k8s.io/v1"
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+
+# The SGLang project publishes its images as lmsysorg/sglang; Docker Hub's lmsys/sglang is another account.
+SGLANG_IMAGE = "lmsysorg/sglang"
+DOCKER_HUB = {None, "docker.io", "index.docker.io", "registry-1.docker.io"}
+
+QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 TOLERATION_EFFECTS = {"NoSchedule", "PreferNoSchedule", "NoExecute"}
+SPREAD_KEYS = {"maxSkew", "topologyKey", "whenUnsatisfiable", "labelSelector", "minDomains", "nodeAffinityPolicy",
+               "nodeTaintsPolicy", "matchLabelKeys"}
 
 DEFAULTS = dict(
     engine="vllm",
     served_model_name=None,
     namespace=None,
-    gateway_namespace="aibrix-system",
-    gateway_name="aibrix-eg",
+    gateway_namespace=route.DEFAULT_GATEWAY_NAMESPACE,
+    gateway_name=route.DEFAULT_GATEWAY_NAME,
     model_path=None,
     model_source="staged_nvme",
     model_pvc=None,
     model_pvc_sub_path=None,
     tp_size=8,
+    pp_size=1,
+    nodes=1,
+    dist_port=None,
     replicas=1,
     image=None,
     image_pull_policy="IfNotPresent",
     image_pull_secret=None,
     port=8000,
-    profile="glm-5.2-fp8",
+    profile="none",
+    profiles={},
     engine_args={},
     extra_args=[],
     command=None,
+    init=None,
     gpu_resource="nvidia.com/gpu",
     resources={},
+    cpu_request=None,
+    memory_request=None,
     node_selector={},
     affinity={},
     tolerations=[],
+    priority_class_name=None,
+    topology_spread=[],
     startup_timeout=3600,
     probe_period=10,
     kernel_cache_dir=None,
@@ -119,7 +136,7 @@ DEFAULTS = dict(
     service_name=None,
     manage_route=True,
     route_paths=list(AIBRIX_ROUTE_PATHS),
-    route_request_timeout="120s",
+    route_request_timeout=route.DEFAULT_REQUEST_TIMEOUT,
     labels={},
     annotations={},
 )
@@ -170,24 +187,120 @@ def check_tolerations(tolerations):
             raise SpecError("%s: tolerationSeconds only applies to effect NoExecute" % where)
 
 
+# What a script may 'exec' last without that being the engine: the status would be this command's.
+NOT_AN_ENGINE = {"true", "false", ":", "exit", "sleep", "tail", "echo", "printf", "wait", "cat", "sh", "bash",
+                 "tini", "dumb-init"}
+
+
+def _final_exec_target(command):
+    """The command a ``sh -c SCRIPT`` wrapper finally ``exec``s (basename), or None when there is none to read."""
+    shells = ("sh", "bash", "dash", "zsh", "ksh", "ash")
+    if os.path.basename(command[0]) not in shells:
+        return None
+    script = None
+    for i, tok in enumerate(command[1:], 1):
+        if tok.startswith("-") and "c" in tok.lstrip("-") and not tok.startswith("--") and i + 1 < len(command):
+            script = command[i + 1]
+            break
+    if script is None:
+        return None
+    try:
+        lexer = shlex.shlex(script, posix=True, punctuation_chars=";&|")
+        lexer.whitespace_split = True
+        tokens = list(lexer)
+    except ValueError:
+        return None
+    positions = [i for i, t in enumerate(tokens) if t == "exec"]
+    if not positions:
+        return None
+    rest = tokens[positions[-1] + 1:]
+    while rest and (rest[0].startswith("-") or re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", rest[0])):
+        rest = rest[2:] if rest[0] == "-a" else rest[1:]
+    return os.path.basename(rest[0]) if rest else ""
+
+
 def check_command(command):
     """The engine must be the container's main process, so its exit status is the container's.
 
     The rule is engine_process's (``_process.command_problems``), applied without reading files of this host:
     ``start 2>&1 | tee log`` returns tee's 0 after the engine crashed, and Kubernetes then shows a crashed
-    engine as Completed.
+    engine as Completed. A script whose last ``exec`` runs something that is not an engine (``...; exec true``)
+    is refused too: the container's status would be that command's.
     """
     if not command:
         return
     if not isinstance(command, list) or not all(isinstance(c, str) and c for c in command):
         raise SpecError("command: must be a non-empty list of strings (exec form)")
     reasons = _process.command_problems(list(command), read_files=False)
+    target = _final_exec_target(command)
+    if target is not None and (target in NOT_AN_ENGINE or not target):
+        reasons.append("its last 'exec' runs %r, not the engine, so the container exits with that command's "
+                       "status" % (target or "nothing"))
     if reasons:
         raise SpecError(
             "command: the %s command wraps the engine in a way that masks its exit status (%s). A crashed engine "
             "would show as Completed/exit 0; run the engine directly (exec form) or 'exec' it as the last "
             "step of the script." % (os.path.basename(command[0]), "; ".join(reasons))
         )
+
+
+def init_flavour(init):
+    """``tini`` or ``dumb-init`` for an init path in the image; SpecError for anything else."""
+    if not isinstance(init, str) or not init or any(c.isspace() for c in init):
+        raise SpecError("init: %r is not the path of an init binary in the image (e.g. /usr/bin/tini)" % (init,))
+    base = os.path.basename(init)
+    if base == "tini" or base.startswith("tini-"):
+        return "tini"
+    if base == "dumb-init":
+        return "dumb-init"
+    raise SpecError(
+        "init: %r is neither tini nor dumb-init. Name the one the image has (/usr/bin/tini, /usr/bin/dumb-init), "
+        "or leave init unset: the pod then shares its process namespace, so the pause container is PID 1 and "
+        "the engine is not" % (init,))
+
+
+def check_quantity(field, value, cpu=False):
+    if value is None or value == "":
+        return
+    text = str(value)
+    if not QUANTITY.match(text) or (not cpu and text.endswith("m")):
+        raise SpecError("%s: %r is not a Kubernetes quantity such as %s" % (field, value, "32 or 500m" if cpu else "256Gi"))
+
+
+_UNITS = {"": 1, "k": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9, "T": 10 ** 12, "P": 10 ** 15, "E": 10 ** 18,
+          "Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "Pi": 2 ** 50, "Ei": 2 ** 60}
+
+
+def quantity_bytes(value):
+    m = re.match(r"^([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)$", str(value))
+    if not m or m.group(2) not in _UNITS:
+        return None
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def check_topology_spread(spread, selector):
+    """Validate topology spread constraints; fill maxSkew 1, ScheduleAnyway and the engine's pod selector."""
+    if not isinstance(spread, list):
+        raise SpecError("topology_spread: must be a list of topologySpreadConstraints")
+    out = []
+    for i, item in enumerate(spread):
+        where = "topology_spread[%d]" % i
+        if not isinstance(item, dict) or not isinstance(item.get("topologyKey"), str) or not item.get("topologyKey"):
+            raise SpecError("%s: each constraint needs a topologyKey (e.g. kubernetes.io/hostname or "
+                            "topology.kubernetes.io/zone)" % where)
+        unknown = sorted(set(item) - SPREAD_KEYS)
+        if unknown:
+            raise SpecError("%s: unknown field(s) %s; allowed: %s" % (where, ", ".join(unknown), ", ".join(sorted(SPREAD_KEYS))))
+        c = dict(item)
+        c.setdefault("maxSkew", 1)
+        c.setdefault("whenUnsatisfiable", "ScheduleAnyway")
+        c.setdefault("labelSelector", {"matchLabels": dict(selector)})
+        if not isinstance(c["maxSkew"], int) or isinstance(c["maxSkew"], bool) or c["maxSkew"] < 1:
+            raise SpecError("%s: maxSkew must be an integer >= 1" % where)
+        if c["whenUnsatisfiable"] not in ("DoNotSchedule", "ScheduleAnyway"):
+            raise SpecError("%s: whenUnsatisfiable %r is not DoNotSchedule or ScheduleAnyway" % (where, c["whenUnsatisfiable"]))
+        out.append(c)
+    return out
 
 
 def check_credentials(p):
@@ -228,6 +341,139 @@ def check_args(engine, engine_args, extra_args):
                 "extra_args: %r is set by the collection; use the dedicated variable (served_model_name, "
                 "port, tp_size, model_path) so labels, probes and Service stay consistent" % tok
             )
+
+
+# --------------------------------------------------------------------------------------------- #
+# Profiles, engine versions and images
+# --------------------------------------------------------------------------------------------- #
+
+_VERSION = re.compile(r"^v?(?P<release>[0-9]+(?:\.[0-9]+){1,3})(?:[-_.]?(?P<pre>a|b|rc)(?P<pren>[0-9]*))?"
+                      r"(?:[-_.]?post(?P<post>[0-9]+))?(?:[-_.]?dev(?P<dev>[0-9]*))?(?P<rest>[-+].*)?$")
+_PRE_RANK = {"a": 0, "b": 1, "rc": 2}
+
+
+def version_key(text):
+    """A sortable key for a PEP 440-style version or image tag (``0.5.16b1``, ``v0.26.0-cu129``); None if none.
+
+    Pre-releases sort before the release (``0.26.0b2.dev1 < 0.26.0b2 < 0.26.0``), ``.devN`` before its
+    pre-release or release, ``.postN`` after. Anything after ``-`` or ``+`` (a CUDA flavour) is ignored.
+    """
+    m = _VERSION.match(str(text or ""))
+    if not m:
+        return None
+    release = tuple(int(x) for x in m.group("release").split("."))
+    release = release + (0,) * (4 - len(release))
+    if m.group("pre"):
+        pre = (_PRE_RANK[m.group("pre")], int(m.group("pren") or 0))
+    elif m.group("dev") is not None and m.group("post") is None:
+        pre = (-1, 0)
+    else:
+        pre = (3, 0)
+    post = int(m.group("post")) if m.group("post") is not None else -1
+    dev = int(m.group("dev") or 0) if m.group("dev") is not None else float("inf")
+    return (release, pre, post, dev)
+
+
+def parse_image(image):
+    """``registry``, ``repository`` (Docker Hub names with ``library/``), ``tag`` and ``digest`` of an image."""
+    ref, _sep, digest = str(image).partition("@")
+    first, slash, rest = ref.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        registry, path = first, rest
+    else:
+        registry, path = None, ref
+    name, colon, tag = path.rpartition(":")
+    if not colon or "/" in tag:
+        name, tag = path, None
+    if registry in DOCKER_HUB and "/" not in name:
+        name = "library/" + name
+    return dict(registry=registry, repository=name, tag=tag or None, digest=digest or None)
+
+
+def profiles_table(profiles):
+    """The built-in ``none`` profile plus ``profiles`` (validated); names the field of every problem."""
+    if not isinstance(profiles, dict):
+        raise SpecError("profiles: must be a mapping of profile name to {description, vllm, sglang}")
+    table = dict(BUILTIN_PROFILES)
+    for name, prof in profiles.items():
+        where = "profiles.%s" % name
+        if name == "none":
+            raise SpecError("%s: 'none' is built in (no tuning flags) and cannot be redefined; give the profile "
+                            "another name" % where)
+        if not isinstance(prof, dict):
+            raise SpecError("%s: must be a mapping with description, vllm and/or sglang" % where)
+        unknown = sorted(set(prof) - PROFILE_KEYS)
+        if unknown:
+            raise SpecError("%s: unknown key(s) %s; a profile has %s" % (where, ", ".join(unknown), ", ".join(sorted(PROFILE_KEYS))))
+        for engine in ("vllm", "sglang"):
+            entry = prof.get(engine)
+            if entry is None:
+                continue
+            ew = "%s.%s" % (where, engine)
+            if not isinstance(entry, dict) or sorted(set(entry) - PROFILE_ENGINE_KEYS):
+                raise SpecError("%s: must be a mapping with min_version and args" % ew)
+            if not isinstance(entry.get("args", {}), dict):
+                raise SpecError("%s.args: must be a mapping of flag (without --) to value" % ew)
+            if entry.get("min_version") is not None and version_key(entry["min_version"]) is None:
+                raise SpecError("%s.min_version: %r is not a version such as 0.5.16b1" % (ew, entry["min_version"]))
+            for flag in entry.get("args", {}):
+                if str(flag).lstrip("-") in MANAGED_FLAGS[engine]:
+                    raise SpecError("%s.args: %r is set by the collection (served name, port, parallel layout and "
+                                    "model path); remove it from the profile" % (ew, flag))
+        table[name] = prof
+    return table
+
+
+def profile_entry(profiles, name, engine):
+    """``(flag pairs, min_version or None)`` of profile ``name`` for ``engine``."""
+    table = profiles_table(profiles or {})
+    if name not in table:
+        raise SpecError(
+            "profile: %r is not defined (known: %s). Profiles are data: the engine role's vars/profiles.yml and "
+            "engine_k8s_profiles (module option profiles)" % (name, ", ".join(sorted(table))))
+    entry = table[name].get(engine)
+    if entry is None:
+        raise SpecError("profile: %r has no %s entry (it is tuned for %s only); use profile none or add one"
+                        % (name, engine, ", ".join(e for e in ("vllm", "sglang") if e in table[name])))
+    return list((entry.get("args") or {}).items()), entry.get("min_version")
+
+
+def check_image(engine, image, min_version=None, profile="none", nodes=1):
+    """Refuse an image that cannot run this profile; return warnings for what cannot be checked.
+
+    * SGLang's images are ``lmsysorg/sglang``; ``lmsys/sglang`` on Docker Hub is not the project's.
+    * A tag whose version is older than the profile's ``min_version`` is refused (vLLM multi-node needs
+      :data:`VLLM_MULTINODE_MIN`); a tag without a version (``latest``) or a digest-only image warns.
+    * A tag without a digest warns: the tag can move to another build between two pods of one rollout.
+    """
+    ref = parse_image(image)
+    warnings = []
+    if engine == "sglang" and ref["registry"] in DOCKER_HUB and ref["repository"] == "lmsys/sglang":
+        raise SpecError("image: %r is not SGLang's image; the project publishes lmsysorg/sglang (for example "
+                        "lmsysorg/sglang:v0.5.16), lmsys/sglang on Docker Hub is another account" % (image,))
+    other = "sglang" if engine == "vllm" else "vllm"
+    short = ref["repository"].rsplit("/", 1)[-1]
+    if other in short and engine not in short:
+        warnings.append("image: %s looks like a %s image but engine is %s" % (image, other, engine))
+    needs = []
+    if min_version:
+        needs.append((min_version, "profile %s" % profile))
+    if engine == "vllm" and nodes > 1:
+        needs.append((VLLM_MULTINODE_MIN, "multi-node serving without Ray (--nnodes/--node-rank/--master-addr)"))
+    have = version_key(ref["tag"]) if ref["tag"] else None
+    for need, why in needs:
+        if have is None:
+            warnings.append("image: the %s version of %s cannot be read from its %s; %s needs %s %s or newer, "
+                            "check the image" % (engine, image, "tag %r" % ref["tag"] if ref["tag"] else "digest",
+                                                 why, engine, need))
+        elif have < version_key(need):
+            raise SpecError("image: %s is %s %s, older than %s needs (%s or newer); use a newer image%s"
+                            % (image, engine, ref["tag"], why, need,
+                               " or profile none with your own engine_args" if min_version and "profile" in why else ""))
+    if ref["tag"] and not ref["digest"]:
+        warnings.append("image: %s is pinned by tag only; a tag can be moved to another build between two pods of "
+                        "one rollout. Pin it by digest (%s@sha256:...)" % (image, image))
+    return warnings
 
 
 # --------------------------------------------------------------------------------------------- #
@@ -312,10 +558,16 @@ def _json_or_error(raw):
     return value
 
 
-def engine_argv(p):
-    """Return ``(command, args, final_flags)`` for the container."""
+def engine_argv(p, role="leader"):
+    """Return ``(command, args, final_flags)`` for the engine container of ``role`` (leader or worker).
+
+    ``command`` is the engine's entrypoint; the init (``p["init"]``), when one is used, is put in front by
+    :func:`container_command`. Multi-node pods (``nodes`` > 1) get the engine's rendezvous flags: the node's
+    rank is ``$(LWS_WORKER_INDEX)`` (0 on the leader) and the leader's address ``$(LWS_LEADER_ADDRESS)``, both
+    expanded by the kubelet from the container's environment.
+    """
     engine = p["engine"]
-    pairs = list(PROFILES[p["profile"]][engine])
+    pairs, _min = profile_entry(p["profiles"], p["profile"], engine)
     threads = p["loader_threads"] or LOADER_THREADS[p["model_source"]]
     pairs += loader_args(engine, p["model_source"], threads)
     final = dict((k.lstrip("-"), v) for k, v in pairs)
@@ -328,12 +580,33 @@ def engine_argv(p):
     if engine == "vllm":
         head = [p["model_path"], "--host", "0.0.0.0", "--port", str(p["port"]),
                 "--tensor-parallel-size", str(p["tp_size"]), "--served-model-name", p["served_model_name"]]
+        if p["pp_size"] > 1:
+            head += ["--pipeline-parallel-size", str(p["pp_size"])]
+        if p["nodes"] > 1:
+            rank = "0" if role == "leader" else "$(LWS_WORKER_INDEX)"
+            head += ["--nnodes", str(p["nodes"]), "--node-rank", rank, "--master-addr", "$(LWS_LEADER_ADDRESS)",
+                     "--master-port", str(p["dist_port"])]
+            if role == "worker":
+                head.append("--headless")
     else:
         head = ["--model-path", p["model_path"], "--host", "0.0.0.0", "--port", str(p["port"]),
                 "--tp-size", str(p["tp_size"]), "--served-model-name", p["served_model_name"]]
+        if p["pp_size"] > 1:
+            head += ["--pp-size", str(p["pp_size"])]
+        if p["nodes"] > 1:
+            rank = "0" if role == "leader" else "$(LWS_WORKER_INDEX)"
+            head += ["--nnodes", str(p["nodes"]), "--node-rank", rank,
+                     "--dist-init-addr", "$(LWS_LEADER_ADDRESS):%d" % p["dist_port"]]
     args = head + args_to_argv([(k, final[k]) for k in order]) + list(p["extra_args"] or [])
     command = list(p["command"] or DEFAULT_COMMAND[engine])
     return command, args, final
+
+
+def container_command(p, command):
+    """The container's entrypoint: the engine itself, or ``init -- engine`` when ``init`` names tini/dumb-init."""
+    if not p["init"]:
+        return list(command)
+    return [p["init"]] + INIT_ARGS[init_flavour(p["init"])] + list(command)
 
 
 # --------------------------------------------------------------------------------------------- #
@@ -380,6 +653,14 @@ def _env(p):
     if p["hf_token_secret"]:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": p["hf_token_secret"]["name"], "key": p["hf_token_secret"].get("key") or "token"}}})
+    if p["nodes"] > 1:
+        # The node rank for $(LWS_WORKER_INDEX) in the arguments, from the label LeaderWorkerSet puts on every
+        # pod (0 on the leader); the same downward-API reference SGLang's LWS examples use.
+        env.append({"name": "LWS_WORKER_INDEX", "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.labels['%s']" % LWS_WORKER_INDEX_LABEL}}})
+        if p["engine"] == "vllm":
+            # the address this node's workers announce to the others
+            env.append({"name": "VLLM_HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     seen = {e["name"] for e in env}
     for item in p["env"] or []:
         if item["name"] in seen:
@@ -388,13 +669,39 @@ def _env(p):
     return env
 
 
+def gpus_per_pod(p):
+    return p["tp_size"] * p["pp_size"] // p["nodes"]
+
+
+def container_resources(p, gpus):
+    """GPU count exactly; CPU and memory requested (4 CPUs and 32 GiB per GPU unless given).
+
+    An explicit ``resources.requests`` value wins, then ``cpu_request``/``memory_request``; with only a limit
+    set, no request is added (Kubernetes then requests the limit).
+    """
+    given = p["resources"] or {}
+    requests = dict(given.get("requests") or {})
+    limits = dict(given.get("limits") or {})
+    for key, explicit, default in (("cpu", p["cpu_request"], str(CPU_PER_GPU * gpus)),
+                                   ("memory", p["memory_request"], "%dGi" % (MEMORY_GI_PER_GPU * gpus))):
+        if key in requests:
+            continue
+        if explicit:
+            requests[key] = str(explicit)
+        elif key not in limits:
+            requests[key] = default
+    gpu = {p["gpu_resource"]: str(gpus)}
+    requests.update(gpu)
+    limits.update(gpu)
+    return {"requests": requests, "limits": limits}
+
+
 def _validate(p):
     # Credentials first: no later message can then quote one.
     check_credentials(p)
     if p["engine"] not in ("vllm", "sglang"):
         raise SpecError("engine: %r is not vllm or sglang" % (p["engine"],))
-    if p["profile"] not in PROFILES:
-        raise SpecError("profile: %r is not one of %s" % (p["profile"], ", ".join(sorted(PROFILES))))
+    profile_entry(p["profiles"], p["profile"], p["engine"])
     if p["model_source"] not in LOADER_THREADS:
         raise SpecError("model_source: %r is not staged_nvme or shared_fs" % (p["model_source"],))
     for field in ("served_model_name", "namespace", "model_path", "image"):
@@ -418,40 +725,110 @@ def _validate(p):
             raise SpecError("%s: %r must be an absolute path (it is the node path and the container path)" % (field, p[field]))
     if p["model_pvc"] and p["model_source"] != "shared_fs":
         raise SpecError("model_pvc: only used with model_source=shared_fs (staged revisions are read from the node's NVMe)")
-    for field, low in (("tp_size", 1), ("replicas", 0), ("port", 1), ("startup_timeout", 60), ("probe_period", 1)):
-        if not isinstance(p[field], int) or p[field] < low:
+    for field, low in (("tp_size", 1), ("pp_size", 1), ("nodes", 1), ("replicas", 0), ("port", 1),
+                       ("startup_timeout", 60), ("probe_period", 1)):
+        if not isinstance(p[field], int) or isinstance(p[field], bool) or p[field] < low:
             raise SpecError("%s: must be an integer >= %d, got %r" % (field, low, p[field]))
     if p["port"] > 65535:
         raise SpecError("port: %r is not a TCP port" % p["port"])
+    if (p["tp_size"] * p["pp_size"]) % p["nodes"]:
+        raise SpecError("nodes: tp_size x pp_size = %d GPUs cannot be split evenly over %d nodes; each node holds "
+                        "the same number of GPUs (for two 8-GPU nodes: tp_size 8, pp_size 2, nodes 2)"
+                        % (p["tp_size"] * p["pp_size"], p["nodes"]))
+    if p["dist_port"] is not None and (not isinstance(p["dist_port"], int) or not 1 <= p["dist_port"] <= 65535
+                                       or p["dist_port"] == p["port"]):
+        raise SpecError("dist_port: %r must be a TCP port other than port (%d)" % (p["dist_port"], p["port"]))
     if p["loader_threads"] is not None and (not isinstance(p["loader_threads"], int) or p["loader_threads"] < 1):
         raise SpecError("loader_threads: must be an integer >= 1")
     if p["shm_size"] and not QUANTITY.match(str(p["shm_size"])):
         raise SpecError("shm_size: %r is not a Kubernetes quantity such as 64Gi" % (p["shm_size"],))
+    check_quantity("cpu_request", p["cpu_request"], cpu=True)
+    check_quantity("memory_request", p["memory_request"])
     if p["hf_token_secret"] and not (isinstance(p["hf_token_secret"], dict) and p["hf_token_secret"].get("name")):
         raise SpecError("hf_token_secret: must be {name: <Secret>, key: <key>} naming an existing Secret")
     if p["image_pull_secret"] and not names.is_dns1123_subdomain(p["image_pull_secret"]):
         raise SpecError("image_pull_secret: %r is not a Secret name" % (p["image_pull_secret"],))
+    if p["priority_class_name"] and not names.is_dns1123_subdomain(p["priority_class_name"]):
+        raise SpecError("priority_class_name: %r is not a PriorityClass name" % (p["priority_class_name"],))
     gpu_in_resources = [k for part in ("requests", "limits") for k in (p["resources"] or {}).get(part, {}) if k == p["gpu_resource"]]
     if gpu_in_resources:
-        raise SpecError("resources: do not set %s there; the engine requests exactly tp_size GPUs" % p["gpu_resource"])
+        raise SpecError("resources: do not set %s there; the engine requests exactly tp_size GPUs (tp_size x pp_size / nodes per pod)"
+                        % p["gpu_resource"])
     for key in (p["labels"] or {}):
         if key.startswith("model.aibrix.ai/") or key.startswith("app.kubernetes.io/"):
             raise SpecError("labels: %r is set by the collection and cannot be overridden" % key)
+    if p["init"]:
+        init_flavour(p["init"])
     check_tolerations(p["tolerations"] or [])
     check_command(p["command"])
     check_args(p["engine"], p["engine_args"] or {}, p["extra_args"] or [])
+
+
+def _pod_spec(p, container, volumes, spread):
+    spec = {
+        "containers": [container],
+        "volumes": volumes,
+        # Service links inject <SVC>_PORT=tcp://... variables; a Service named "vllm" would shadow
+        # vLLM's own VLLM_PORT setting.
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 120,
+    }
+    if not p["init"]:
+        # Without an init in the image the pause container becomes PID 1, so the engine is not: a process that
+        # SIGKILLs itself as PID 1 survives it (the kernel drops signals PID 1 has no handler for), and SGLang's
+        # kill_process_tree then reaches sys.exit(0) and the crash shows as Completed.
+        spec["shareProcessNamespace"] = True
+    if p["node_selector"]:
+        spec["nodeSelector"] = dict(p["node_selector"])
+    if p["affinity"]:
+        spec["affinity"] = p["affinity"]
+    if p["tolerations"]:
+        spec["tolerations"] = [dict(t) for t in p["tolerations"]]
+    if p["image_pull_secret"]:
+        spec["imagePullSecrets"] = [{"name": p["image_pull_secret"]}]
+    if p["priority_class_name"]:
+        spec["priorityClassName"] = p["priority_class_name"]
+    if spread:
+        spec["topologySpreadConstraints"] = [dict(c) for c in spread]
+    return spec
+
+
+def _container(p, role, volumes_mounts, probes_):
+    command, args, _final = engine_argv(p, role)
+    container = {
+        "name": "engine",
+        "image": p["image"],
+        "imagePullPolicy": p["image_pull_policy"],
+        "command": container_command(p, command),
+        "args": args,
+        "ports": [{"name": "http", "containerPort": p["port"], "protocol": "TCP"}],
+        "env": _env(p),
+        "resources": container_resources(p, gpus_per_pod(p)),
+        "volumeMounts": volumes_mounts,
+    }
+    if p["nodes"] > 1:
+        container["ports"].append({"name": "dist", "containerPort": p["dist_port"], "protocol": "TCP"})
+    if role == "leader":
+        container["startupProbe"], container["readinessProbe"], container["livenessProbe"] = probes_
+    if not container["env"]:
+        del container["env"]
+    return container
 
 
 def build(params):
     """Validate ``params`` (keys of :data:`DEFAULTS`) and return the objects and derived facts."""
     p = dict(DEFAULTS)
     p.update({k: v for k, v in params.items() if v is not None or k in ("loader_threads",)})
+    if p["dist_port"] is None:
+        p["dist_port"] = DIST_PORT.get(p["engine"], 29501)
     _validate(p)
     model = p["served_model_name"]
     svc = p["service_name"] or names.service_name(model)
+    _pairs, min_version = profile_entry(p["profiles"], p["profile"], p["engine"])
+    warnings = check_image(p["engine"], p["image"], min_version, p["profile"], p["nodes"])
     command, args, final = engine_argv(p)
-    concurrency = read_concurrency(p["engine"], p["model_source"], p["replicas"], p["tp_size"], final)
-    warnings = []
+    gpus = gpus_per_pod(p)
+    concurrency = read_concurrency(p["engine"], p["model_source"], p["replicas"] * p["nodes"], gpus, final)
     if p["model_source"] == "shared_fs" and concurrency["concurrent_reads"] > p["read_streams_warn"]:
         warnings.append(
             "%s exceeds read_streams_warn=%d; the shared filesystem sees this per rollout. Stage the "
@@ -466,78 +843,86 @@ def build(params):
     elif p["kernel_cache_env"]:
         warnings.append("kernel_cache_env is set but kernel_cache_dir is not: the caches land in the "
                         "container filesystem and are lost with the pod")
+    resources = container_resources(p, gpus)
+    mem, shm = quantity_bytes(resources["requests"].get("memory", 0)), quantity_bytes(p["shm_size"] or 0)
+    if mem is not None and shm and mem < shm:
+        warnings.append("memory request %s is below shm_size %s: /dev/shm is memory charged to the engine "
+                        "container" % (resources["requests"]["memory"], p["shm_size"]))
 
+    multi = p["nodes"] > 1
     selector = {"app.kubernetes.io/name": svc, "app.kubernetes.io/instance": svc}
     common = dict(selector, **{"app.kubernetes.io/component": "engine", "app.kubernetes.io/managed-by": MANAGED_BY})
     aibrix = route.pod_labels(model, p["port"], p["engine"])
-    pod_labels = dict(common, **aibrix)
-    pod_labels.update(p["labels"] or {})
-    # With the route managed here the Deployment itself carries no model.aibrix.ai/name: the AIBrix
-    # controller would otherwise create its own <model>-router pointing at a Service named exactly the
-    # model (impossible for names with dots). The gateway and /v1/models discover the pods' labels.
-    deploy_labels = dict(common) if p["manage_route"] else dict(common, **aibrix)
+    # The leader (the pod that serves HTTP) carries component=engine; multi-node workers engine-worker, so the
+    # Service, the AIBrix labels and the rollout wait select the leader only.
+    pod_selector = dict(selector, **{"app.kubernetes.io/component": "engine"}) if multi else dict(selector)
+    leader_labels = dict(common, **aibrix)
+    leader_labels.update(p["labels"] or {})
+    worker_labels = dict(common, **{"app.kubernetes.io/component": "engine-worker"})
+    worker_labels.update(p["labels"] or {})
+    # The workload itself never carries model.aibrix.ai/name when the route is managed here: AIBrix's
+    # controller would otherwise create its own <model>-router pointing at a Service named exactly the model
+    # (impossible for names with dots). The gateway and /v1/models discover the pods' labels.
+    workload_labels = route.workload_labels(common) if p["manage_route"] else dict(common, **aibrix)
+    spread = check_topology_spread(p["topology_spread"] or [], selector)
 
     startup, readiness, liveness = probes(p["startup_timeout"], p["probe_period"])
     volumes, mounts = _volumes(p)
-    gpu = {p["gpu_resource"]: str(p["tp_size"])}
-    resources = {"requests": dict((p["resources"] or {}).get("requests", {}), **gpu),
-                 "limits": dict((p["resources"] or {}).get("limits", {}), **gpu)}
-    container = {
-        "name": "engine",
-        "image": p["image"],
-        "imagePullPolicy": p["image_pull_policy"],
-        "command": command,
-        "args": args,
-        "ports": [{"name": "http", "containerPort": p["port"], "protocol": "TCP"}],
-        "env": _env(p),
-        "resources": resources,
-        "volumeMounts": mounts,
-        "startupProbe": startup,
-        "readinessProbe": readiness,
-        "livenessProbe": liveness,
-    }
-    if not container["env"]:
-        del container["env"]
-    pod_spec = {
-        "containers": [container],
-        "volumes": volumes,
-        # Service links inject <SVC>_PORT=tcp://... variables; a Service named "vllm" would shadow
-        # vLLM's own VLLM_PORT setting.
-        "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 120,
-    }
-    if p["node_selector"]:
-        pod_spec["nodeSelector"] = dict(p["node_selector"])
-    if p["affinity"]:
-        pod_spec["affinity"] = p["affinity"]
-    if p["tolerations"]:
-        pod_spec["tolerations"] = [dict(t) for t in p["tolerations"]]
-    if p["image_pull_secret"]:
-        pod_spec["imagePullSecrets"] = [{"name": p["image_pull_secret"]}]
-    template_meta = {"labels": pod_labels}
-    if p["annotations"]:
-        template_meta["annotations"] = dict(p["annotations"])
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": svc, "namespace": p["namespace"], "labels": deploy_labels,
-                     "annotations": {"llmops.serving/served-model-name": model}},
-        "spec": {
-            "replicas": p["replicas"],
-            # A TP=8 pod holds a whole 8-GPU node; a surge pod could never schedule beside it.
-            "strategy": {"type": "Recreate"},
-            # Longer than the startup window plus image pull, so a slow cold start is not "failed".
-            "progressDeadlineSeconds": p["startup_timeout"] + 1800,
-            "selector": {"matchLabels": selector},
-            "template": {"metadata": template_meta, "spec": pod_spec},
-        },
-    }
+    annotations = {route.SERVED_NAME_ANNOTATION: model}
+
+    def template(role):
+        meta = {"labels": leader_labels if role == "leader" else worker_labels}
+        if p["annotations"]:
+            meta["annotations"] = dict(p["annotations"])
+        container = _container(p, role, [dict(m) for m in mounts], (startup, readiness, liveness))
+        return {"metadata": meta, "spec": _pod_spec(p, container, [dict(v) for v in volumes], spread)}
+
+    if multi:
+        lws_name = names.statefulset_safe_name(svc)
+        workload = {
+            "apiVersion": LWS_API,
+            "kind": "LeaderWorkerSet",
+            "metadata": {"name": lws_name, "namespace": p["namespace"], "labels": workload_labels,
+                         "annotations": dict(annotations)},
+            "spec": {
+                "replicas": p["replicas"],
+                # Workers are created with the leader: the leader cannot become Ready before every node joined.
+                "startupPolicy": "LeaderCreated",
+                # One group (all of its nodes) at a time, never an extra group of GPU nodes.
+                "rolloutStrategy": {"type": "RollingUpdate",
+                                    "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0}},
+                "leaderWorkerTemplate": {
+                    "size": p["nodes"],
+                    # A restarted rank cannot rejoin a running NCCL group: the whole group starts again.
+                    "restartPolicy": "RecreateGroupOnPodRestart",
+                    "leaderTemplate": template("leader"),
+                    "workerTemplate": template("worker"),
+                },
+            },
+        }
+    else:
+        workload = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": svc, "namespace": p["namespace"], "labels": workload_labels,
+                         "annotations": dict(annotations)},
+            "spec": {
+                "replicas": p["replicas"],
+                # One GPU node at a time and never a surge pod (a TP=8 pod holds a whole node, a surge pod could
+                # not schedule beside it): with one replica the same as Recreate, with more the others keep serving.
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+                # Longer than the startup window plus image pull, so a slow cold start is not "failed".
+                "progressDeadlineSeconds": p["startup_timeout"] + 1800,
+                "selector": {"matchLabels": selector},
+                "template": template("leader"),
+            },
+        }
     service = {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": svc, "namespace": p["namespace"], "labels": dict(common),
-                     "annotations": {"llmops.serving/served-model-name": model}},
-        "spec": {"type": "ClusterIP", "selector": selector,
+                     "annotations": dict(annotations)},
+        "spec": {"type": "ClusterIP", "selector": dict(pod_selector),
                  "ports": [{"name": "http", "port": p["port"], "targetPort": "http", "protocol": "TCP"}]},
     }
     objects = [service]
@@ -552,7 +937,20 @@ def build(params):
             raise SpecError(str(e))
         objects.extend(routed["objects"])
         warnings.extend(routed["warnings"])
-    objects.append(deployment)
+    pdb_name = None
+    if p["replicas"] > 1:
+        # Voluntary disruptions (node drains) take one engine pod at a time; the others keep serving.
+        pdb_name = svc
+        objects.append({
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": svc, "namespace": p["namespace"], "labels": dict(common)},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": dict(selector)}},
+        })
+    objects.append(workload)
+    problems = route.workload_problems(objects) if p["manage_route"] else []
+    if problems:
+        raise SpecError("; ".join(problems))
     net = _secrets.Scan(env_field="env")
     net.objects(objects)
     net.refuse(SpecError)
@@ -560,13 +958,15 @@ def build(params):
     return dict(
         objects=objects,
         service_name=svc,
-        deployment_name=svc,
+        deployment_name=None if multi else svc,
+        workload=dict(kind=workload["kind"], name=workload["metadata"]["name"]),
+        pod_disruption_budget_name=pdb_name,
         route_name=routed["route_name"],
         reference_grant_name=routed["reference_grant_name"],
         namespace=p["namespace"],
         gateway_namespace=p["gateway_namespace"],
-        pod_selector=selector,
-        command=command + args,
+        pod_selector=pod_selector,
+        command=container_command(p, command) + args,
         read_concurrency=concurrency,
         probe_windows=dict(startup_seconds=startup_window,
                            readiness_seconds=readiness["periodSeconds"] * readiness["failureThreshold"],

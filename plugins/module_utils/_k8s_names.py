@@ -97,6 +97,17 @@ def route_name(model_name):
     return name
 
 
+# LeaderWorkerSet names its worker StatefulSets <lws>-<group index> and the StatefulSet controller labels every
+# pod controller-revision-hash=<statefulset>-<10-character hash>, a label value of at most 63 characters; a
+# LeaderWorkerSet name of at most 45 characters leaves room for 99999 groups.
+STATEFULSET_BASE_MAX = 45
+
+
+def statefulset_safe_name(name, max_len=STATEFULSET_BASE_MAX):
+    """``name`` when short enough to base StatefulSet pod names on, else cut with an 8-hex hash of ``name``."""
+    return dns1035_name(name, max_len=max_len)
+
+
 def reference_grant_name(service, gateway_namespace):
     """Name of the ReferenceGrant that lets routes in ``gateway_namespace`` reach ``service``.
 

@@ -10,13 +10,24 @@ module: engine_manifests
 short_description: Build the Kubernetes objects that serve one model with vLLM or SGLang behind AIBrix
 version_added: "0.1.0"
 description:
-  - Builds a Deployment (exactly O(tp_size) GPUs, staged revision mounted read-only, C(/dev/shm) in
-    memory, startup probe covering O(startup_timeout)), a Service whose name is a DNS-1035 label derived
-    from O(served_model_name), the AIBrix HTTPRoute C(<model>-router) in O(gateway_namespace) pointing at
-    that Service and, when O(namespace) differs from O(gateway_namespace), a C(v1beta1) ReferenceGrant
-    for exactly that Service.
-  - The pod carries the AIBrix labels C(model.aibrix.ai/name) (= O(served_model_name) = the request's
-    model), C(model.aibrix.ai/port) and C(model.aibrix.ai/engine).
+  - Builds a Deployment (exactly O(tp_size) GPUs, CPU and memory requested, staged revision mounted read-only,
+    C(/dev/shm) in memory, startup probe covering O(startup_timeout), rolled one pod at a time without a surge
+    pod), a Service whose name is a DNS-1035 label derived from O(served_model_name), the AIBrix HTTPRoute
+    C(<model>-router) in O(gateway_namespace) pointing at that Service, when O(namespace) differs from
+    O(gateway_namespace) a C(v1beta1) ReferenceGrant for exactly that Service, and with O(replicas) > 1 a
+    PodDisruptionBudget (one pod at a time).
+  - With O(nodes) > 1 the engine spans several nodes (for example O(tp_size=8), O(pp_size=2), O(nodes=2)) as a
+    LeaderWorkerSet (C(leaderworkerset.x-k8s.io/v1)); the leader serves HTTP, the workers join through the
+    engine's own rendezvous flags (vLLM C(--nnodes/--node-rank/--master-addr/--headless), SGLang
+    C(--nnodes/--node-rank/--dist-init-addr)).
+  - The pods (only the leader of a multi-node group) carry the AIBrix labels C(model.aibrix.ai/name)
+    (= O(served_model_name) = the request's model), C(model.aibrix.ai/port) and C(model.aibrix.ai/engine); the
+    Deployment or LeaderWorkerSet itself does not, so AIBrix's route controller creates no competing route.
+  - The engine never runs as PID 1, where a crash can end in exit 0 (SGLang's C(kill_process_tree) SIGKILLs
+    itself, which PID 1 survives, then calls C(sys.exit(0))): it runs under O(init) when the image has one,
+    else the pod shares its process namespace (C(shareProcessNamespace), the pause container is PID 1).
+  - The image is checked before anything is rendered: a tag older than the profile's C(min_version) is refused,
+    C(lmsys/sglang) is refused (SGLang publishes C(lmsysorg/sglang)), a tag without a digest warns.
   - Loader settings follow O(model_source) and the expected concurrent weight reads
     (pods x TP ranks x threads per rank) are returned in RV(read_concurrency).
   - Every input is validated before anything is written; errors name the option and the fix.
@@ -75,9 +86,23 @@ options:
     description: Path of the revision inside O(model_pvc); requires O(model_pvc).
     type: str
   tp_size:
-    description: Tensor-parallel size; the pod requests exactly this many GPUs.
+    description: Tensor-parallel size; a single-node pod requests exactly O(tp_size) x O(pp_size) GPUs.
     type: int
     default: 8
+  pp_size:
+    description: Pipeline-parallel size (vLLM C(--pipeline-parallel-size), SGLang C(--pp-size)); usually the number of nodes.
+    type: int
+    default: 1
+  nodes:
+    description:
+      - Nodes one engine spans. With more than one, the engine is a LeaderWorkerSet of this group size and each
+        pod requests O(tp_size) x O(pp_size) / O(nodes) GPUs (the LeaderWorkerSet controller must be installed).
+      - vLLM needs 0.11.0 or newer (its multiprocessing multi-node launcher); older vLLM needs Ray, not rendered here.
+    type: int
+    default: 1
+  dist_port:
+    description: Multi-node rendezvous port on the leader (vLLM C(--master-port), default 29501; SGLang C(--dist-init-addr), default 20000).
+    type: int
   replicas:
     description: Number of engine pods.
     type: int
@@ -100,11 +125,18 @@ options:
     default: 8000
   profile:
     description:
-      - Built-in engine arguments. C(glm-5.2-fp8) is the field-tested GLM-5.2 FP8 TP=8 command line
-        (fp8 KV cache, 131072 context, glm47/glm45 parsers, prefix caching; SGLang with EAGLE and metrics).
+      - Name of the engine profile from O(profiles) whose arguments come first. C(none) (built in) adds no
+        tuning flags, so a model gets no other model's parsers.
+      - The engine role's C(vars/profiles.yml) defines C(glm-5.2-fp8), the field-tested GLM-5.2 FP8 TP=8 command line.
     type: str
-    choices: [glm-5.2-fp8, none]
-    default: glm-5.2-fp8
+    default: none
+  profiles:
+    description:
+      - Profile definitions, C(name -> {description, vllm: {min_version, args}, sglang: {min_version, args}}).
+      - C(args) maps flag (without C(--)) to value, applied in order before the loader settings and O(engine_args).
+      - C(min_version) is the oldest engine version the profile runs with; an O(image) tag older than it is refused.
+    type: dict
+    default: {}
   engine_args:
     description:
       - Flag name (without C(--)) to value, applied over the profile and loader settings.
@@ -130,14 +162,32 @@ options:
       - Its words (a shell script's too) are checked for credentials like O(extra_args).
     type: list
     elements: str
+  init:
+    description:
+      - Path of C(tini) or C(dumb-init) in the image; the container then runs C(init -- engine ...) and exits with
+        the engine's status (128 + signal when it was killed).
+      - Unset, the pod gets C(shareProcessNamespace=true) so the pause container is PID 1 and the engine is not.
+    type: str
   gpu_resource:
     description: Extended resource name of the GPUs.
     type: str
     default: nvidia.com/gpu
   resources:
-    description: Extra C(requests)/C(limits) (cpu, memory, RDMA devices); the GPU count is always O(tp_size).
+    description:
+      - Extra C(requests)/C(limits) (cpu, memory, RDMA devices); the GPU count is always the engine's.
+      - A C(requests.cpu) or C(requests.memory) here wins over O(cpu_request) and O(memory_request).
     type: dict
     default: {}
+  cpu_request:
+    description:
+      - CPU request of each engine pod (a quantity such as C(32) or C(500m)); default 4 per GPU (32 for 8 GPUs).
+      - Requests make the pod Burstable, not BestEffort (GPUs do not count for the QoS class).
+    type: str
+  memory_request:
+    description:
+      - Memory request of each engine pod (a quantity such as C(256Gi)); default 32Gi per GPU (256Gi for 8 GPUs).
+      - No memory limit is set unless O(resources) has one.
+    type: str
   node_selector:
     description: Pod nodeSelector.
     type: dict
@@ -149,6 +199,16 @@ options:
   tolerations:
     description:
       - Pod tolerations; each must name a taint C(key). C(operator=Exists) without a key is refused.
+    type: list
+    elements: dict
+    default: []
+  priority_class_name:
+    description: PriorityClass of the engine pods.
+    type: str
+  topology_spread:
+    description:
+      - Pod C(topologySpreadConstraints); each needs C(topologyKey). C(maxSkew) defaults to 1,
+        C(whenUnsatisfiable) to C(ScheduleAnyway), C(labelSelector) to the engine's pods.
     type: list
     elements: dict
     default: []
@@ -218,12 +278,14 @@ options:
               /v1/classify, /generate, /generatevideo, /v1/audio/transcriptions, /v1/audio/translations]
   route_request_timeout:
     description:
-      - HTTPRoute request timeout (Gateway API duration, for example C(120s) or C(30m)); the gateway answers 504
-        to a request that takes longer.
+      - HTTPRoute request timeout (Gateway API duration, for example C(0s) or C(1h)); the gateway answers 504
+        to a request that takes longer. C(0s) is no timeout (Gateway API C(HTTPRouteTimeouts)).
+      - A long answer streams for minutes (the field report measured 65-82 tok/s for one GLM-5.2 FP8 stream, so
+        AIBrix's own 120 s cuts answers beyond about 8,000 tokens); a value below 1800 s warns with the tokens it holds.
       - C(route_timeout) is a deprecated alias, removed in 1.0.0. It is not the wait for the route's conditions,
         which is O(llmops.serving.k8s_engine_wait#module:route_condition_timeout) (seconds).
     type: str
-    default: 120s
+    default: 0s
     aliases: [route_timeout]
   labels:
     description: Extra pod labels.
@@ -247,7 +309,15 @@ EXAMPLES = r"""
     served_model_name: glm-5.2-fp8-vllm
     namespace: llm-serving
     model_path: /mnt/nvme/models/GLM-5.2-FP8/v1
-    image: vllm/vllm-openai@sha256:0123abcd
+    image: vllm/vllm-openai:v0.26.0@sha256:0123abcd
+    # a site's own profile (the engine role passes its vars/profiles.yml plus engine_k8s_profiles)
+    profile: glm-5.2-fp8
+    profiles:
+      glm-5.2-fp8:
+        description: GLM-5.2 FP8 on 8 x H20
+        vllm:
+          min_version: 0.26.0b2.dev1
+          args: {kv-cache-dtype: fp8, max-model-len: 131072, tool-call-parser: glm47, reasoning-parser: glm45}
     tolerations:
       - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}
     render_dir: /srv/gitops/llm-serving/glm-5.2-fp8-vllm
@@ -260,7 +330,20 @@ EXAMPLES = r"""
     model_path: /mnt/shared/models/GLM-5.2-FP8/v1
     model_source: shared_fs
     image: lmsysorg/sglang:v0.5.16
+    init: /usr/bin/tini
   register: engine_objects
+
+- name: Render a 16-GPU engine over two nodes (TP=8 x PP=2) as a LeaderWorkerSet
+  llmops.serving.engine_manifests:
+    engine: vllm
+    served_model_name: big-model
+    namespace: llm-serving
+    model_path: /mnt/nvme/models/big-model/v1
+    image: vllm/vllm-openai:v0.26.0
+    tp_size: 8
+    pp_size: 2
+    nodes: 2
+    render_dir: /srv/gitops/llm-serving/big-model
 
 - name: Apply
   kubernetes.core.k8s:
@@ -270,7 +353,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 objects:
-  description: The objects in apply order (Service, ReferenceGrant, HTTPRoute, Deployment).
+  description: The objects in apply order (Service, ReferenceGrant, HTTPRoute, PodDisruptionBudget, Deployment or LeaderWorkerSet).
   returned: always
   type: list
   elements: dict
@@ -280,7 +363,16 @@ service_name:
   type: str
   sample: glm-5-2-fp8-vllm
 deployment_name:
-  description: Deployment name.
+  description: Deployment name; null for a multi-node engine (see RV(workload)).
+  returned: always
+  type: str
+workload:
+  description: Kind (C(Deployment) or C(LeaderWorkerSet)) and name of the engine's workload.
+  returned: always
+  type: dict
+  sample: {kind: LeaderWorkerSet, name: big-model}
+pod_disruption_budget_name:
+  description: PodDisruptionBudget name; null with one replica.
   returned: always
   type: str
 route_name:
@@ -293,7 +385,7 @@ reference_grant_name:
   returned: always
   type: str
 pod_selector:
-  description: Labels selecting the engine pods.
+  description: Labels selecting the engine pods that serve HTTP (the leaders of a multi-node engine).
   returned: always
   type: dict
 command:
@@ -352,20 +444,29 @@ def main():
             model_pvc=dict(type="str"),
             model_pvc_sub_path=dict(type="str"),
             tp_size=dict(type="int", default=8),
+            pp_size=dict(type="int", default=1),
+            nodes=dict(type="int", default=1),
+            dist_port=dict(type="int"),
             replicas=dict(type="int", default=1),
             image=dict(type="str", required=True),
             image_pull_policy=dict(type="str", choices=["Always", "IfNotPresent", "Never"], default="IfNotPresent"),
             image_pull_secret=dict(type="str", no_log=False),
             port=dict(type="int", default=8000),
-            profile=dict(type="str", choices=["glm-5.2-fp8", "none"], default="glm-5.2-fp8"),
+            profile=dict(type="str", default="none"),
+            profiles=dict(type="dict", default={}),
             engine_args=dict(type="dict", default={}, no_log=True),
             extra_args=dict(type="list", elements="str", default=[], no_log=True),
             command=dict(type="list", elements="str", no_log=True),
+            init=dict(type="str"),
             gpu_resource=dict(type="str", default="nvidia.com/gpu"),
             resources=dict(type="dict", default={}),
+            cpu_request=dict(type="str"),
+            memory_request=dict(type="str"),
             node_selector=dict(type="dict", default={}),
             affinity=dict(type="dict", default={}),
             tolerations=dict(type="list", elements="dict", default=[]),
+            priority_class_name=dict(type="str"),
+            topology_spread=dict(type="list", elements="dict", default=[]),
             startup_timeout=dict(type="int", default=3600),
             probe_period=dict(type="int", default=10),
             kernel_cache_dir=dict(type="path"),
@@ -381,7 +482,7 @@ def main():
             service_name=dict(type="str"),
             manage_route=dict(type="bool", default=True),
             route_paths=dict(type="list", elements="str", default=list(_k8s_engine.AIBRIX_ROUTE_PATHS)),
-            route_request_timeout=dict(type="str", default="120s", aliases=["route_timeout"],
+            route_request_timeout=dict(type="str", default="0s", aliases=["route_timeout"],
                                        deprecated_aliases=[dict(name="route_timeout", version="1.0.0",
                                                                 collection_name="llmops.serving")]),
             labels=dict(type="dict", default={}),

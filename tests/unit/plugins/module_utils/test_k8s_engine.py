@@ -14,14 +14,20 @@ from ansible_collections.llmops.serving.plugins.module_utils import _render_dir
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCHEMAS = os.path.join(HERE, "..", "..", "fixtures", "schemas", "gateway-api-v1.4.1")
+ROOT = os.path.abspath(os.path.join(HERE, "..", "..", "..", ".."))
 K8S_VERSION = "1.33.0"
+# the engine role's profile data, as the role passes it
+with open(os.path.join(ROOT, "roles", "engine", "vars", "profiles.yml")) as _f:
+    PROFILES = yaml.safe_load(_f)["engine_k8s_builtin_profiles"]
 
 VLLM = dict(
     engine="vllm",
     served_model_name="glm-5.2-fp8-vllm",
     namespace="llm-lab",
     model_path="/mnt/nvme/models/GLM-5.2-FP8/3f2a9c1",
-    image="registry.example/vllm-openai@sha256:" + "a" * 64,
+    image="registry.example/vllm-openai:v0.26.0@sha256:" + "a" * 64,
+    profile="glm-5.2-fp8",
+    profiles=PROFILES,
     node_selector={"nvidia.com/gpu.product": "NVIDIA-H20"},
     tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
     kernel_cache_dir="/mnt/nvme/kernel-cache/vllm/0c1d2e3f4a5b",
@@ -35,7 +41,7 @@ VLLM = dict(
          {"name": "TOKENIZERS_PARALLELISM", "value": "false"}],
 )
 SGLANG = dict(VLLM, engine="sglang", served_model_name="glm-5.2-fp8-sglang-test",
-              image="lmsysorg/sglang:v0.5.16b1", model_source="shared_fs",
+              image="lmsysorg/sglang:v0.5.16b1@sha256:" + "b" * 64, model_source="shared_fs",
               model_path="/mnt/shared/models/GLM-5.2-FP8/v1", model_pvc="models-ro", model_pvc_sub_path="GLM-5.2-FP8/v1")
 
 
@@ -131,7 +137,8 @@ def test_pod_spec(built):
     assert c["resources"]["requests"]["nvidia.com/gpu"] == "8"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H20"}
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    # one GPU node at a time, never a surge pod
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
     vols = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     assert vols["dshm"]["emptyDir"]["medium"] == "Memory" and mounts["dshm"]["mountPath"] == "/dev/shm"

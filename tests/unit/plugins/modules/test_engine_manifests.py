@@ -13,7 +13,7 @@ ARGS = dict(
     served_model_name="glm-5.2-fp8-vllm",
     namespace="llm-lab",
     model_path="/mnt/nvme/models/GLM-5.2-FP8/v1",
-    image="vllm/vllm-openai:v0.26.0",
+    image="vllm/vllm-openai:v0.26.0@sha256:" + "c" * 64,
     tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
 )
 
