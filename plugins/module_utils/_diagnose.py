@@ -463,9 +463,9 @@ def classify_exit(what, obj, exit_code, sig, logf, where, model_missing_path=Non
         if masking:
             ev.append("the command hides the engine's exit status: %s" % "; ".join(masking))
         return finding("crash_exit_zero", obj, ev,
-                       "A crash whose exit status was masked: read the exception above (kubectl logs --previous). Make "
-                       "the engine the container's foreground process (exec, no '| tee', no nohup '&') or use "
-                       "'set -o pipefail' and 'wait' so the real status reaches Kubernetes.")
+                       "A crash whose exit status was masked: read the exception above (on Kubernetes: kubectl logs "
+                       "--previous). Make the engine the container's foreground process (exec, no '| tee', no nohup "
+                       "'&') or use 'set -o pipefail' and 'wait' so the real status reaches Kubernetes.")
     ev = ["%s ended with %s" % (what, status)]
     if sig_guess:
         ev[0] += " (%s: 128 + %d)" % (_signal_name(sig_guess), sig_guess)
@@ -837,6 +837,14 @@ def rule_container(ctx, pod, pod_ref, cs, is_init=False):
                                    if restarts else "")
         if term.get("reason") == "OOMKilled":
             return classify_exit(what, obj, term.get("exitCode"), term.get("signal"), logf, where, oom=True)
+        if kills and kills[-1][0] == "liveness" and logf.get("serving_line"):
+            kev = kills[-1][1]
+            fails = _unhealthy(evs, "Liveness")
+            return finding("engine_hung", obj, [
+                "container %s was killed by its liveness probe after it had served (%s)" % (cname, logf["serving_line"]),
+                _event_text(kev)] + [_event_text(e) for e in fails[-1:]] + _exception_evidence(logf, where),
+                "The engine stopped answering /health while serving: read the end of the previous log (a stuck "
+                "collective, a dead EngineCore, an overloaded event loop); the restart hides it until it recurs.")
         if kills:
             probe_type, kev = kills[-1]
             window = startup if probe_type == "startup" else liveness
@@ -1286,7 +1294,9 @@ def fetch_kubernetes(api_client, namespace, name, gateway_namespace="aibrix-syst
     ctx = KubeContext(objects, {}, namespace, name, None, gateway_namespace, None, kinds)
     workload = None
     for kind in WORKLOAD_KINDS:
-        workload = ctx.o.get(kind, namespace, name) or workload
+        workload = ctx.o.get(kind, namespace, name)
+        if workload is not None:
+            break
     logs = {}
     for pod in _workload_pods(ctx, workload):
         statuses = ((pod.get("status") or {}).get("containerStatuses") or []) + \

@@ -240,6 +240,20 @@ def test_a_liveness_kill_of_a_container_without_startup_probe_is_reported_with_i
     assert "there is no startupProbe" in text(f)
 
 
+def test_a_liveness_kill_after_the_engine_had_served_is_a_hang_not_a_startup_problem():
+    sc = copy.deepcopy(SCENARIOS["startup_probe_web_sized"])
+    sc["objects"][2]["message"] = "Container engine failed liveness probe, will be restarted"
+    sc["objects"][1]["message"] = 'Liveness probe failed: Get "http://10.42.3.17:8000/health": context deadline exceeded'
+    sc["logs"]["glm-5-2-fp8-vllm-7d9c6b5f4-k7w9m/engine"]["previous"] = (
+        "(APIServer pid=1) INFO:     Application startup complete.\n"
+        "(APIServer pid=1) INFO:     10.42.7.3:51234 - \"POST /v1/chat/completions HTTP/1.1\" 200 OK\n")
+    res = run(sc)
+    assert res["verdict"] == "engine_hung"
+    f = only(res, "engine_hung")
+    assert "killed by its liveness probe after it had served" in f["evidence"][0]
+    assert "context deadline exceeded" in text(f)
+
+
 # ---- names, route, endpoints: one field changed in a healthy engine ---------------------------
 
 

@@ -221,6 +221,27 @@ def _wait_exited(tmp_path, name, timeout=10):
     raise AssertionError("engine did not exit")
 
 
+def _wait_for(check, timeout=20):
+    end = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < end, "the fake engine did not get there in %ds" % timeout
+        time.sleep(0.05)
+
+
+def _listens(port):
+    def check():
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+    return check
+
+
+def _logged(tmp_path, name, text):
+    return lambda: text in (open(_process.paths(str(tmp_path), name)["log"]).read())
+
+
 def _diagnose(run_module, tmp_path, name, **kw):
     r = run_module(engine_diagnose, dict({"platform": "local", "run_dir": str(tmp_path), "name": name,
                                           "health_timeout": 1.0}, **kw))
@@ -241,6 +262,7 @@ def test_local_bad_argument_exit_2(run_module, tmp_path):
 
 def test_local_sigkill_is_a_crash_by_signal(run_module, tmp_path):
     _start(tmp_path, "eng", [sys.executable, FAKE, "sleep", "--port", str(_port())])
+    _wait_for(_logged(tmp_path, "eng", "Loading safetensors"))
     pid = _process.read_state(str(tmp_path), "eng")["pid"]
     os.kill(pid, signal.SIGKILL)
     _wait_exited(tmp_path, "eng")
@@ -275,16 +297,22 @@ def test_local_port_already_in_use_names_the_holder(run_module, tmp_path):
     assert "port %d is held by pid %d" % (port, os.getpid()) in ev
 
 
+def _until_healthy(run_module, tmp_path, name, timeout=30):
+    """The verdict once the engine answers (a start on a busy host takes a moment), failing after ``timeout``."""
+    end = time.monotonic() + timeout
+    while True:
+        r = _diagnose(run_module, tmp_path, name, health_timeout=5.0)
+        if r["verdict"] == "healthy" or time.monotonic() > end:
+            return r
+        time.sleep(0.1)
+
+
 def test_local_sigstop_is_hung_and_healthy_again_after_sigcont(run_module, tmp_path):
     port = _port()
     _start(tmp_path, "eng", [sys.executable, FAKE, "serve", "--port", str(port)], grace=0.5)
     try:
         pid = _process.read_state(str(tmp_path), "eng")["pid"]
-        for dummy in range(100):
-            if _diagnose(run_module, tmp_path, "eng")["verdict"] == "healthy":
-                break
-            time.sleep(0.05)
-        r = _diagnose(run_module, tmp_path, "eng")
+        r = _until_healthy(run_module, tmp_path, "eng")
         assert r["verdict"] == "healthy" and "answered 200" in r["summary"]
         os.kill(pid, signal.SIGSTOP)
         r = _diagnose(run_module, tmp_path, "eng")
@@ -292,7 +320,7 @@ def test_local_sigstop_is_hung_and_healthy_again_after_sigcont(run_module, tmp_p
         assert "pid %d" % pid in r["summary"] and "(stopped)" in r["summary"]
         assert "kill -CONT %d" % pid in r["findings"][0]["hint"]
         os.kill(pid, signal.SIGCONT)
-        assert _diagnose(run_module, tmp_path, "eng")["verdict"] == "healthy"
+        assert _until_healthy(run_module, tmp_path, "eng")["verdict"] == "healthy"
     finally:
         _process.stop(str(tmp_path), "eng", timeout=5)
 
@@ -301,6 +329,7 @@ def test_local_engine_that_accepts_but_never_answers_is_hung(run_module, tmp_pat
     port = _port()
     _start(tmp_path, "eng", [sys.executable, FAKE, "mute", "--port", str(port)], grace=0.5)
     try:
+        _wait_for(_listens(port))
         r = _diagnose(run_module, tmp_path, "eng", health_timeout=0.5)
         assert r["verdict"] == "engine_hung"
         assert "port %d accepts connections but GET /health gave no answer" % port in r["summary"]
@@ -312,6 +341,7 @@ def test_local_engine_still_loading_then_stopped(run_module, tmp_path):
     port = _port()
     _start(tmp_path, "eng", [sys.executable, FAKE, "sleep", "--port", str(port)], grace=0.5)
     try:
+        _wait_for(_logged(tmp_path, "eng", "Loading safetensors"))
         r = _diagnose(run_module, tmp_path, "eng")
         assert r["verdict"] == "still_loading"
         assert "port %d does not listen yet" % port in r["summary"]
