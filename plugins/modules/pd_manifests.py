@@ -7,27 +7,41 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: pd_manifests
-short_description: Render Kubernetes objects for a prefill/decode pair over NIXL/UCX
+short_description: Render Kubernetes objects for a prefill/decode pair (xPyD) over NIXL/UCX
 version_added: "0.1.0"
 description:
-  - Builds a prefill and a decode engine, each a full engine with O(tp_size) GPUs, kept on different nodes by
-    pod anti-affinity. vLLM gets C(--kv-transfer-config) with O(kv_connector); SGLang gets
-    C(--disaggregation-mode prefill|decode), O(sglang_transfer_backend) and O(sglang_ib_device).
-  - O(transport) selects the C(UCX_TLS) value from O(ucx_tls) and changes nothing else.
-  - Every engine pod gets C(UCX_NET_DEVICES), C(VLLM_NIXL_SIDE_CHANNEL_HOST) from the pod IP (downward API), the
+  - Builds O(prefill_replicas) prefill and O(decode_replicas) decode engines, each a full engine with O(gpus) GPUs,
+    prefill and decode kept on different nodes by pod anti-affinity.
+  - Each engine runs the command line M(llmops.serving.engine_manifests) builds for the same O(profile), O(profiles),
+    O(engine_args), O(extra_args), O(model_source) and O(loader_threads) (C(--kv-cache-dtype), C(--max-model-len),
+    parsers, loader strategy), plus the P/D flags - vLLM C(--kv-transfer-config) with O(kv_connector); SGLang
+    C(--disaggregation-mode prefill|decode), O(sglang_transfer_backend), O(sglang_bootstrap_port) and
+    O(sglang_ib_device). Those flags cannot be given through O(engine_args) or O(extra_args).
+  - O(transport) selects C(UCX_TLS) from O(ucx_tls) and C(UCX_NET_DEVICES) from O(ucx_net_devices) and changes nothing
+    else, so an RDMA and a TCP rendering differ only in these two variables.
+  - Every engine pod gets C(VLLM_NIXL_SIDE_CHANNEL_HOST) (vLLM) or C(SGLANG_HOST_IP) (SGLang) from the pod IP, the
     RDMA device resource O(rdma_resource), the C(IPC_LOCK) capability (lifts the memlock limit for verbs
-    registration) and C(/dev/shm) on a memory emptyDir.
-  - O(workload=stormservice) renders an AIBrix StormService with roles C(prefill) and C(decode) whose pods carry the
-    C(model.aibrix.ai/config) annotation with O(routing_strategy); without a strategy the AIBrix gateway answers
-    503 for StormService models. AIBrix's prefill request timeout (30 s) can kill very long prefills.
-  - O(workload=deployments) renders a Deployment and Service per role and the collection's P/D proxy (ConfigMap with
-    O(proxy_source), Deployment, and a Service named after the model that AIBrix's HTTPRoute targets).
+    registration), C(/dev/shm) on a memory emptyDir, CPU and memory requests (not BestEffort), the engine role's
+    probes with a startup window of O(startup_timeout), and C(shareProcessNamespace) unless O(init) names an init.
+  - O(workload=stormservice) renders an AIBrix StormService with roles C(prefill) and C(decode); the pods carry the
+    AIBrix labels (with C(model.aibrix.ai/metric-port)), C(model.aibrix.ai/sglang-bootstrap-port) on SGLang prefill
+    pods and the C(model.aibrix.ai/config) annotation with O(routing_strategy) (default C(pd)); without a strategy
+    the AIBrix gateway answers 503 for StormService models. AIBrix's prefill request timeout
+    (C(AIBRIX_PREFILL_REQUEST_TIMEOUT), 30 s by default, on the gateway-plugins Deployment) can kill very long prefills.
+  - O(workload=deployments) renders a Deployment per role and a front that pairs them - the collection's P/D proxy
+    for vLLM (ConfigMap with O(proxy_source)), SGLang's own router for SGLang (C(sglang_router.launch_router
+    --pd-disaggregation) with Kubernetes service discovery, its ServiceAccount, Role and RoleBinding) - behind a
+    Service with the model's DNS-1035 name, the HTTPRoute C(<model>-router) in O(gateway_namespace) and a
+    ReferenceGrant for that Service. Only the front pods carry the AIBrix labels; no workload carries
+    C(model.aibrix.ai/name) in its own metadata, so AIBrix's route controller never creates a route to a Service
+    named exactly the model (impossible for a dotted name such as C(glm-5.2-fp8)).
   - With O(render_dir) the objects are written there as YAML with a C(kustomization.yaml); files it rendered before and
     no longer produces are removed.
-  - Plain-text credentials are refused in O(env), O(extra_args) and the built objects, by the rule of
-    M(llmops.serving.engine_manifests) (names ending in C(TOKEN), C(KEY), C(SECRET), C(PASSWORD) and the like,
-    C(--api-key)/C(--hf-token) values, token-shaped values); the error names the field, never the value.
-    Reference a Secret instead (an O(env) entry with C(valueFrom.secretKeyRef), C($(NAME)) in arguments).
+  - Plain-text credentials are refused in O(env), O(kernel_cache_env), O(engine_args), O(extra_args) and the built
+    objects, by the rule of M(llmops.serving.engine_manifests) (names ending in C(TOKEN), C(KEY), C(SECRET),
+    C(PASSWORD) and the like, C(--api-key)/C(--hf-token) values, token-shaped values); the error names the field,
+    never the value. Reference a Secret instead (O(hf_token_secret), an O(env) entry with C(valueFrom.secretKeyRef),
+    C($(NAME)) in arguments).
 options:
   engine:
     description: Inference engine.
@@ -35,30 +49,39 @@ options:
     choices: [vllm, sglang]
     default: vllm
   transport:
-    description: KV transport; picks the C(UCX_TLS) value from O(ucx_tls).
+    description: KV transport; picks C(UCX_TLS) from O(ucx_tls) and C(UCX_NET_DEVICES) from O(ucx_net_devices).
     type: str
     choices: [rdma, tcp]
     default: rdma
   workload:
     description:
-      - The Kubernetes workload of the pair - an AIBrix StormService, or plain Deployments with the P/D proxy.
+      - The Kubernetes workload of the pair - an AIBrix StormService, or plain Deployments with a P/D front.
       - C(mode) is a deprecated alias, removed in 1.0.0 (in the roles C(*_k8s_mode) means apply or render).
     type: str
     choices: [stormservice, deployments]
     default: stormservice
     aliases: [mode]
   namespace:
-    description: Namespace of every object.
+    description: Namespace of every object except the HTTPRoute (which lives in O(gateway_namespace)).
     type: str
     default: llm
   model_name:
-    description: Served model name (C(model.aibrix.ai/name) label, C(--served-model-name), request C(model)).
+    description:
+      - Served model name (C(model.aibrix.ai/name) label, C(--served-model-name), request C(model)); at most 63
+        characters; dots allowed.
     type: str
     required: true
   image:
-    description: Engine image (with NIXL for vLLM).
+    description: Engine image (with NIXL for vLLM; C(lmsysorg/sglang) for SGLang).
     type: str
     required: true
+  image_pull_policy:
+    description: C(imagePullPolicy) of the engine and router containers.
+    type: str
+    default: IfNotPresent
+  image_pull_secret:
+    description: Name of a Secret of type C(kubernetes.io/dockerconfigjson) every pod pulls its image with.
+    type: str
   model_path:
     description: Model directory inside the container.
     type: str
@@ -66,18 +89,47 @@ options:
   model_host_path:
     description: Node directory mounted read-only at O(model_path) (default the same path).
     type: str
+  model_source:
+    description: Where the weights are read from; picks the loader strategy as M(llmops.serving.engine_manifests) does.
+    type: str
+    choices: [staged_nvme, shared_fs]
+    default: staged_nvme
+  loader_threads:
+    description: Loader threads per TP rank (default by O(model_source), as M(llmops.serving.engine_manifests)).
+    type: int
   tp_size:
     description: Tensor-parallel size of each engine.
     type: int
     default: 8
   gpus:
-    description: C(nvidia.com/gpu) per engine pod.
+    description: GPUs (O(gpu_resource)) per engine pod.
     type: int
     default: 8
+  gpu_resource:
+    description: Extended resource name of the GPUs.
+    type: str
+    default: nvidia.com/gpu
   port:
     description: Engine HTTP port.
     type: int
     default: 8000
+  profile:
+    description:
+      - Engine profile from O(profiles), as M(llmops.serving.engine_manifests) O(llmops.serving.engine_manifests#module:profile).
+        C(none) (built in) adds no tuning flags.
+    type: str
+    default: none
+  profiles:
+    description: Profile definitions, C(name -> {description, vllm: {min_version, args}, sglang: {min_version, args}}).
+    type: dict
+    default: {}
+  engine_args:
+    description:
+      - Engine flags (without C(--)) applied after the profile and the loader settings, as
+        M(llmops.serving.engine_manifests); C(true) is a bare flag, C(null) removes a profile flag.
+      - Not written to the target's log; the values are rendered and returned as they are.
+    type: dict
+    default: {}
   extra_args:
     description:
       - Extra engine arguments for both roles.
@@ -87,27 +139,50 @@ options:
     type: list
     elements: str
     default: []
+  init:
+    description:
+      - Path of C(tini) or C(dumb-init) in the image; the engine then runs under it and exits with the engine's status.
+      - Unset, the engine pods get C(shareProcessNamespace=true) so the pause container is PID 1 and the engine is not.
+    type: str
   env:
     description:
       - Extra env entries of both engine containers (C(name) with C(value) or C(valueFrom)); numbers and
-        booleans become strings.
+        booleans become strings. For example C(UCX_IB_GID_INDEX), C(NCCL_IB_GID_INDEX), C(NCCL_SOCKET_IFNAME),
+        C(NCCL_IB_HCA).
       - C(valueFrom) holds one of C(secretKeyRef) or C(configMapKeyRef) (both with C(name) and C(key)),
         C(fieldRef) or C(resourceFieldRef). Credentials (C(HF_TOKEN), C(VLLM_API_KEY), C(AWS_SECRET_ACCESS_KEY))
         must use C(valueFrom.secretKeyRef).
       - The variables the module sets (C(UCX_TLS), C(UCX_NET_DEVICES), C(POD_IP), C(VLLM_NIXL_SIDE_CHANNEL_HOST),
-        C(VLLM_NIXL_SIDE_CHANNEL_PORT), C(PYTHONHASHSEED), C(SGLANG_DISAGGREGATION_NIXL_BACKEND)) are refused.
+        C(VLLM_NIXL_SIDE_CHANNEL_PORT), C(PYTHONHASHSEED), C(SGLANG_DISAGGREGATION_NIXL_BACKEND), C(SGLANG_HOST_IP))
+        are refused.
       - Not written to the target's log; the values are rendered and returned as they are.
     type: list
     elements: dict
     default: []
+  hf_token_secret:
+    description: C({name, key}) of the Secret the engines read C(HF_TOKEN) from (key default C(token)).
+    type: dict
+  kernel_cache_dir:
+    description: Node directory with the compiled-kernel caches, mounted at the same path in the engine containers.
+    type: path
+  kernel_cache_env:
+    description: Environment pointing the engines' caches into O(kernel_cache_dir) (C(TRITON_CACHE_DIR) and the like).
+    type: dict
+    default: {}
   ucx_tls:
     description: C(UCX_TLS) value per transport (keys C(rdma) and C(tcp)).
     type: dict
     default: {rdma: "rc,ud,sm,self,cuda_copy,cuda_ipc", tcp: "tcp,sm,self,cuda_copy,cuda_ipc"}
   ucx_net_devices:
-    description: C(UCX_NET_DEVICES), for example C(mlx5_0:1,mlx5_1:1), or C(all).
-    type: str
-    default: all
+    description:
+      - C(UCX_NET_DEVICES) per transport, C({rdma: <device:port list>, tcp: <netdev list>}); missing keys keep the
+        defaults C(all) (rdma) and C(eth0) (tcp).
+      - UCX's RDMA transports name devices C(mlx5_0:1) (C(ucx_info -d)); its tcp transport lists network
+        interfaces from C(/sys/class/net) (C(eth0), the Multus interface C(net1), C(bond0)), so an RDMA name in the
+        C(tcp) entry (or a port-less C(mlx5_0) in the C(rdma) entry) is refused.
+      - A string is the C(rdma) entry (the earlier form of this option).
+    type: raw
+    default: {rdma: all, tcp: eth0}
   side_channel_port:
     description: C(VLLM_NIXL_SIDE_CHANNEL_PORT); unique per host, reachable pod to pod.
     type: int
@@ -122,7 +197,7 @@ options:
     choices: [cuda, cpu]
     default: cuda
   sglang_transfer_backend:
-    description: SGLang C(--disaggregation-transfer-backend).
+    description: SGLang C(--disaggregation-transfer-backend); C(mooncake) moves the KV over RDMA only, so it cannot run with O(transport=tcp).
     type: str
     choices: [nixl, mooncake]
     default: nixl
@@ -131,7 +206,7 @@ options:
     type: str
     default: ""
   sglang_bootstrap_port:
-    description: SGLang C(--disaggregation-bootstrap-port).
+    description: SGLang C(--disaggregation-bootstrap-port), also written to the annotation the gateway or router reads.
     type: int
     default: 8998
   rdma_resource:
@@ -142,32 +217,116 @@ options:
     description: Units of O(rdma_resource) per engine pod.
     type: int
     default: 1
+  prefill_replicas:
+    description: Prefill engines (the x of xPyD).
+    type: int
+    default: 1
+  decode_replicas:
+    description: Decode engines (the y of xPyD).
+    type: int
+    default: 1
   prefill_node_selector:
-    description: C(nodeSelector) of the prefill pod.
+    description: C(nodeSelector) of the prefill pods.
     type: dict
     default: {}
   decode_node_selector:
-    description: C(nodeSelector) of the decode pod.
+    description: C(nodeSelector) of the decode pods.
     type: dict
     default: {}
+  tolerations:
+    description: Tolerations of every pod; each names its taint key (C(operator=Exists) without a key is refused).
+    type: list
+    elements: dict
+    default: []
+  pod_annotations:
+    description: Annotations of the engine pods, for example C(k8s.v1.cni.cncf.io/networks) for a Multus RDMA network.
+    type: dict
+    default: {}
+  host_network:
+    description: Run the engine pods in the node's network namespace (C(hostNetwork), C(dnsPolicy=ClusterFirstWithHostNet)).
+    type: bool
+    default: false
+  engine_resources:
+    description:
+      - C({requests, limits}) of the engine containers. CPU and memory not given here are requested as
+        O(engine_cpu_request)/O(engine_memory_request), else 4 CPUs and 32 GiB per GPU (the engine role's rule).
+      - The GPU and RDMA resources are set from O(gpus) and O(rdma_count) and cannot appear here.
+    type: dict
+    default: {}
+  engine_cpu_request:
+    description: CPU request of each engine container (default 4 per GPU).
+    type: str
+  engine_memory_request:
+    description: Memory request of each engine container (default 32Gi per GPU).
+    type: str
+  startup_timeout:
+    description: Seconds an engine may take to start; the startup probe covers them and the router waits as long.
+    type: int
+    default: 3600
+  probe_period:
+    description: Startup probe period in seconds.
+    type: int
+    default: 10
   shm_size:
     description: Size limit of the C(/dev/shm) memory emptyDir.
     type: str
     default: 64Gi
   routing_strategy:
-    description: AIBrix C(routingStrategy) written to the C(model.aibrix.ai/config) annotation.
+    description:
+      - AIBrix C(routingStrategy) written to the C(model.aibrix.ai/config) annotation. Default C(pd) with
+        O(workload=stormservice); unset with O(workload=deployments), where the gateway follows the HTTPRoute
+        (C(pd) is refused there - it pairs StormService pods only).
     type: str
-    default: pd
+  gateway_name:
+    description: The AIBrix Gateway the HTTPRoute attaches to (O(workload=deployments)).
+    type: str
+    default: aibrix-eg
+  gateway_namespace:
+    description: Namespace of the Gateway and of the HTTPRoute C(<model>-router).
+    type: str
+    default: aibrix-system
+  route_request_timeout:
+    description: HTTPRoute request timeout (Gateway API duration); C(0s) is no timeout. Below 1800s warns.
+    type: str
+    default: 0s
+  route_paths:
+    description: Path prefixes of the HTTPRoute (AIBrix v0.7.0's list by default, C(/v1/responses) included).
+    type: list
+    elements: str
   proxy_image:
-    description: Image of the P/D proxy (any Python 3 image).
+    description: Image of the P/D proxy (any Python 3 image; vLLM with O(workload=deployments)).
     type: str
     default: python:3.11-slim
   proxy_port:
-    description: Port of the P/D proxy.
+    description: Port of the P/D front (the proxy or SGLang's router) and of the model's Service.
     type: int
     default: 8000
   proxy_source:
-    description: Source of the P/D proxy script; required with O(workload=deployments).
+    description: Source of the P/D proxy script; required with O(workload=deployments) and O(engine=vllm).
+    type: str
+    default: ""
+  proxy_replicas:
+    description: Replicas of the P/D front.
+    type: int
+    default: 1
+  proxy_resources:
+    description: C({requests, limits}) of the front container (default 1 CPU / 512Mi for the proxy, 2 CPUs / 2Gi for the router).
+    type: dict
+    default: {}
+  proxy_prefill_timeout:
+    description: Seconds the P/D proxy waits for a prefill (C(--prefill-timeout)); a 128K-token prefill takes minutes.
+    type: int
+    default: 600
+  proxy_decode_timeout:
+    description: Seconds the proxy waits on decode (C(--decode-timeout)), and SGLang's router C(--request-timeout-secs).
+    type: int
+    default: 3600
+  router_image:
+    description: Image of SGLang's router; empty uses O(image) (SGLang's images ship C(sglang_router)).
+    type: str
+    default: ""
+  router_policy:
+    description: SGLang router C(--policy) (C(random), C(round_robin), C(cache_aware), C(power_of_two)); empty keeps its default.
     type: str
     default: ""
   render_dir:
@@ -182,24 +341,61 @@ author:
 """
 
 EXAMPLES = r"""
-- name: StormService P/D pair over RDMA
+- name: StormService 1P1D over RDMA on a Multus RDMA network
   llmops.serving.pd_manifests:
     model_name: glm-5.2-fp8
-    image: vllm/vllm-openai:v0.10.1
+    image: vllm/vllm-openai:v0.26.0
     model_path: /models/glm-5.2-fp8
     model_host_path: /mnt/nvme/models/glm-5.2-fp8/8f94f6f0fade
     transport: rdma
-    ucx_net_devices: mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1
+    ucx_net_devices: {rdma: "mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1", tcp: net1}
+    pod_annotations: {k8s.v1.cni.cncf.io/networks: rdma-net}
+    env:
+      - {name: UCX_IB_GID_INDEX, value: "3"}
+      - {name: NCCL_IB_GID_INDEX, value: "3"}
+    tolerations:
+      - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}
+    hf_token_secret: {name: hf-token, key: token}
     render_dir: /var/tmp/llmops/manifests/pd
   register: pd
+
+- name: SGLang 2P1D behind SGLang's router and our own route
+  llmops.serving.pd_manifests:
+    engine: sglang
+    workload: deployments
+    model_name: glm-5.2-fp8
+    image: lmsysorg/sglang:v0.5.16
+    model_path: /models/glm-5.2-fp8
+    prefill_replicas: 2
+    decode_replicas: 1
 """
 
 RETURN = r"""
 objects:
-  description: The rendered Kubernetes objects.
+  description: The rendered Kubernetes objects, in apply order.
   returned: always
   type: list
   elements: dict
+service_name:
+  description: The model's Service (the P/D front) with O(workload=deployments).
+  returned: success
+  type: str
+route_name:
+  description: The HTTPRoute C(<model>-router) rendered with O(workload=deployments).
+  returned: success
+  type: str
+reference_grant_name:
+  description: The ReferenceGrant letting the route reach the Service across namespaces.
+  returned: success
+  type: str
+startup_window_seconds:
+  description: Seconds the startup probe gives each engine.
+  returned: success
+  type: int
+read_concurrency:
+  description: Expected concurrent weight reads (pods x TP ranks x loader threads) and a summary line.
+  returned: success
+  type: dict
 files:
   description: File names written (or that would be written) under O(render_dir).
   returned: when O(render_dir) is set
@@ -226,7 +422,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.llmops.serving.plugins.module_utils import _pd_manifests, _render_dir, _secrets
 
 # Options rendered into the containers: kept out of the target's log (no_log), returned as rendered.
-RENDERED_OPTIONS = ("extra_args", "env")
+RENDERED_OPTIONS = ("extra_args", "env", "engine_args", "kernel_cache_env")
 
 
 def main():
@@ -239,16 +435,27 @@ def main():
             namespace=dict(type="str", default="llm"),
             model_name=dict(type="str", required=True),
             image=dict(type="str", required=True),
+            image_pull_policy=dict(type="str", default="IfNotPresent"),
+            image_pull_secret=dict(type="str"),
             model_path=dict(type="str", required=True),
             model_host_path=dict(type="str"),
+            model_source=dict(type="str", choices=["staged_nvme", "shared_fs"], default="staged_nvme"),
+            loader_threads=dict(type="int"),
             tp_size=dict(type="int", default=8),
             gpus=dict(type="int", default=8),
+            gpu_resource=dict(type="str", default="nvidia.com/gpu"),
             port=dict(type="int", default=8000),
+            profile=dict(type="str", default="none"),
+            profiles=dict(type="dict", default={}),
+            engine_args=dict(type="dict", default={}, no_log=True),
             extra_args=dict(type="list", elements="str", default=[], no_log=True),
+            init=dict(type="str"),
             env=dict(type="list", elements="dict", default=[], no_log=True),
-            ucx_tls=dict(type="dict", default={"rdma": "rc,ud,sm,self,cuda_copy,cuda_ipc",
-                                               "tcp": "tcp,sm,self,cuda_copy,cuda_ipc"}),
-            ucx_net_devices=dict(type="str", default="all"),
+            hf_token_secret=dict(type="dict", no_log=False),
+            kernel_cache_dir=dict(type="path"),
+            kernel_cache_env=dict(type="dict", default={}, no_log=True),
+            ucx_tls=dict(type="dict", default=dict(_pd_manifests.DEFAULT_UCX_TLS)),
+            ucx_net_devices=dict(type="raw", default=dict(_pd_manifests.DEFAULT_UCX_NET_DEVICES)),
             side_channel_port=dict(type="int", default=5600),
             kv_connector=dict(type="str", default="NixlConnector"),
             kv_buffer_device=dict(type="str", choices=["cuda", "cpu"], default="cuda"),
@@ -257,13 +464,33 @@ def main():
             sglang_bootstrap_port=dict(type="int", default=8998),
             rdma_resource=dict(type="str", default="rdma/rdma_shared_device_a"),
             rdma_count=dict(type="int", default=1),
+            prefill_replicas=dict(type="int", default=1),
+            decode_replicas=dict(type="int", default=1),
             prefill_node_selector=dict(type="dict", default={}),
             decode_node_selector=dict(type="dict", default={}),
+            tolerations=dict(type="list", elements="dict", default=[]),
+            pod_annotations=dict(type="dict", default={}),
+            host_network=dict(type="bool", default=False),
+            engine_resources=dict(type="dict", default={}),
+            engine_cpu_request=dict(type="str"),
+            engine_memory_request=dict(type="str"),
+            startup_timeout=dict(type="int", default=3600),
+            probe_period=dict(type="int", default=10),
             shm_size=dict(type="str", default="64Gi"),
-            routing_strategy=dict(type="str", default="pd"),
+            routing_strategy=dict(type="str"),
+            gateway_name=dict(type="str", default="aibrix-eg"),
+            gateway_namespace=dict(type="str", default="aibrix-system"),
+            route_request_timeout=dict(type="str", default="0s"),
+            route_paths=dict(type="list", elements="str"),
             proxy_image=dict(type="str", default="python:3.11-slim"),
             proxy_port=dict(type="int", default=8000),
             proxy_source=dict(type="str", default=""),
+            proxy_replicas=dict(type="int", default=1),
+            proxy_resources=dict(type="dict", default={}),
+            proxy_prefill_timeout=dict(type="int", default=600),
+            proxy_decode_timeout=dict(type="int", default=3600),
+            router_image=dict(type="str", default=""),
+            router_policy=dict(type="str", default=""),
             render_dir=dict(type="path", aliases=["dest"],
                             deprecated_aliases=[dict(name="dest", version="1.0.0", collection_name="llmops.serving")]),
         ),
@@ -274,11 +501,17 @@ def main():
     p = dict((k, v) for k, v in module.params.items() if k not in module.aliases)
     render_dir = p.pop("render_dir")
     try:
-        objects = _pd_manifests.build(p)
+        rendered = _pd_manifests.render(p)
     except _pd_manifests.SpecError as e:
         module.no_log_values.update(e.secret_values)
         module.fail_json(msg=str(e))
-    result = dict(changed=False, objects=objects)
+    for warning in rendered["warnings"]:
+        module.warn(warning)
+    objects = rendered["objects"]
+    result = dict(changed=False, objects=objects, service_name=rendered["service_name"],
+                  route_name=rendered["route_name"], reference_grant_name=rendered["reference_grant_name"],
+                  startup_window_seconds=rendered["startup_window_seconds"],
+                  read_concurrency=rendered["read_concurrency"])
     if render_dir:
         try:
             result.update(_render_dir.apply(render_dir, _render_dir.manifest_files(objects), check_mode=module.check_mode,

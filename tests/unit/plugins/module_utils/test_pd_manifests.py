@@ -14,6 +14,8 @@ from ansible_collections.llmops.serving.plugins.module_utils import _pd_manifest
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIX = os.path.join(HERE, "..", "..", "fixtures")
 STORM_CRD = os.path.join(FIX, "pd", "aibrix-v0.7.0", "orchestration.aibrix.ai_stormservices.yaml")
+GATEWAY_CRDS = {"HTTPRoute": (os.path.join(FIX, "schemas", "gateway-api-v1.4.1", "httproutes.yaml"), "v1"),
+                "ReferenceGrant": (os.path.join(FIX, "schemas", "gateway-api-v1.4.1", "referencegrants.yaml"), "v1beta1")}
 PROXY_SRC = os.path.join(HERE, "..", "..", "..", "..", "roles", "pd_disagg", "files", "pd_proxy.py")
 K8S_VERSION = "1.33.0"
 
@@ -28,10 +30,14 @@ with open(PROXY_SRC) as _f:
     BASE["proxy_source"] = _f.read()
 
 
-def _storm_schema():
-    with open(STORM_CRD) as f:
+def _crd_schema(path, version):
+    with open(path) as f:
         crd = yaml.safe_load(f)
-    return [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"][0]["schema"]["openAPIV3Schema"]
+    return [v for v in crd["spec"]["versions"] if v["name"] == version][0]["schema"]["openAPIV3Schema"]
+
+
+def _storm_schema():
+    return _crd_schema(STORM_CRD, "v1alpha1")
 
 
 def _pods(objs):
@@ -61,6 +67,8 @@ def test_objects_validate_against_kubernetes_and_aibrix_schemas(engine, mode):
     for o in objs:
         if o["kind"] == "StormService":
             jsonschema.validate(o, _storm_schema())
+        elif o["kind"] in GATEWAY_CRDS:
+            jsonschema.validate(o, _crd_schema(*GATEWAY_CRDS[o["kind"]]))
         else:
             kubernetes_validate.validate(o, K8S_VERSION, strict=True)
     assert len(_pods(objs)) == 2
@@ -78,7 +86,7 @@ def test_storm_schema_rejects_a_bad_update_strategy():
 
 
 @pytest.mark.parametrize("engine,mode", CASES)
-def test_rdma_and_tcp_renderings_differ_only_in_ucx_tls(engine, mode):
+def test_rdma_and_tcp_renderings_differ_only_in_ucx_tls_and_net_devices(engine, mode):
     rdma = pd.build(dict(BASE, engine=engine, workload=mode, transport="rdma"))
     tcp = pd.build(dict(BASE, engine=engine, workload=mode, transport="tcp"))
     diffs = []
@@ -94,10 +102,11 @@ def test_rdma_and_tcp_renderings_differ_only_in_ucx_tls(engine, mode):
             diffs.append((path, a, b))
 
     walk(rdma, tcp, [])
-    assert len(diffs) == 2  # one UCX_TLS per engine pod
+    assert len(diffs) == 4  # UCX_TLS and UCX_NET_DEVICES of each engine pod, nothing else
     for path, a, b in diffs:
         assert path[-1] == "value" and path[-3] == "env"
-        assert a == "rc,ud,sm,self,cuda_copy,cuda_ipc" and b == "tcp,sm,self,cuda_copy,cuda_ipc"
+        assert (a, b) in (("rc,ud,sm,self,cuda_copy,cuda_ipc", "tcp,sm,self,cuda_copy,cuda_ipc"),
+                          ("mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1", "eth0"))
     for _role, spec, _l, _a in _pods(rdma):
         assert _env(spec["containers"][0])["UCX_TLS"].startswith("rc,")
 
@@ -115,6 +124,7 @@ def test_vllm_pods_have_nixl_config_side_channel_from_pod_ip_rdma_ipc_lock_and_s
         assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"
         assert env["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1"
         assert c["resources"]["limits"] == {"nvidia.com/gpu": "8", "rdma/rdma_shared_device_a": "1"}
+        assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"]
         assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
         shm = [v for v in spec["volumes"] if v["name"] == "dshm"][0]
         assert shm["emptyDir"]["medium"] == "Memory"
@@ -134,7 +144,7 @@ def test_storm_service_roles_are_prefill_and_decode():
 
 
 def test_sglang_pods_use_disaggregation_mode_backend_and_ib_device():
-    objs = pd.build(dict(BASE, engine="sglang", image="lmsys/sglang:v0.5.4", sglang_ib_device="mlx5_0,mlx5_1"))
+    objs = pd.build(dict(BASE, engine="sglang", image="lmsysorg/sglang:v0.5.4", sglang_ib_device="mlx5_0,mlx5_1"))
     for role, spec, labels, _ann in _pods(objs):
         c = spec["containers"][0]
         argv = c["command"] + c["args"]
@@ -152,9 +162,13 @@ def test_deployments_route_through_the_proxy_named_after_the_model():
     objs = pd.build(dict(BASE, workload="deployments"))
     kinds = [(o["kind"], o["metadata"]["name"]) for o in objs]
     assert ("Service", "glm-5-2-fp8") in kinds  # DNS-1035 form of the model name
-    proxy = [o for o in objs if o["kind"] == "Deployment" and o["metadata"]["labels"].get(pd.ROLE_LABEL) == "proxy"][0]
-    # Only the proxy carries the AIBrix labels: the gateway never sends traffic to a bare engine.
-    assert proxy["metadata"]["labels"]["model.aibrix.ai/name"] == "glm-5.2-fp8"
+    assert ("HTTPRoute", "glm-5.2-fp8-router") in kinds  # our own route, the name the gateway looks up
+    proxy = [o for o in objs if o["kind"] == "Deployment" and o["metadata"]["labels"].get(pd.ROLE_LABEL) == "front"][0]
+    # Only the proxy's pods carry the AIBrix labels: the gateway never sends traffic to a bare engine, and no
+    # Deployment carries model.aibrix.ai/name in its own metadata (AIBrix's route controller reads it there).
+    assert proxy["spec"]["template"]["metadata"]["labels"]["model.aibrix.ai/name"] == "glm-5.2-fp8"
+    for o in objs:
+        assert "model.aibrix.ai/name" not in o["metadata"]["labels"], o["kind"]
     for _role, _spec, labels, _ann in _pods(objs):
         assert "model.aibrix.ai/name" not in labels
     args = proxy["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -164,12 +178,36 @@ def test_deployments_route_through_the_proxy_named_after_the_model():
     assert "def prefill_body" in cm["data"]["pd_proxy.py"]
 
 
+def test_sglang_deployments_run_sglangs_router_with_service_discovery():
+    """sglang_router.launch_router --pd-disaggregation (router_args.py): the router discovers the role pods,
+    reads the prefill bootstrap port from their sglang.ai/bootstrap-port annotation and sends
+    bootstrap_host/port/room to both, which pd_proxy (kv_transfer_params only) cannot."""
+    objs = pd.build(dict(BASE, engine="sglang", workload="deployments", image="lmsysorg/sglang:v0.5.16"))
+    assert "ConfigMap" not in [o["kind"] for o in objs]
+    router = [o for o in objs if o["kind"] == "Deployment" and o["metadata"]["labels"].get(pd.ROLE_LABEL) == "front"][0]
+    c = router["spec"]["template"]["spec"]["containers"][0]
+    argv = c["command"] + c["args"]
+    assert argv[:4] == ["python3", "-m", "sglang_router.launch_router", "--pd-disaggregation"]
+    assert c["image"] == "lmsysorg/sglang:v0.5.16"
+    i = argv.index("--prefill-selector")
+    assert argv[i + 1:i + 3] == ["llmops.serving/pd-model=glm-5.2-fp8", "llmops.serving/pd-role=prefill"]
+    assert argv[argv.index("--service-discovery-namespace") + 1] == "llm-lab"
+    assert argv[argv.index("--service-discovery-port") + 1] == "8000"
+    assert router["spec"]["template"]["spec"]["serviceAccountName"] == "glm-5-2-fp8-sglang-router"
+    role = [o for o in objs if o["kind"] == "Role"][0]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    prefill = [o for o in objs if o["metadata"]["labels"].get(pd.ROLE_LABEL) == "prefill"][0]
+    assert prefill["spec"]["template"]["metadata"]["annotations"]["sglang.ai/bootstrap-port"] == "8998"
+
+
 @pytest.mark.parametrize("change,field", [
     (dict(model_name="Bad/Name"), "model_name:"),
     (dict(ucx_tls={"rdma": "rc"}, transport="tcp"), "ucx_tls: no entry for transport 'tcp'"),
     (dict(gpus=4), "gpus: 4 GPUs cannot hold tensor parallel size 8"),
     (dict(side_channel_port=8000), "side_channel_port: 8000 collides"),
     (dict(workload="deployments", proxy_source=""), "proxy_source:"),
+    (dict(workload="deployments", routing_strategy="pd"), "routing_strategy: pd pairs StormService pods"),
+    (dict(engine="sglang", image="lmsys/sglang:v0.5.4"), "image: 'lmsys/sglang:v0.5.4' is not SGLang's image"),
     (dict(namespace="LLM"), "namespace:"),
 ])
 def test_bad_input_names_the_field(change, field):

@@ -26,7 +26,7 @@ def test_renders_writes_and_is_idempotent(run_module, tmp_path):
     assert again["changed"] is False
 
 
-def test_switching_transport_rewrites_only_ucx_tls(run_module, tmp_path):
+def test_switching_transport_rewrites_only_ucx_tls_and_net_devices(run_module, tmp_path):
     dest = str(tmp_path / "pd")
     run_module(pd_manifests, dict(ARGS, render_dir=dest, transport="rdma"))
     r = run_module(pd_manifests, dict(ARGS, render_dir=dest, transport="tcp"), diff=True)
@@ -34,8 +34,10 @@ def test_switching_transport_rewrites_only_ucx_tls(run_module, tmp_path):
     before = r["diff"][0]["before"].splitlines()
     after = r["diff"][0]["after"].splitlines()
     changed = [(a, b) for a, b in zip(before, after) if a != b]
-    assert len(before) == len(after) and len(changed) == 2
-    assert all("rc,ud,sm,self" in a and "tcp,sm,self" in b for a, b in changed)
+    assert len(before) == len(after) and len(changed) == 4
+    assert sorted(set((a.strip(), b.strip()) for a, b in changed)) == [
+        ("value: mlx5_0:1,mlx5_1:1", "value: eth0"),
+        ("value: rc,ud,sm,self,cuda_copy,cuda_ipc", "value: tcp,sm,self,cuda_copy,cuda_ipc")]
 
 
 def test_switching_mode_removes_stale_files(run_module, tmp_path):
@@ -44,8 +46,9 @@ def test_switching_mode_removes_stale_files(run_module, tmp_path):
     r = run_module(pd_manifests, dict(ARGS, render_dir=dest, workload="deployments", proxy_source="print('proxy')\n"))
     assert r["removed"] == ["10-stormservice-glm-5-2-fp8.yaml"]
     assert not os.path.exists(os.path.join(dest, "10-stormservice-glm-5-2-fp8.yaml"))
-    assert [o["kind"] for o in r["objects"]] == ["Deployment", "Service", "Deployment", "Service", "ConfigMap",
-                                                 "Deployment", "Service"]
+    assert [o["kind"] for o in r["objects"]] == ["ConfigMap", "Service", "Service", "Service", "ReferenceGrant",
+                                                 "HTTPRoute", "Deployment", "Deployment", "Deployment"]
+    assert r["route_name"] == "glm-5.2-fp8-router" and r["service_name"] == "glm-5-2-fp8"
 
 
 def test_bad_input_fails_before_writing(run_module, tmp_path):
@@ -74,6 +77,15 @@ def test_mode_and_dest_are_deprecated_aliases_of_workload_and_render_dir(run_mod
     assert _deprecated(["mode", "dest"]) == ["dest", "mode"]
     assert not old.get("failed"), old
     assert old["objects"] == new["objects"] and old["files"] == new["files"]
-    assert [o["kind"] for o in old["objects"]][:2] == ["Deployment", "Service"]
+    assert [o["kind"] for o in old["objects"]][:2] == ["ConfigMap", "Service"]
     for name in old["files"]:
         assert (old_dir / name).read_text() == (new_dir / name).read_text()
+
+
+def test_warnings_and_refusals_reach_the_play(run_module):
+    """A tag without a digest warns (the engine role's image rule); a TCP entry naming an RDMA port is refused."""
+    r = run_module(pd_manifests, dict(ARGS))
+    assert any("pinned by tag only" in w for w in r["warnings"])
+    assert r["startup_window_seconds"] >= 3600
+    r = run_module(pd_manifests, dict(ARGS, ucx_net_devices={"tcp": "mlx5_0:1"}))
+    assert r["failed"] and r["msg"].startswith("ucx_net_devices.tcp: 'mlx5_0:1' is an RDMA device:port")
