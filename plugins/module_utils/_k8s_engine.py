@@ -844,7 +844,8 @@ def build(params):
         warnings.append("kernel_cache_env is set but kernel_cache_dir is not: the caches land in the "
                         "container filesystem and are lost with the pod")
     resources = container_resources(p, gpus)
-    mem, shm = quantity_bytes(resources["requests"].get("memory", 0)), quantity_bytes(p["shm_size"] or 0)
+    mem = quantity_bytes(resources["requests"]["memory"]) if "memory" in resources["requests"] else None
+    shm = quantity_bytes(p["shm_size"]) if p["shm_size"] else None
     if mem is not None and shm and mem < shm:
         warnings.append("memory request %s is below shm_size %s: /dev/shm is memory charged to the engine "
                         "container" % (resources["requests"]["memory"], p["shm_size"]))

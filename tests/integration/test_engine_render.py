@@ -92,3 +92,49 @@ def test_role_refuses_missing_image(tmp_path):
                  engine_render_dir=str(tmp_path / "m"), engine_model_path="/mnt/nvme/models/GLM-5.2-FP8/v1")
     rc, output = play(tmp_path, extra)
     assert rc != 0 and "engine_image is empty" in output
+
+
+def _rendered(out):
+    kust = yaml.safe_load((out / "kustomization.yaml").read_text())
+    return [yaml.safe_load((out / f).read_text()) for f in kust["resources"]]
+
+
+def test_role_renders_a_two_node_engine_with_the_profile_data(tmp_path):
+    """TP=8 x PP=2 over two nodes: one LeaderWorkerSet group; the profile comes from vars/profiles.yml."""
+    out = tmp_path / "manifests"
+    extra = dict(CASES["vllm"], engine_namespace="llm-lab", engine_render_dir=str(out),
+                 engine_model_path="/mnt/nvme/models/GLM-5.2-FP8/v1", engine_k8s_profile="glm-5.2-fp8",
+                 engine_k8s_pp_size=2, engine_k8s_nodes=2, engine_replicas=2)
+    rc, output = play(tmp_path, extra)
+    assert rc == 0, output[-4000:]
+    kinds = [o["kind"] for o in _rendered(out)]
+    assert kinds == ["Service", "ReferenceGrant", "HTTPRoute", "PodDisruptionBudget", "LeaderWorkerSet"]
+    lws = _rendered(out)[-1]
+    assert lws["spec"]["leaderWorkerTemplate"]["size"] == 2 and lws["spec"]["replicas"] == 2
+    leader = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["args"]
+    assert leader[leader.index("--kv-cache-dtype") + 1] == "fp8"
+    assert leader[leader.index("--nnodes") + 1] == "2"
+    assert "-> LeaderWorkerSet" in output
+
+
+def test_role_refuses_an_image_older_than_the_profile_before_writing(tmp_path):
+    out = tmp_path / "manifests"
+    extra = dict(CASES["vllm"], engine_image="vllm/vllm-openai:v0.25.1", engine_namespace="llm-lab",
+                 engine_render_dir=str(out), engine_model_path="/m", engine_k8s_profile="glm-5.2-fp8")
+    rc, output = play(tmp_path, extra)
+    assert rc != 0 and "older than profile glm-5.2-fp8 needs (0.26.0b2.dev1 or newer)" in output
+    assert not out.exists()
+
+
+def test_role_default_profile_is_none_and_site_profiles_extend_the_data(tmp_path):
+    out = tmp_path / "manifests"
+    base = dict(CASES["sglang"], engine_namespace="llm-lab", engine_render_dir=str(out), engine_model_path="/m")
+    rc, output = play(tmp_path, base)
+    assert rc == 0, output[-4000:]
+    args = _rendered(out)[-1]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--reasoning-parser" not in args and "--speculative-algorithm" not in args
+    site = {"qwen3-32b": {"description": "Qwen3 32B", "sglang": {"min_version": "0.5.0", "args": {"reasoning-parser": "qwen3"}}}}
+    rc, output = play(tmp_path, dict(base, engine_k8s_profile="qwen3-32b", engine_k8s_profiles=site))
+    assert rc == 0, output[-4000:]
+    args = _rendered(out)[-1]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--reasoning-parser") + 1] == "qwen3"

@@ -153,3 +153,102 @@ def test_workload_problems_agree_with_the_controller(api, kind, watched):
         assert not names.is_dns1035_label(expected["backend"])
         assert "glm-5.2-fp8-router" in route.workload_problems([labelled])[0]
     assert route.workload_problems([clean]) == [] and controller_route_for(clean) is None
+
+
+# ---- the whole rendered set routes: the gateway plugin's lookup and the controller's rule, restated ---- #
+
+def _matches(selector, labels):
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def _pod_templates(obj):
+    if obj["kind"] == "Deployment":
+        return [obj["spec"]["template"]]
+    if obj["kind"] == "LeaderWorkerSet":
+        tpl = obj["spec"]["leaderWorkerTemplate"]
+        return [tpl["workerTemplate"]] + ([tpl["leaderTemplate"]] if "leaderTemplate" in tpl else [])
+    return []
+
+
+def route_problems(objects, model, gateway_namespace="aibrix-system"):
+    """Why a request with header ``model: <model>`` would not reach a serving pod (empty when it would).
+
+    * The gateway plugin (pkg/plugins/gateway/gateway.go, v0.7.0) looks up ``<model>-router`` in the gateway
+      namespace; the route must match the model header.
+    * Its backendRef Service must exist (else ResolvedRefs=False/BackendNotFound, 503) and, in another
+      namespace, a ReferenceGrant there must admit HTTPRoutes from the gateway namespace (else RefNotPermitted).
+    * The Service must select the pods that carry the model label (what the pod informer and /v1/models see).
+    * No workload may carry the model label itself: the controller would create its own ``<model>-router``
+      pointing at a Service named exactly the model.
+    """
+    problems = []
+    by_kind = {}
+    for o in objects:
+        by_kind.setdefault(o["kind"], []).append(o)
+    routes = [r for r in by_kind.get("HTTPRoute", []) if r["metadata"]["name"] == model + "-router"
+              and r["metadata"]["namespace"] == gateway_namespace]
+    if not routes:
+        return ["no HTTPRoute %s/%s-router" % (gateway_namespace, model)]
+    rule = routes[0]["spec"]["rules"][0]
+    if not all({"type": "Exact", "name": "model", "value": model} in m["headers"] for m in rule["matches"]):
+        problems.append("a match does not require the model header")
+    ref = rule["backendRefs"][0]
+    services = [s for s in by_kind.get("Service", []) if s["metadata"]["name"] == ref["name"]
+                and s["metadata"]["namespace"] == ref["namespace"]]
+    if not services:
+        return problems + ["BackendNotFound: no Service %s/%s" % (ref["namespace"], ref["name"])]
+    svc = services[0]
+    if ref["port"] not in [p["port"] for p in svc["spec"]["ports"]]:
+        problems.append("the route's port %s is not a Service port" % ref["port"])
+    if ref["namespace"] != gateway_namespace and not any(
+            g["metadata"]["namespace"] == ref["namespace"]
+            and {"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": gateway_namespace} in g["spec"]["from"]
+            and any(t["kind"] == "Service" and t.get("name") in (None, ref["name"]) for t in g["spec"]["to"])
+            for g in by_kind.get("ReferenceGrant", [])):
+        problems.append("RefNotPermitted: no ReferenceGrant in %s for Service %s" % (ref["namespace"], ref["name"]))
+    labelled = [t for o in objects for t in _pod_templates(o) if t["metadata"]["labels"].get("model.aibrix.ai/name") == model]
+    if not labelled:
+        problems.append("no pod carries model.aibrix.ai/name=%s" % model)
+    if not all(_matches(svc["spec"]["selector"], t["metadata"]["labels"]) for t in labelled):
+        problems.append("the Service does not select every pod the gateway routes to")
+    for o in objects:
+        meant = controller_route_for(o)
+        if meant is not None:
+            problems.append("%s %s wakes the route controller (%s -> Service %r)" % (o["kind"], o["metadata"]["name"],
+                                                                                     meant["name"], meant["backend"]))
+    return problems
+
+
+LONG = "glm-5.2-fp8-" + "x" * 45 + ".v1.2"     # 62 characters with dots
+
+
+@pytest.mark.parametrize("params", [
+    dict(engine="vllm", served_model_name="glm-5.2-fp8"),
+    dict(engine="sglang", served_model_name="glm-5.2-fp8"),
+    dict(engine="vllm", served_model_name=LONG),
+    dict(engine="sglang", served_model_name=LONG, namespace="aibrix-system"),
+    dict(engine="vllm", served_model_name="glm-5.2-fp8", pp_size=2, nodes=2),
+    dict(engine="sglang", served_model_name=LONG, pp_size=2, nodes=2, replicas=2),
+], ids=["vllm", "sglang", "vllm-62", "sglang-62-same-ns", "vllm-lws", "sglang-lws-62"])
+def test_every_rendered_engine_set_routes(params):
+    from ansible_collections.llmops.serving.plugins.module_utils import _k8s_engine as k8s
+
+    image = {"vllm": "vllm/vllm-openai:v0.26.0", "sglang": "lmsysorg/sglang:v0.5.16"}[params["engine"]]
+    built = k8s.build(dict(dict(namespace="llm-serving", model_path="/mnt/nvme/m", image=image + "@sha256:" + "f" * 64), **params))
+    assert route_problems(built["objects"], params["served_model_name"]) == []
+
+
+def test_the_route_oracle_catches_what_aibrix_would_break():
+    from ansible_collections.llmops.serving.plugins.module_utils import _k8s_engine as k8s
+
+    base = dict(engine="vllm", served_model_name="glm-5.2-fp8", namespace="llm-serving", model_path="/m",
+                image="vllm/vllm-openai:v0.26.0@sha256:" + "f" * 64)
+    # the controller's own route for a labelled Deployment (manage_route=false) points at Service "glm-5.2-fp8"
+    unmanaged = k8s.build(dict(base, manage_route=False))["objects"]
+    assert route_problems(unmanaged, "glm-5.2-fp8") == ["no HTTPRoute aibrix-system/glm-5.2-fp8-router"]
+    objs = k8s.build(base)["objects"]
+    no_grant = [o for o in objs if o["kind"] != "ReferenceGrant"]
+    assert any("RefNotPermitted" in p for p in route_problems(no_grant, "glm-5.2-fp8"))
+    labelled = yaml.safe_load(yaml.safe_dump(objs))
+    labelled[-1]["metadata"]["labels"]["model.aibrix.ai/name"] = "glm-5.2-fp8"
+    assert any("wakes the route controller" in p for p in route_problems(labelled, "glm-5.2-fp8"))

@@ -82,3 +82,16 @@ def test_reference_grant_name_is_bounded():
     name = names.reference_grant_name("s" * 63, "aibrix-system")
     assert len(name) <= 63 and names.is_dns1123_subdomain(name)
     assert names.reference_grant_name("glm-5-2-fp8-vllm", "aibrix-system") == "glm-5-2-fp8-vllm-from-aibrix-system"
+
+
+@pytest.mark.parametrize("name", ["glm-5-2-fp8-vllm", "m-" + "x" * 60, "glm-5-2-fp8-" + "y" * 40])
+def test_statefulset_safe_name_leaves_room_for_group_and_revision_hash(name):
+    # LeaderWorkerSet worker StatefulSet <lws>-<group>; StatefulSet pods get controller-revision-hash=<sts>-<10 hex>,
+    # a label value (at most 63 characters)
+    safe = names.statefulset_safe_name(name)
+    assert names.is_dns1035_label(safe)
+    assert len("%s-%d-%s" % (safe, 99999, "a" * 10)) <= 63
+    if len(name) <= names.STATEFULSET_BASE_MAX:
+        assert safe == name
+    else:
+        assert safe != names.statefulset_safe_name(name + "z")  # hashed, still distinct
