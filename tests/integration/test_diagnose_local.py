@@ -22,10 +22,10 @@ from ansible_collections.llmops.serving.plugins.module_utils import _process
 FAKE = os.path.join(ROOT, "tests", "unit", "fixtures", "diagnose", "fake_engine.py")
 
 
-def diagnose(llmops_root, port, run_dir, name):
+def diagnose(llmops_root, port, run_dir, name, **extra):
     """Run playbooks/diagnose.yml on ``run_dir/name``; returns (rc, verdict, output)."""
     rc, out = run_playbook("playbooks/diagnose.yml", llmops_root, port, "-e", json.dumps(
-        {"engine_local_run_dir": str(run_dir), "engine_local_process_name": name}), timeout=300)
+        dict({"engine_local_run_dir": str(run_dir), "engine_local_process_name": name}, **extra)), timeout=300)
     shown = out.split("Show the diagnosis (summary first, then the findings)", 1)
     assert len(shown) == 2, out[-3000:]
     m = re.search(r"msg:\s*\n\s*- '?([a-z_]+): ", shown[1])
@@ -73,8 +73,11 @@ def test_real_vllm_bad_argument_exit_2(tmp_path):
 
 def test_real_engine_healthy_then_hung_under_sigstop_then_healthy(engine):
     root, port, run_dir = engine["root"], engine["port"], engine["run_dir"]
-    rc, verdict, out = diagnose(root, port, run_dir, "engine")
+    # asked to, the role also probes the engine (health, the served model listed) and prints it after the findings
+    url = "http://127.0.0.1:%d" % port
+    rc, verdict, out = diagnose(root, port, run_dir, "engine", diagnose_probe_engine_url=url)
     assert rc == 0 and verdict == "healthy", out[-3000:]
+    assert "probe engine %s: ok: /health 200 and the model listed" % url in out
     os.kill(engine["pid"], signal.SIGSTOP)
     try:
         rc, verdict, out = diagnose(root, port, run_dir, "engine")
