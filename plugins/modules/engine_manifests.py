@@ -24,9 +24,9 @@ description:
     (= O(served_model_name) = the request's model), C(model.aibrix.ai/port) and C(model.aibrix.ai/engine); the
     Deployment or LeaderWorkerSet itself does not, so AIBrix's route controller creates no competing route.
   - The engine never runs as PID 1, where a crash can end in exit 0 (SGLang's C(kill_process_tree) SIGKILLs
-    itself, which PID 1 survives, then calls C(sys.exit(0))): it runs under O(init) when the image has one,
+    itself, which PID 1 survives, then exits with status 0). It runs under O(init) when the image has one,
     else the pod shares its process namespace (C(shareProcessNamespace), the pause container is PID 1).
-  - The image is checked before anything is rendered: a tag older than the profile's C(min_version) is refused,
+  - The image is checked before anything is rendered. A tag older than the profile's C(min_version) is refused,
     C(lmsys/sglang) is refused (SGLang publishes C(lmsysorg/sglang)), a tag without a digest warns.
   - Loader settings follow O(model_source) and the expected concurrent weight reads
     (pods x TP ranks x threads per rank) are returned in RV(read_concurrency).
@@ -132,7 +132,8 @@ options:
     default: none
   profiles:
     description:
-      - Profile definitions, C(name -> {description, vllm: {min_version, args}, sglang: {min_version, args}}).
+      - >-
+        Profile definitions, C(name -> {description, vllm: {min_version, args}, sglang: {min_version, args}}).
       - C(args) maps flag (without C(--)) to value, applied in order before the loader settings and O(engine_args).
       - C(min_version) is the oldest engine version the profile runs with; an O(image) tag older than it is refused.
     type: dict
