@@ -87,3 +87,19 @@ def test_route_timeout_is_a_deprecated_alias_of_route_request_timeout(run_module
     assert results["route_timeout"][0]["objects"] == results["route_request_timeout"][0]["objects"]
     assert results["route_request_timeout"][1] == []
     assert [(d["version"], d["collection_name"]) for d in results["route_timeout"][1]] == [("1.0.0", "llmops.serving")]
+
+
+def test_profiles_init_and_multi_node_through_the_module(run_module):
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
+    with open(os.path.join(root, "roles", "engine", "vars", "profiles.yml")) as f:
+        profiles = yaml.safe_load(f)["engine_k8s_builtin_profiles"]
+    r = run_module(engine_manifests, dict(ARGS, profile="glm-5.2-fp8", profiles=profiles, pp_size=2, nodes=2,
+                                          init="/usr/bin/tini", cpu_request="48"))
+    assert not r.get("failed"), r
+    assert r["workload"]["kind"] == "LeaderWorkerSet" and r["deployment_name"] is None
+    assert r["command"][:3] == ["/usr/bin/tini", "-g", "--"] and "--kv-cache-dtype" in r["command"]
+    lws = r["objects"][-1]
+    leader = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
+    assert leader["resources"]["requests"]["cpu"] == "48"
+    old = run_module(engine_manifests, dict(ARGS, image="vllm/vllm-openai:v0.25.1", profile="glm-5.2-fp8", profiles=profiles))
+    assert old["failed"] is True and "older than profile glm-5.2-fp8 needs" in old["msg"]
