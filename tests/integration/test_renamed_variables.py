@@ -111,10 +111,10 @@ def test_pd_apply_names(tmp_path):
         return "Report what the API server refused" in out
 
     base = dict(PD, pd_disagg_render_dir=str(tmp_path / "pd"))
-    rc, out, _ = play(tmp_path / "render", "pd_disagg", base)
+    rc, out, dummy = play(tmp_path / "render", "pd_disagg", base)
     assert rc == 0 and not applies(out), out[-3000:]
     # apply: the objects go to kubernetes.core.k8s
     for extra in ({"pd_disagg_k8s_mode": "apply"}, {"pd_disagg_k8s_apply": True}):
-        rc, out, _ = play(tmp_path / next(iter(extra)), "pd_disagg", dict(base, **extra))
+        rc, out, dummy = play(tmp_path / next(iter(extra)), "pd_disagg", dict(base, **extra))
         assert rc != 0 and applies(out), (extra, out[-3000:])
         assert (notice("pd_disagg_k8s_apply", "pd_disagg_k8s_mode") in out) == ("pd_disagg_k8s_apply" in extra)
