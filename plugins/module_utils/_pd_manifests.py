@@ -54,8 +54,6 @@ MANAGED_BY = "llmops.serving"
 ROLES = ("prefill", "decode")
 PROXY_PATH = "/opt/pd-proxy/pd_proxy.py"
 ROUTER_METRICS_PORT = 29000
-APPLY_ORDER = ["ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Service", "ReferenceGrant", "HTTPRoute",
-               "Deployment"]
 
 # Environment the renderer sets on every engine container; env entries cannot replace them.
 MANAGED_ENV = frozenset({"UCX_TLS", "UCX_NET_DEVICES", "POD_IP", "VLLM_NIXL_SIDE_CHANNEL_HOST",
@@ -676,10 +674,9 @@ def deployments(p):
             paths=p["route_paths"], labels={"app.kubernetes.io/managed-by": MANAGED_BY, MODEL_LABEL: p["model_name"]})
     except aroute.RouteError as e:
         raise SpecError(str(e))
+    # Apply order: each role, then the front (what it mounts or runs as first), its Service, the grant and the
+    # route to that Service.
     objs.extend(routed["objects"])
-    # Apply order: what the pods and the route refer to first (the route then resolves on its first
-    # reconcile, the proxy finds its ConfigMap, the router its RBAC), the workloads last.
-    objs.sort(key=lambda o: APPLY_ORDER.index(o["kind"]))
     return objs, routed
 
 

@@ -113,9 +113,10 @@ def test_the_controller_keeps_a_route_that_already_exists_but_deletes_it_with_th
     front = [o for o in labelled if o["kind"] == "Deployment" and oracle.NAME in o["spec"]["template"]["metadata"]["labels"]][0]
     front["metadata"]["labels"][oracle.NAME] = DOTTED
     cluster = oracle.Cluster(labelled)
-    # our route is applied before the workloads, so the controller's Create meets AlreadyExists and keeps ours;
-    # it still adds its grant, and deleting the workload deletes <model>-router by name, ours included
-    assert [o["kind"] for o in cluster.controller_made] == ["ReferenceGrant"]
+    # the labelled Deployment comes first: the controller creates its route and grant (Create; AlreadyExists
+    # would be ignored), our route replaces it when applied, and deleting the workload deletes <model>-router
+    # by name, ours included
+    assert [o["kind"] for o in cluster.controller_made] == ["HTTPRoute", "ReferenceGrant"]
     ours = cluster.get("gateway.networking.k8s.io", "HTTPRoute", "aibrix-system", "glm-5.2-fp8-router")
     assert ours["spec"]["rules"][0]["backendRefs"][0]["name"] == "glm-5-2-fp8"
     assert oracle.route(labelled, DOTTED).ok

@@ -46,8 +46,8 @@ def test_switching_mode_removes_stale_files(run_module, tmp_path):
     r = run_module(pd_manifests, dict(ARGS, render_dir=dest, workload="deployments", proxy_source="print('proxy')\n"))
     assert r["removed"] == ["10-stormservice-glm-5-2-fp8.yaml"]
     assert not os.path.exists(os.path.join(dest, "10-stormservice-glm-5-2-fp8.yaml"))
-    assert [o["kind"] for o in r["objects"]] == ["ConfigMap", "Service", "Service", "Service", "ReferenceGrant",
-                                                 "HTTPRoute", "Deployment", "Deployment", "Deployment"]
+    assert [o["kind"] for o in r["objects"]] == ["Deployment", "Service", "Deployment", "Service", "ConfigMap",
+                                                 "Deployment", "Service", "ReferenceGrant", "HTTPRoute"]
     assert r["route_name"] == "glm-5.2-fp8-router" and r["service_name"] == "glm-5-2-fp8"
 
 
@@ -77,7 +77,7 @@ def test_mode_and_dest_are_deprecated_aliases_of_workload_and_render_dir(run_mod
     assert _deprecated(["mode", "dest"]) == ["dest", "mode"]
     assert not old.get("failed"), old
     assert old["objects"] == new["objects"] and old["files"] == new["files"]
-    assert [o["kind"] for o in old["objects"]][:2] == ["ConfigMap", "Service"]
+    assert [o["kind"] for o in old["objects"]][:2] == ["Deployment", "Service"]
     for name in old["files"]:
         assert (old_dir / name).read_text() == (new_dir / name).read_text()
 
