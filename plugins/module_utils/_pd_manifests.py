@@ -54,6 +54,8 @@ MANAGED_BY = "llmops.serving"
 ROLES = ("prefill", "decode")
 PROXY_PATH = "/opt/pd-proxy/pd_proxy.py"
 ROUTER_METRICS_PORT = 29000
+# sglang_router --policy choices (sgl-model-gateway/bindings/python/src/sglang_router/router_args.py).
+ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "manual")
 
 # Environment the renderer sets on every engine container; env entries cannot replace them.
 MANAGED_ENV = frozenset({"UCX_TLS", "UCX_NET_DEVICES", "POD_IP", "VLLM_NIXL_SIDE_CHANNEL_HOST",
@@ -300,6 +302,9 @@ def validate(p):
             "routing_strategy: pd pairs StormService pods by roleset-name/role-name, which workload deployments "
             "does not have (its front pairs the roles); leave routing_strategy unset (the gateway then follows "
             "the <model>-router HTTPRoute) or use workload stormservice")
+    if p["router_policy"] and p["router_policy"] not in ROUTER_POLICIES:
+        raise SpecError("router_policy: %r is not one of SGLang's router policies (%s)"
+                        % (p["router_policy"], ", ".join(ROUTER_POLICIES)))
     if p["shm_size"] and not QUANTITY.match(str(p["shm_size"])):
         raise SpecError("shm_size: %r is not a Kubernetes quantity such as 64Gi" % (p["shm_size"],))
     if p["hf_token_secret"] and not (isinstance(p["hf_token_secret"], dict) and p["hf_token_secret"].get("name")):

@@ -120,7 +120,8 @@ options:
     type: str
     default: none
   profiles:
-    description: Profile definitions, C(name -> {description, vllm: {min_version, args}, sglang: {min_version, args}}).
+    description: >-
+      Profile definitions, C(name -> {description, vllm: {min_version, args}, sglang: {min_version, args}}).
     type: dict
     default: {}
   engine_args:
@@ -175,7 +176,8 @@ options:
     default: {rdma: "rc,ud,sm,self,cuda_copy,cuda_ipc", tcp: "tcp,sm,self,cuda_copy,cuda_ipc"}
   ucx_net_devices:
     description:
-      - C(UCX_NET_DEVICES) per transport, C({rdma: <device:port list>, tcp: <netdev list>}); missing keys keep the
+      - >-
+        C(UCX_NET_DEVICES) per transport, C({rdma: <device:port list>, tcp: <netdev list>}); missing keys keep the
         defaults C(all) (rdma) and C(eth0) (tcp).
       - UCX's RDMA transports name devices C(mlx5_0:1) (C(ucx_info -d)); its tcp transport lists network
         interfaces from C(/sys/class/net) (C(eth0), the Multus interface C(net1), C(bond0)), so an RDMA name in the
@@ -436,7 +438,7 @@ def main():
             model_name=dict(type="str", required=True),
             image=dict(type="str", required=True),
             image_pull_policy=dict(type="str", default="IfNotPresent"),
-            image_pull_secret=dict(type="str"),
+            image_pull_secret=dict(type="str", no_log=False),
             model_path=dict(type="str", required=True),
             model_host_path=dict(type="str"),
             model_source=dict(type="str", choices=["staged_nvme", "shared_fs"], default="staged_nvme"),

@@ -141,7 +141,7 @@ def test_a_cross_namespace_backend_needs_a_grant_for_that_service():
 
 
 def test_the_gateway_needs_pods_labelled_with_the_model():
-    objs = [o for o in pd_set("vllm", DOTTED, "deployments")]
+    objs = pd_set("vllm", DOTTED, "deployments")
     for o in objs:
         if o["kind"] == "Deployment":
             o["spec"]["template"]["metadata"]["labels"].pop(oracle.NAME, None)

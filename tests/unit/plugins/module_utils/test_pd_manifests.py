@@ -207,6 +207,8 @@ def test_sglang_deployments_run_sglangs_router_with_service_discovery():
     (dict(side_channel_port=8000), "side_channel_port: 8000 collides"),
     (dict(workload="deployments", proxy_source=""), "proxy_source:"),
     (dict(workload="deployments", routing_strategy="pd"), "routing_strategy: pd pairs StormService pods"),
+    (dict(engine="sglang", image="lmsysorg/sglang:v0.5.16", workload="deployments", router_policy="fastest"),
+     "router_policy: 'fastest' is not one of SGLang's router policies"),
     (dict(engine="sglang", image="lmsys/sglang:v0.5.4"), "image: 'lmsys/sglang:v0.5.4' is not SGLang's image"),
     (dict(namespace="LLM"), "namespace:"),
 ])
