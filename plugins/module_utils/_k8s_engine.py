@@ -16,7 +16,6 @@ import json
 import math
 import os
 import re
-import shlex
 
 from ansible_collections.llmops.serving.plugins.module_utils import _aibrix_route as route
 from ansible_collections.llmops.serving.plugins.module_utils import _k8s_names as names
@@ -187,38 +186,6 @@ def check_tolerations(tolerations):
             raise SpecError("%s: tolerationSeconds only applies to effect NoExecute" % where)
 
 
-# What a script may 'exec' last without that being the engine: the status would be this command's.
-NOT_AN_ENGINE = {"true", "false", ":", "exit", "sleep", "tail", "echo", "printf", "wait", "cat", "sh", "bash",
-                 "tini", "dumb-init"}
-
-
-def _final_exec_target(command):
-    """The command a ``sh -c SCRIPT`` wrapper finally ``exec``s (basename), or None when there is none to read."""
-    shells = ("sh", "bash", "dash", "zsh", "ksh", "ash")
-    if os.path.basename(command[0]) not in shells:
-        return None
-    script = None
-    for i, tok in enumerate(command[1:], 1):
-        if tok.startswith("-") and "c" in tok.lstrip("-") and not tok.startswith("--") and i + 1 < len(command):
-            script = command[i + 1]
-            break
-    if script is None:
-        return None
-    try:
-        lexer = shlex.shlex(script, posix=True, punctuation_chars=";&|")
-        lexer.whitespace_split = True
-        tokens = list(lexer)
-    except ValueError:
-        return None
-    positions = [i for i, t in enumerate(tokens) if t == "exec"]
-    if not positions:
-        return None
-    rest = tokens[positions[-1] + 1:]
-    while rest and (rest[0].startswith("-") or re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", rest[0])):
-        rest = rest[2:] if rest[0] == "-a" else rest[1:]
-    return os.path.basename(rest[0]) if rest else ""
-
-
 def check_command(command):
     """The engine must be the container's main process, so its exit status is the container's.
 
@@ -232,10 +199,6 @@ def check_command(command):
     if not isinstance(command, list) or not all(isinstance(c, str) and c for c in command):
         raise SpecError("command: must be a non-empty list of strings (exec form)")
     reasons = _process.command_problems(list(command), read_files=False)
-    target = _final_exec_target(command)
-    if target is not None and (target in NOT_AN_ENGINE or not target):
-        reasons.append("its last 'exec' runs %r, not the engine, so the container exits with that command's "
-                       "status" % (target or "nothing"))
     if reasons:
         raise SpecError(
             "command: the %s command wraps the engine in a way that masks its exit status (%s). A crashed engine "

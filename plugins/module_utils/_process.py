@@ -260,6 +260,9 @@ def masked_env(env):
 # --------------------------------------------------------------------------------------------- #
 
 SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "yash", "posh"}
+# What a script may 'exec' last that is certainly not an engine: the status would be this command's
+# ('...; exec true' exits 0, 'exec sleep infinity' keeps a container Running with no engine in it).
+NOT_AN_ENGINE = {"true", "false", ":", "exit", "sleep", "tail", "echo", "printf", "wait", "cat"}
 # Prefix commands that exec (or wait for) the command they are given and pass its status on.
 PREFIXES = {"nohup", "nice", "ionice", "taskset", "numactl", "chrt", "stdbuf", "timeout", "sudo", "setpriv",
             "prlimit", "cgexec", "busybox", "unbuffer", "doas", "runuser", "time", "catchsegv"}
@@ -516,6 +519,10 @@ def _script_reasons(script):
         reasons.append("'|| exec ...' starts the engine only when the command before it fails; otherwise the "
                        "script ends with success and no engine")
     target = [_unquote(w) for w in _exec_target(ex["words"])]
+    name = os.path.basename(target[0]) if target and target[0] else ""
+    if name in NOT_AN_ENGINE:
+        reasons.append("its last 'exec' runs '%s', not the engine, so the status recorded would be that command's"
+                       % name)
     return reasons, (target if all(t is not None for t in target) else None)
 
 

@@ -82,7 +82,7 @@ def test_engine_route_timeout_names(tmp_path):
     # neither set: the documented defaults
     rc, out, default = play(tmp_path / "default", "engine", dict(ENGINE, engine_render_dir=str(tmp_path / "default" / "m")))
     assert rc == 0, out[-3000:]
-    assert default == {"engine_k8s_route_request_timeout": "120s", "engine_k8s_route_condition_timeout": 300}
+    assert default == {"engine_k8s_route_request_timeout": "0s", "engine_k8s_route_condition_timeout": 300}
     assert "[DEPRECATED]" not in out and "[DEPRECATION WARNING]" not in out
 
 

@@ -113,3 +113,10 @@ def test_missing_engine_binary_is_exit_127_not_a_supervisor_mystery(run_module, 
     assert r["failed"] and r["returncode"] == 127 and "exit status 127" in r["msg"]
     assert any("cannot start" in line for line in r["log_tail"])
     assert os.path.exists(r["log_file"])
+
+
+@pytest.mark.parametrize("script", ["vllm serve /m; exec true", "exec sleep infinity", "exec tail -f /dev/null"])
+def test_an_exec_of_something_that_is_not_an_engine_is_refused(script):
+    # the one rule for local engines and container commands: the status would be that command's
+    reasons = _process.command_problems(["bash", "-lc", script])
+    assert any("not the engine" in r for r in reasons), reasons
