@@ -1,0 +1,715 @@
+"""Run the job templates of awx/ the way AWX runs them: ansible-runner on an AWX-shaped private data dir.
+
+AWX itself cannot run here, so this module restates what AWX does between "Launch" and ansible-runner, from
+AWX's source (ansible/awx, devel, Oct 2024; paths below), and then calls ``ansible_runner.run()`` exactly as
+AWX's task does:
+
+* survey spec validation at save time: ``awx/api/views/__init__.py`` ``JobTemplateSurveySpec._validate_spec_data``
+  (types from ``awx/main/constants.py`` ``SURVEY_TYPE_MAPPING``);
+* survey answer validation at launch: ``awx/main/models/mixins.py`` ``SurveyJobTemplateMixin``
+  ``_survey_element_validation`` and ``_accept_or_ignore_variables`` (an API launch blocks on survey errors; a
+  variable the survey does not ask for is ignored unless ``ask_variables_on_launch``);
+* extra-vars precedence: ``SurveyJobTemplateMixin._update_unified_job_kwargs`` (template extra_vars, then the
+  survey defaults that pass their own question's validation, then the launch answers);
+* ``awx_*`` / ``tower_*`` variables: ``awx/main/models/unified_jobs.py`` and ``awx/main/models/jobs.py``
+  ``awx_meta_vars`` (prefixes from ``awx/main/constants.py`` ``JOB_VARIABLE_PREFIXES``);
+* ``env/extravars``: ``awx/main/tasks/jobs.py`` ``RunJob.build_extra_vars_file`` with
+  ``awx/main/utils/safe_yaml.py`` ``safe_dump``: every string is ``!unsafe`` except top-level keys equal to the
+  template's own extra_vars (``ALLOW_JINJA_IN_EXTRA_VARS = 'template'``, the default in ``awx/settings/defaults.py``);
+* ``env/cmdline``: ``RunJob.build_args`` (``--check`` for a check job, ``-u``, ``--forks``, ``-l``, ``-t``, ...);
+* ``env/settings``: ``BaseTask.run`` (``job_timeout``, ``suppress_ansible_output``, ``suppress_output_file``);
+* environment: ``BaseTask.build_env`` / ``RunJob.build_env`` (``JOB_ID``, ``INVENTORY_ID``, ``PROJECT_REVISION``,
+  ``ANSIBLE_COLLECTIONS_PATH`` starting with ``requirements_collections``, ...) and the Kubernetes credential's
+  ``K8S_AUTH_*`` (``awx/main/models/credential/injectors.py`` ``kubernetes_bearer_token``);
+* the inventory: an inventory source imports the project's inventory with ``ansible-inventory --list --export``
+  (``RunInventoryUpdate.build_args``) and a job gets it back as a script (``BaseTask.write_inventory_file``,
+  ``Inventory.get_script_data(hostvars=True, towervars=True)`` in ``awx/main/models/inventory.py``);
+* artifacts: the ``artifact_data`` of the ``playbook_on_stats`` event (``set_stats``), ``awx/main/tasks/callback.py``;
+* workflows: ``awx/main/models/workflow.py`` ``WorkflowJobNode.get_job_kwargs`` (ancestor artifacts become the
+  next job's extra vars; the workflow's own extra vars rank above them; survey errors of a node's template are only
+  logged) and the success / failure / always edges of ``awx/main/scheduler/task_manager.py``.
+
+What differs, on purpose: no container (ansible-runner runs ansible-playbook of the test virtual environment, whose
+``bin`` is put first on PATH), the collection built from this working tree is installed into
+``requirements_collections/`` (where a project sync puts collections, ahead of the execution environment's), and
+error messages never repeat a password answer.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+AWX_DIR = os.path.join(ROOT, "awx")
+BIN = os.path.dirname(sys.executable)
+
+# awx/main/constants.py
+SURVEY_TYPE_MAPPING = {"text": str, "textarea": str, "password": str, "multiplechoice": str, "multiselect": str,
+                       "integer": int, "float": (float, int)}
+JOB_VARIABLE_PREFIXES = ("awx", "tower")
+# awx/settings/defaults.py: the ANSIBLE_* settings every job's environment gets, and MAX_EVENT_RES_DATA.
+ANSIBLE_SETTINGS = {"ANSIBLE_HOST_KEY_CHECKING": "False", "ANSIBLE_PARAMIKO_RECORD_HOST_KEYS": "False",
+                    "ANSIBLE_FORCE_COLOR": "True", "ANSIBLE_INVENTORY_UNPARSED_FAILED": "True"}
+MAX_EVENT_RES_DATA = 700000
+# Events AWX counts as a failed host result.
+FAILED_EVENTS = ("runner_on_failed", "runner_on_unreachable", "runner_item_on_failed", "runner_on_async_failed")
+
+_JOB_IDS = itertools.count(4201)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class SurveyError(ValueError):
+    """A launch AWX refuses (HTTP 400 ``variables_needed_to_start``), or a survey spec it refuses to save."""
+
+    def __init__(self, errors):
+        super().__init__("; ".join(errors))
+        self.errors = list(errors)
+
+
+# ---- controller objects ------------------------------------------------------------------------------------
+
+class _Loader(yaml.SafeLoader):
+    """YAML with Ansible's ``!unsafe`` (a plain string here: the value AWX stores)."""
+
+
+_Loader.add_constructor("!unsafe", lambda loader, node: loader.construct_scalar(node))
+
+
+def load_controller(awx_dir=AWX_DIR):
+    """{controller_<kind>: [objects]} from every ``controller_*.yml`` in awx_dir."""
+    data = {}
+    for name in sorted(os.listdir(awx_dir)):
+        if name.startswith("controller_") and name.endswith(".yml"):
+            with open(os.path.join(awx_dir, name), encoding="utf-8") as f:
+                for key, value in (yaml.load(f, Loader=_Loader) or {}).items():  # nosec: the loader is SafeLoader's
+                    if key in data:
+                        raise ValueError("%s is defined twice (second time in %s)" % (key, name))
+                    data[key] = value
+    return data
+
+
+def by_name(objects, name):
+    for obj in objects:
+        if obj.get("name") == name:
+            return obj
+    raise KeyError("no object named %r (have: %s)" % (name, ", ".join(o.get("name", "?") for o in objects)))
+
+
+# ---- surveys (AWX's rules) ------------------------------------------------------------------------------------
+
+def _choices(element):
+    choices = copy.copy(element.get("choices", []))
+    if isinstance(choices, str):
+        choices = [c for c in choices.splitlines() if c.strip() != ""]
+    return choices
+
+
+def validate_spec(spec):
+    """Errors AWX returns when this survey spec is saved (``JobTemplateSurveySpec._validate_spec_data``)."""
+    errors = []
+    if not isinstance(spec, dict):
+        return ["survey spec is not a JSON object"]
+    for field, expect, label in (("name", str, "string"), ("description", str, "string"), ("spec", list, "list of items")):
+        if field not in spec:
+            errors.append("Field '%s' is missing from survey spec." % field)
+        elif not isinstance(spec[field], expect):
+            errors.append("Expected %s for field '%s', received %s type." % (label, field, type(spec[field]).__name__))
+    if isinstance(spec.get("spec"), list) and not spec["spec"]:
+        errors.append("'spec' doesn't contain any items.")
+    if errors:
+        return errors
+    variables = set()
+    for idx, item in enumerate(spec["spec"]):
+        if not isinstance(item, dict):
+            return errors + ["Survey question %d is not a json object." % idx]
+        for field in ("type", "question_name", "variable", "required"):
+            if field not in item:
+                return errors + ["'%s' missing from survey question %d" % (field, idx)]
+            expect, label = (bool, "boolean") if field == "required" else (str, "string")
+            if not isinstance(item[field], expect):
+                return errors + ["'%s' in survey question %d expected to be %s." % (field, idx, label)]
+        if item["variable"] in variables:
+            return errors + ["'variable' '%s' duplicated in survey question %d." % (item["variable"], idx)]
+        variables.add(item["variable"])
+        qtype = item["type"]
+        if qtype not in SURVEY_TYPE_MAPPING:
+            return errors + ["'%s' in survey question %d is not one of '%s' allowed question types."
+                             % (qtype, idx, ", ".join(SURVEY_TYPE_MAPPING))]
+        if "default" in item and item["default"] != "" and not isinstance(item["default"], SURVEY_TYPE_MAPPING[qtype]):
+            label = qtype if qtype in ("integer", "float") else "string"
+            return errors + ["Default value in survey question %d expected to be %s." % (idx, label)]
+        for key in ("min", "max"):
+            if key in item and item[key] is not None and not isinstance(item[key], int):
+                return errors + ["The %s limit in survey question %d expected to be integer." % (key, idx)]
+        if qtype in ("multiselect", "multiplechoice"):
+            if "choices" not in item:
+                return errors + ["Survey question %d of type %s must specify choices." % (idx, qtype)]
+            if "default" in item:
+                default = item["default"]
+                defaults = [c for c in default.splitlines() if c.strip() != ""] if isinstance(default, str) else default
+                if qtype == "multiplechoice" and len(defaults) > 1:
+                    return errors + ["Multiple Choice (Single Select) can only have one default value."]
+                if any(d not in item["choices"] for d in defaults):
+                    return errors + ["Default choice must be answered from the choices listed."]
+        if isinstance(item.get("default"), str) and item["default"].startswith("$encrypted$") and qtype != "password":
+            return errors + ["$encrypted$ is a reserved keyword for password question defaults, survey question %d is "
+                             "type %s." % (idx, qtype)]
+    return errors
+
+
+def _shown(element, value):
+    return "$encrypted$" if element["type"] == "password" else value
+
+
+def validate_element(element, data, validate_required=True):
+    """Errors for one question and the launch data (``SurveyJobTemplateMixin._survey_element_validation``)."""
+    errors = []
+    var = element["variable"]
+    if element["type"] == "password" and data.get(var) == "$encrypted$":
+        if element.get("default") is None and element["required"] and validate_required:
+            errors.append("'%s' value missing" % var)
+        return errors
+    if var not in data and element["required"]:
+        if validate_required:
+            errors.append("'%s' value missing" % var)
+    elif element["type"] in ("textarea", "text", "password"):
+        if var in data:
+            value = data[var]
+            if not isinstance(value, str):
+                return ["Value %s for '%s' expected to be a string." % (_shown(element, value), var)]
+            if element.get("min") not in ("", None) and len(value) < int(element["min"]):
+                errors.append("'%s' value %s is too small (length is %s must be at least %s)."
+                              % (var, _shown(element, value), len(value), element["min"]))
+            if element.get("max") not in ("", None) and len(value) > int(element["max"]):
+                errors.append("'%s' value %s is too large (must be no more than %s)."
+                              % (var, _shown(element, value), element["max"]))
+    elif element["type"] == "integer":
+        if var in data:
+            value = data[var]
+            if type(value) is not int:  # bool is refused too, as in AWX (type(...) != int)
+                return ["Value %s for '%s' expected to be an integer." % (value, var)]
+            if element.get("min") not in ("", None) and value < int(element["min"]):
+                errors.append("'%s' value %s is too small (must be at least %s)." % (var, value, element["min"]))
+            if element.get("max") not in ("", None) and value > int(element["max"]):
+                errors.append("'%s' value %s is too large (must be no more than %s)." % (var, value, element["max"]))
+    elif element["type"] == "float":
+        if var in data:
+            value = data[var]
+            if type(value) not in (float, int):
+                return ["Value %s for '%s' expected to be a numeric type." % (value, var)]
+            if element.get("min") not in ("", None) and value < float(element["min"]):
+                errors.append("'%s' value %s is too small (must be at least %s)." % (var, value, element["min"]))
+            if element.get("max") not in ("", None) and value > float(element["max"]):
+                errors.append("'%s' value %s is too large (must be no more than %s)." % (var, value, element["max"]))
+    elif element["type"] == "multiselect":
+        if var in data:
+            if type(data[var]) is not list:
+                errors.append("'%s' value is expected to be a list." % var)
+            else:
+                errors.extend("Value %s for '%s' expected to be one of %s." % (v, var, _choices(element))
+                              for v in data[var] if v not in _choices(element))
+    elif element["type"] == "multiplechoice":
+        if var in data and data[var] not in _choices(element):
+            errors.append("Value %s for '%s' expected to be one of %s." % (data[var], var, _choices(element)))
+    return errors
+
+
+def accept_or_ignore_variables(template, data, blocking=True):
+    """(accepted, ignored, errors) of launch extra vars (``_accept_or_ignore_variables``, API launch rules).
+
+    ``blocking``: an API launch refuses survey errors (raises SurveyError); a workflow node only logs them.
+    """
+    extra = dict(data)
+    accepted, ignored, errors = {}, {}, []
+    spec = template.get("survey_spec") or {}
+    if template.get("survey_enabled") and spec:
+        for element in spec.get("spec", []):
+            key = element.get("variable")
+            element_errors = validate_element(element, data)
+            if element_errors:
+                errors += element_errors
+                if key in extra:
+                    ignored[key] = extra.pop(key)
+            elif key in extra:
+                accepted[key] = extra.pop(key)
+    if template.get("ask_variables_on_launch"):
+        accepted.update(extra)
+        extra = {}
+    for key in set(extra) & set(template.get("extra_vars") or {}):
+        if template["extra_vars"][key] == extra[key]:
+            extra.pop(key)
+    ignored.update(extra)  # "not allowed on launch": ignored, not blocking, for a manual launch
+    if errors and blocking:
+        raise SurveyError(errors)
+    return accepted, ignored, errors
+
+
+def job_extra_vars(template, runtime_extra_vars):
+    """The job's extra vars: template extra_vars < valid survey defaults < answers (``_update_unified_job_kwargs``)."""
+    extra_vars = copy.deepcopy(template.get("extra_vars") or {})
+    runtime = dict(runtime_extra_vars)
+    defaults = {}
+    spec = template.get("survey_spec") or {}
+    if template.get("survey_enabled") and "spec" in spec:
+        for element in spec["spec"]:
+            default, key = element.get("default"), element.get("variable")
+            if element.get("type") == "password" and runtime.get(key) == "$encrypted$":
+                runtime.pop(key)
+            if default is not None and not validate_element(element, {key: default}):
+                defaults[key] = default
+    extra_vars.update(defaults)
+    extra_vars.update(runtime)
+    return extra_vars
+
+
+def ui_answers(spec):
+    """What the launch form sends untouched: each question's default, where it has a non-empty one."""
+    return {e["variable"]: e["default"] for e in (spec or {}).get("spec", []) if e.get("default") not in (None, "")}
+
+
+# ---- env/extravars -------------------------------------------------------------------------------------------
+
+class _UnsafeDumper(yaml.SafeDumper):
+    """awx/main/utils/safe_yaml.py SafeStringDumper: every string (keys too) as ``!unsafe``."""
+
+    def represent_data(self, data):
+        if isinstance(data, str):
+            return self.represent_scalar("!unsafe", data)
+        return super().represent_data(data)
+
+
+def safe_dump(extra_vars, safe_dict=None):
+    """awx/main/utils/safe_yaml.py safe_dump: top-level keys equal to ``safe_dict`` stay plain, the rest ``!unsafe``."""
+    safe_dict = safe_dict or {}
+    out = []
+    for key, value in extra_vars.items():
+        dumper = yaml.SafeDumper if key in safe_dict and safe_dict.get(key) == value else _UnsafeDumper
+        out.append(yaml.dump_all([{key: value}], None, Dumper=dumper, default_flow_style=False))
+    return "".join(out)
+
+
+# ---- env/cmdline ---------------------------------------------------------------------------------------------
+
+def build_args(job):
+    """ansible-playbook arguments from the job's fields (``RunJob.build_args``, no machine credential inputs)."""
+    args = []
+    if job.get("job_type") == "check":
+        args.append("--check")
+    args.extend(["-u", job.get("ssh_username") or "root"])
+    if job.get("become_enabled"):
+        args.append("--become")
+    if job.get("diff_mode"):
+        args.append("--diff")
+    if job.get("forks"):
+        args.append("--forks=%d" % job["forks"])
+    if job.get("force_handlers"):
+        args.append("--force-handlers")
+    if job.get("limit"):
+        args.extend(["-l", job["limit"]])
+    if job.get("verbosity"):
+        args.append("-%s" % ("v" * min(5, job["verbosity"])))
+    if job.get("job_tags"):
+        args.extend(["-t", job["job_tags"]])
+    if job.get("skip_tags"):
+        args.append("--skip-tags=%s" % job["skip_tags"])
+    if job.get("start_at_task"):
+        args.append("--start-at-task=%s" % job["start_at_task"])
+    return args
+
+
+def args2cmdline(*args):
+    """ansible_runner.utils.args2cmdline, as AWX writes env/cmdline."""
+    import ansible_runner.utils  # pylint: disable=import-outside-toplevel
+
+    return ansible_runner.utils.args2cmdline(*args)
+
+
+# ---- project, collection, inventory --------------------------------------------------------------------------
+
+def _git(*args):
+    return subprocess.run(["git"] + list(args), cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+
+def copy_project(dest):
+    """The project as a sync leaves it: the repository's files (tracked and not ignored), nothing built."""
+    for rel in _git("ls-files", "-co", "--exclude-standard", "-z").split("\0"):
+        src = os.path.join(ROOT, rel)
+        if rel and os.path.isfile(src) and not os.path.islink(src):
+            os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
+            shutil.copy2(src, os.path.join(dest, rel))
+    return _git("rev-parse", "HEAD").strip()
+
+
+def build_collection(workdir):
+    """Build this working tree's collection artifact and install it (no dependencies) under workdir/collections.
+
+    Returns the install root (holding ``ansible_collections/llmops/serving``); each job copies it into its own
+    ``requirements_collections/``.
+    """
+    dist, dest = os.path.join(workdir, "dist"), os.path.join(workdir, "collections")
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
+    for cmd in ([os.path.join(BIN, "ansible-galaxy"), "collection", "build", "--force", "--output-path", dist, ROOT],):
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=300)
+        if proc.returncode:
+            raise RuntimeError("ansible-galaxy collection build failed: %s" % (proc.stdout + proc.stderr)[-2000:])
+    tarballs = [os.path.join(dist, n) for n in os.listdir(dist) if n.endswith(".tar.gz")]
+    proc = subprocess.run([os.path.join(BIN, "ansible-galaxy"), "collection", "install", "--offline", "--no-deps",
+                           "--force", "-p", dest] + tarballs, cwd=workdir, env=env, capture_output=True, text=True,
+                          check=False, timeout=300)
+    if proc.returncode:
+        raise RuntimeError("ansible-galaxy collection install failed: %s" % (proc.stdout + proc.stderr)[-2000:])
+    return dest
+
+
+def import_inventory(project_dir, source_path):
+    """What an SCM inventory source stores: ``ansible-inventory -i <source_path> --list --export`` in the project."""
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1")
+    env.pop("ANSIBLE_CONFIG", None)
+    proc = subprocess.run([os.path.join(BIN, "ansible-inventory"), "-i", source_path, "--list", "--export"],
+                          cwd=project_dir, env=env, capture_output=True, text=True, check=False, timeout=120)
+    if proc.returncode:
+        raise RuntimeError("ansible-inventory failed: %s" % proc.stderr[-2000:])
+    return json.loads(proc.stdout)
+
+
+def script_data(imported, inventory_id):
+    """``Inventory.get_script_data(hostvars=True, towervars=True)`` of an imported inventory."""
+    hostvars = imported.get("_meta", {}).get("hostvars", {})
+    groups = {k: v for k, v in imported.items() if k not in ("_meta", "all", "ungrouped")}
+    data = {"all": {}}
+    if imported.get("all", {}).get("vars"):
+        data["all"]["vars"] = imported["all"]["vars"]
+    grouped = set()
+    for name, group in groups.items():
+        info = {k: group[k] for k in ("hosts", "children", "vars") if group.get(k)}
+        grouped.update(group.get("hosts", []))
+        if info:
+            data[name] = info
+    hosts = sorted(set(hostvars) | set(imported.get("ungrouped", {}).get("hosts", [])) | grouped)
+    data["all"]["hosts"] = [h for h in hosts if h not in grouped]
+    if groups:
+        data["all"]["children"] = sorted(groups)
+    data["_meta"] = {"hostvars": {}}
+    for host_id, host in enumerate(hosts, start=inventory_id * 100):
+        hv = dict(hostvars.get(host, {}))
+        for prefix in ("host", "tower"):
+            hv["remote_%s_enabled" % prefix] = "true"
+            hv["remote_%s_id" % prefix] = host_id
+        data["_meta"]["hostvars"][host] = hv
+    return data
+
+
+def write_inventory_script(private_data_dir, data):
+    """inventory/hosts as ``BaseTask.write_inventory_file`` writes it (an executable printing the JSON)."""
+    path = os.path.join(private_data_dir, "inventory", "hosts")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("#! /usr/bin/env python3\n# -*- coding: utf-8 -*-\nprint(%r)\n" % json.dumps(data))
+    os.chmod(path, 0o700)
+    return path
+
+
+def kubernetes_env(inputs, private_data_dir):
+    """Environment of an "OpenShift or Kubernetes API Bearer Token" credential (injectors.kubernetes_bearer_token)."""
+    env = {"K8S_AUTH_HOST": inputs.get("host", ""), "K8S_AUTH_API_KEY": inputs.get("bearer_token", "")}
+    if inputs.get("verify_ssl") and "ssl_ca_cert" in inputs:
+        path = os.path.join(private_data_dir, "env", "k8s-ca.crt")
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
+            f.write(inputs["ssl_ca_cert"])
+        env.update(K8S_AUTH_VERIFY_SSL="True", K8S_AUTH_SSL_CA_CERT=path)
+    else:
+        env["K8S_AUTH_VERIFY_SSL"] = "False"
+    return env
+
+
+# ---- the job ---------------------------------------------------------------------------------------------------
+
+class Job:
+    """One finished job: status, rc, events, artifacts and the private data dir it ran from."""
+
+    def __init__(self, job_id, template, private_data_dir, extra_vars, cmdline, env):
+        self.id = job_id
+        self.template = template
+        self.private_data_dir = private_data_dir
+        self.extra_vars = extra_vars
+        self.cmdline = cmdline
+        self.env = env
+        self.events = []
+        self.statuses = []
+        self.status = None
+        self.rc = None
+        self.ignored = {}
+
+    @property
+    def failed_events(self):
+        return [e for e in self.events if e.get("event") in FAILED_EVENTS
+                and not e.get("event_data", {}).get("ignore_errors")]
+
+    @property
+    def artifacts(self):
+        """``set_stats`` data of the run (what AWX stores as the job's artifacts)."""
+        for event in reversed(self.events):
+            if event.get("event") == "playbook_on_stats":
+                return event.get("event_data", {}).get("artifact_data") or {}
+        return {}
+
+    @property
+    def stdout(self):
+        return _ANSI.sub("", "\n".join(e.get("stdout", "") for e in self.events if e.get("stdout")))
+
+    def summary(self, limit=4000):
+        """The end of the output and every failed result's message, for assertion messages."""
+        failed = ["%s: %s" % (e.get("event_data", {}).get("task"), e.get("event_data", {}).get("res", {}).get("msg"))
+                  for e in self.failed_events]
+        return "status=%s rc=%s\nfailed: %s\n%s" % (self.status, self.rc, failed, self.stdout[-limit:])
+
+
+class Controller:
+    """The objects of awx/ plus what a controller adds: ids, an imported inventory, a synced project."""
+
+    def __init__(self, workdir, task_env=None, awx_dir=AWX_DIR, collections=None, credentials=None, settings=None):
+        self.workdir = workdir
+        self.objects = load_controller(awx_dir)
+        # values of the llmops_awx_* variables playbooks/awx_configure.yml was given (its defaults otherwise)
+        self.settings = {"llmops_awx_inventory_path": "inventories/local"}
+        self.settings.update(settings or {})
+        self.task_env = dict(task_env or {})  # the AWX_TASK_ENV setting: extra environment of every job
+        self.collections = collections
+        self.credential_inputs = dict(credentials or {})  # name -> inputs, for the credentials a job should get
+        self.ids = {}
+
+    def id_of(self, kind, name):
+        return self.ids.setdefault((kind, name), 10 + len(self.ids))
+
+    def template(self, name):
+        return by_name(self.objects["controller_templates"], name)
+
+    def workflow(self, name):
+        return by_name(self.objects["controller_workflows"], name)
+
+    # -- launch ------------------------------------------------------------------------------------------------
+    def launch(self, name, answers=None, extra_vars=None, prompts=None, workflow=None, blocking=True, **run_kw):
+        """Launch job template ``name`` and run it to the end.
+
+        answers: survey answers (None: the launch form's defaults, ``ui_answers``); extra_vars: further launch
+        variables (ignored unless the template asks for variables, as AWX does); prompts: launch-time fields such
+        as ``job_type`` / ``limit`` (the template must ask for them); workflow: (workflow job, node extra vars) when
+        a workflow node launches it. Raises SurveyError where AWX answers 400.
+        """
+        template = self.template(name)
+        data = dict(ui_answers(template.get("survey_spec")) if answers is None else answers)
+        data.update(extra_vars or {})
+        accepted, ignored, _ = accept_or_ignore_variables(template, data, blocking=blocking)
+        runtime = dict(accepted)
+        if workflow is not None:
+            runtime.update(workflow[1])
+        job = dict(template)
+        for field, value in (prompts or {}).items():
+            ask = {"job_type": "ask_job_type_on_launch", "limit": "ask_limit_on_launch",
+                   "job_tags": "ask_tags_on_launch"}.get(field)
+            if not ask or not template.get(ask):
+                raise SurveyError(["%s is not prompted on launch by %r" % (field, name)])
+            job[field] = value
+        job_id = next(_JOB_IDS)
+        extra = job_extra_vars(template, runtime)
+        extra.update(self.meta_vars(job_id, template, workflow[0] if workflow else None))
+        result = self._run(job_id, job, extra, **run_kw)
+        result.ignored = ignored
+        return result
+
+    def meta_vars(self, job_id, template, workflow_job):
+        """``awx_meta_vars`` of a job launched by user admin (id 1) or by a workflow job."""
+        inventory = template["inventory"]
+        r = {}
+        for p in JOB_VARIABLE_PREFIXES:
+            r.update({"%s_job_id" % p: job_id, "%s_job_launch_type" % p: "workflow" if workflow_job else "manual",
+                      "%s_inventory_id" % p: self.id_of("inventory", inventory), "%s_inventory_name" % p: inventory,
+                      "%s_project_revision" % p: self.revision, "%s_project_scm_branch" % p: "main",
+                      "%s_job_template_id" % p: self.id_of("job_template", template["name"]),
+                      "%s_job_template_name" % p: template["name"], "%s_execution_node" % p: "localhost"})
+            if workflow_job:
+                r.update({"%s_workflow_job_id" % p: workflow_job["id"], "%s_workflow_job_name" % p: workflow_job["name"],
+                          "%s_workflow_job_launch_type" % p: "manual"})
+            r.update({"%s_user_id" % p: 1, "%s_user_name" % p: "admin", "%s_user_email" % p: "",
+                      "%s_user_first_name" % p: "", "%s_user_last_name" % p: ""})
+        return r
+
+    def render(self, value):
+        """A templated setting of awx/ (``{{ llmops_awx_... }}``) with the values awx_configure.yml was given."""
+        import jinja2  # pylint: disable=import-outside-toplevel
+
+        return jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(value).render(self.settings)
+
+    @property
+    def revision(self):
+        return _git("rev-parse", "HEAD").strip()
+
+    def _run(self, job_id, job, extra_vars, timeout=None):
+        import ansible_runner  # pylint: disable=import-outside-toplevel
+
+        pdd = os.path.join(self.workdir, "job_%d" % job_id)
+        os.makedirs(os.path.join(pdd, "env"))
+        os.makedirs(os.path.join(pdd, "cp"), 0o700)
+        revision = copy_project(os.path.join(pdd, "project"))
+        req = os.path.join(pdd, "requirements_collections")
+        if self.collections:
+            shutil.copytree(self.collections, req, symlinks=True)
+        else:
+            os.makedirs(req)
+
+        # inventory: the source's import of the project's inventory directory, as a script
+        source = [s for s in self.objects.get("controller_inventory_sources", []) if s["inventory"] == job["inventory"]]
+        source_path = self.render(source[0]["source_path"])
+        inventory_id = self.id_of("inventory", job["inventory"])
+        imported = import_inventory(os.path.join(pdd, "project"), source_path)
+        inventory = write_inventory_script(pdd, script_data(imported, inventory_id))
+
+        # env/extravars, env/cmdline, env/settings
+        with open(os.path.join(pdd, "env", "extravars"), "w", encoding="utf-8") as f:
+            f.write(safe_dump(extra_vars, job.get("extra_vars") or {}))
+        cmdline = args2cmdline(*build_args(job))
+        with open(os.path.join(pdd, "env", "cmdline"), "w", encoding="utf-8") as f:
+            f.write(cmdline)
+        settings = {"job_timeout": timeout if timeout is not None else job.get("timeout", 0),
+                    "suppress_ansible_output": True, "suppress_output_file": True}
+        with open(os.path.join(pdd, "env", "settings"), "w", encoding="utf-8") as f:
+            json.dump(settings, f)
+
+        # environment (BaseTask.build_env + RunJob.build_env), then the credentials' injectors
+        env = dict(ANSIBLE_SETTINGS)
+        env.update(self.task_env)
+        env.update({"AWX_PRIVATE_DATA_DIR": pdd, "JOB_ID": str(job_id), "INVENTORY_ID": str(inventory_id),
+                    "PROJECT_REVISION": revision, "ANSIBLE_RETRY_FILES_ENABLED": "False",
+                    "MAX_EVENT_RES": str(MAX_EVENT_RES_DATA), "AWX_HOST": "https://awx.invalid",
+                    "ANSIBLE_SSH_CONTROL_PATH_DIR": os.path.join(pdd, "cp"),
+                    # the project's ansible.cfg, as ansible finds it from the job's working directory (the project)
+                    # in an execution environment, whatever ANSIBLE_CONFIG the test process has
+                    "ANSIBLE_CONFIG": os.path.join(pdd, "project", "ansible.cfg"),
+                    "PATH": BIN + os.pathsep + os.environ.get("PATH", "")})
+        for env_key, folder, default in (("ANSIBLE_COLLECTIONS_PATHS", "requirements_collections", "~/.ansible/collections:/usr/share/ansible/collections"),
+                                         ("ANSIBLE_ROLES_PATH", "requirements_roles", "~/.ansible/roles:/usr/share/ansible/roles:/etc/ansible/roles"),
+                                         ("ANSIBLE_COLLECTIONS_PATH", "requirements_collections", "~/.ansible/collections:/usr/share/ansible/collections")):
+            env[env_key] = os.pathsep.join([os.path.join(pdd, folder)] + default.split(":"))
+        for cred in job.get("credentials", []):
+            obj = by_name(self.objects["controller_credentials"], cred)
+            if cred in self.credential_inputs and obj["credential_type"] == "OpenShift or Kubernetes API Bearer Token":
+                env.update(kubernetes_env(self.credential_inputs[cred], pdd))
+
+        result = Job(job_id, job, pdd, extra_vars, cmdline, env)
+
+        def event_handler(event):
+            result.events.append(event)
+            return True
+
+        def status_handler(status, runner_config=None):  # pylint: disable=unused-argument
+            result.statuses.append(status.get("status"))
+
+        runner = ansible_runner.run(private_data_dir=pdd, ident=str(job_id), playbook=job["playbook"],
+                                    inventory=inventory, envvars=env, suppress_env_files=True, fact_cache_type="",
+                                    event_handler=event_handler, status_handler=status_handler, quiet=True)
+        result.status, result.rc = runner.status, runner.rc
+        return result
+
+    # -- workflows -----------------------------------------------------------------------------------------------
+    def run_workflow(self, name, answers=None, node_prompts=None, node_run_kw=None):
+        """Run workflow ``name`` node by node as AWX's workflow manager does; returns {identifier: Job}.
+
+        node_prompts: {identifier: prompts} (e.g. job_type check); node_run_kw: {identifier: launch keywords}.
+        """
+        wfjt = self.workflow(name)
+        data = dict(ui_answers(wfjt.get("survey_spec")) if answers is None else answers)
+        accepted, _, _ = accept_or_ignore_variables(wfjt, data, blocking=True)
+        wj_vars = job_extra_vars(wfjt, accepted)
+        workflow_job = {"id": next(_JOB_IDS), "name": name}
+        nodes = {n["identifier"]: n for n in wfjt["workflow_nodes"]}
+        parents = {i: [] for i in nodes}
+        for ident, node in nodes.items():
+            for kind in ("success_nodes", "failure_nodes", "always_nodes"):
+                for child in node.get("related", {}).get(kind, []):
+                    parents[child["identifier"]].append((ident, kind))
+        jobs, ancestor_artifacts = {}, {}
+        ready = [i for i in nodes if not parents[i]]
+        while ready:
+            ident = ready.pop(0)
+            node = nodes[ident]
+            aa = {}
+            for parent, _kind in parents[ident]:
+                aa.update(ancestor_artifacts.get(parent, {}))
+                aa.update(jobs[parent].artifacts if parent in jobs else {})
+            ancestor_artifacts[ident] = aa
+            node_vars = dict(node.get("extra_data") or {})
+            node_vars.update({k: v for k, v in aa.items() if k != "_ansible_no_log"})
+            node_vars.update(wj_vars)  # the workflow job's extra vars rank above ancestor artifacts
+            job = self.launch(node["unified_job_template"]["name"], answers={}, prompts=(node_prompts or {}).get(ident),
+                              workflow=(workflow_job, node_vars), blocking=False, **(node_run_kw or {}).get(ident, {}))
+            jobs[ident] = job
+            ok = job.status == "successful"
+            for kind in ("success_nodes", "failure_nodes", "always_nodes"):
+                if kind == "always_nodes" or (kind == "success_nodes") == ok:
+                    ready.extend(c["identifier"] for c in node.get("related", {}).get(kind, []))
+        return jobs
+
+
+# ---- execution environment inputs ------------------------------------------------------------------------------
+
+SITE_COLLECTIONS = os.path.join(os.path.dirname(os.path.dirname(yaml.__file__)), "ansible_collections")
+
+
+def repack_collection(installed_dir, out_dir):
+    """An artifact tarball of an installed collection (e.g. kubernetes.core from the ansible package).
+
+    The ansible package strips docs and tests from its collections but keeps their FILES.json, so the installed
+    tree cannot be tarred as it is; it is rebuilt with ``ansible-galaxy collection build`` from a galaxy.yml made
+    of its MANIFEST.json (same namespace, name, version, dependencies).
+    """
+    with open(os.path.join(installed_dir, "MANIFEST.json"), encoding="utf-8") as f:
+        info = json.load(f)["collection_info"]
+    work = os.path.join(out_dir, ".repack-%s-%s" % (info["namespace"], info["name"]))
+    shutil.rmtree(work, ignore_errors=True)
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "MANIFEST.json", "FILES.json")
+    shutil.copytree(installed_dir, work, ignore=skip)
+    galaxy = {k: v for k, v in info.items() if v not in ("", [], None) or k == "dependencies"}
+    if not galaxy.get("license"):
+        galaxy.pop("license", None)
+    with open(os.path.join(work, "galaxy.yml"), "w", encoding="utf-8") as f:
+        yaml.safe_dump(galaxy, f)
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1")
+    proc = subprocess.run([os.path.join(BIN, "ansible-galaxy"), "collection", "build", "--force", "--output-path",
+                           out_dir, work], capture_output=True, text=True, check=False, timeout=300, env=env)
+    shutil.rmtree(work, ignore_errors=True)
+    if proc.returncode:
+        raise RuntimeError("ansible-galaxy collection build failed: %s" % (proc.stdout + proc.stderr)[-2000:])
+    return os.path.join(out_dir, "%s-%s-%s.tar.gz" % (info["namespace"], info["name"], info["version"]))
+
+
+def ee_collections(dest):
+    """The two local tarballs execution-environment.yml installs: dest/llmops-serving.tar.gz, kubernetes-core.tar.gz."""
+    os.makedirs(dest, exist_ok=True)
+    dist = os.path.join(dest, ".dist")
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1")
+    proc = subprocess.run([os.path.join(BIN, "ansible-galaxy"), "collection", "build", "--force", "--output-path", dist,
+                           ROOT], capture_output=True, text=True, check=False, timeout=300, env=env)
+    if proc.returncode:
+        raise RuntimeError("ansible-galaxy collection build failed: %s" % (proc.stdout + proc.stderr)[-2000:])
+    built = [os.path.join(dist, n) for n in os.listdir(dist) if n.startswith("llmops-serving-")]
+    shutil.move(built[0], os.path.join(dest, "llmops-serving.tar.gz"))
+    kc = repack_collection(os.path.join(SITE_COLLECTIONS, "kubernetes", "core"), dist)
+    shutil.move(kc, os.path.join(dest, "kubernetes-core.tar.gz"))
+    shutil.rmtree(dist, ignore_errors=True)
+    return sorted(os.path.join(dest, n) for n in os.listdir(dest))
+
+
+if __name__ == "__main__":
+    # `python tests/lib/awx_harness.py ee-collections .build/ee/collections` (the `make ee` step)
+    if len(sys.argv) == 3 and sys.argv[1] == "ee-collections":
+        print("\n".join(ee_collections(sys.argv[2])))
+    else:
+        sys.exit("usage: awx_harness.py ee-collections DEST")
