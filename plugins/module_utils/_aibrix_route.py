@@ -59,6 +59,7 @@ ROUTED_WORKLOAD_KINDS = {
     ("apps", "Deployment"),
     ("orchestration.aibrix.ai", "RayClusterFleet"),
     ("leaderworkerset.x-k8s.io", "LeaderWorkerSet"),
+    ("model.aibrix.ai", "ModelAdapter"),  # its informer reads the labels on the ModelAdapter itself
 }
 
 DEFAULT_REQUEST_TIMEOUT = "0s"
