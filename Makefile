@@ -62,6 +62,9 @@ sanity: venv
 	d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
 	  mkdir -p "$$d/ansible_collections/llmops/serving" && \
 	  git ls-files -co --exclude-standard -z | xargs -0 -I{} cp --parents {} "$$d/ansible_collections/llmops/serving/" && \
+	  mkdir -p "$$d/ansible_collections/kubernetes" && \
+	  cp -r "$$($(VPY) -c 'import ansible_collections.kubernetes.core as k; print(list(k.__path__)[0])')" \
+	    "$$d/ansible_collections/kubernetes/core" && \
 	  cd "$$d/ansible_collections/llmops/serving" && git init -q && git add -A && \
 	  ansible-test sanity --python 3.11 --color no
 
