@@ -1,0 +1,256 @@
+"""The AWX objects of awx/: surveys AWX accepts, answers it refuses, and the private data dir it writes.
+
+The rules are AWX's own (ansible/awx, restated in tests/lib/awx_harness.py):
+- saving a survey: awx/api/views/__init__.py JobTemplateSurveySpec._validate_spec_data (types:
+  awx/main/constants.py SURVEY_TYPE_MAPPING);
+- launching: awx/main/models/mixins.py SurveyJobTemplateMixin._survey_element_validation,
+  _accept_or_ignore_variables and _update_unified_job_kwargs (precedence);
+- env/extravars: awx/main/tasks/jobs.py RunJob.build_extra_vars_file with awx/main/utils/safe_yaml.py safe_dump;
+- env/cmdline: RunJob.build_args; the inventory script: awx/main/models/inventory.py Inventory.get_script_data;
+- the Kubernetes credential: awx/main/models/credential/injectors.py kubernetes_bearer_token.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from ansible_collections.llmops.serving.tests.lib import awx_harness as awx
+
+ROOT = awx.ROOT
+OBJECTS = awx.load_controller()
+TEMPLATES = OBJECTS["controller_templates"]
+WORKFLOWS = OBJECTS["controller_workflows"]
+SURVEYED = [t for t in TEMPLATES + WORKFLOWS if t.get("survey_enabled")]
+
+
+def _ids(objs):
+    return [o["name"] for o in objs]
+
+
+def _question(template, variable):
+    return next(e for e in template["survey_spec"]["spec"] if e["variable"] == variable)
+
+
+# ---- the objects as AWX would store them ------------------------------------------------------------------------
+
+def test_the_data_model_holds_every_kind_the_controller_needs():
+    assert {"controller_organizations", "controller_credentials", "controller_projects", "controller_inventories",
+            "controller_inventory_sources", "controller_execution_environments", "controller_templates",
+            "controller_workflows"} <= set(OBJECTS)
+    assert sorted(t["playbook"] for t in TEMPLATES) == ["playbooks/diagnose.yml", "playbooks/site.yml",
+                                                        "playbooks/stage.yml", "playbooks/verify_transport.yml"]
+
+
+@pytest.mark.parametrize("template", SURVEYED, ids=_ids(SURVEYED))
+def test_awx_saves_every_survey(template):
+    assert awx.validate_spec(template["survey_spec"]) == []
+
+
+@pytest.mark.parametrize("template", SURVEYED, ids=_ids(SURVEYED))
+def test_every_survey_default_survives_launch_validation(template):
+    """AWX silently drops a default that fails its own question (``_update_unified_job_kwargs``)."""
+    with_default = {e["variable"]: e["default"] for e in template["survey_spec"]["spec"] if "default" in e}
+    extra = awx.job_extra_vars(template, {})
+    assert {k: extra.get(k) for k in with_default} == with_default
+    for element in template["survey_spec"]["spec"]:
+        if element["type"] == "integer":
+            assert isinstance(element["min"], int) and isinstance(element["max"], int), element["variable"]
+        if element["type"] == "password":
+            assert "default" not in element, "no secret default in the repository: " + element["variable"]
+
+
+def test_the_surveys_use_awx_types_for_engine_sizes_and_tokens():
+    deploy = awx.by_name(TEMPLATES, "llmops deploy")
+    engine = _question(deploy, "engine_name")
+    assert (engine["type"], engine["choices"], engine["default"]) == ("multiplechoice", ["vllm", "sglang"], "vllm")
+    tp = _question(deploy, "engine_tp_size")
+    assert (tp["type"], tp["min"], tp["max"], "default" in tp) == ("integer", 1, 8, False)
+    stage = awx.by_name(TEMPLATES, "llmops stage model")
+    assert _question(stage, "model_stage_read_streams")["type"] == "integer"
+    token = _question(awx.by_name(TEMPLATES, "llmops diagnose"), "diagnose_gateway_token")
+    assert token["type"] == "password"
+
+
+@pytest.mark.parametrize("template", [t for t in TEMPLATES if t.get("survey_enabled")],
+                         ids=_ids([t for t in TEMPLATES if t.get("survey_enabled")]))
+def test_every_survey_variable_is_read_by_the_playbook_it_feeds(template):
+    """A question nobody reads is a knob that does nothing: each variable is used by the playbook, its roles or the
+    template's own extra_vars."""
+    files = [os.path.join(ROOT, template["playbook"])] + glob.glob(os.path.join(ROOT, "roles", "*", "**", "*.yml"),
+                                                                 recursive=True)
+    text = "\n".join(open(f, encoding="utf-8").read() for f in files) + yaml.safe_dump(template.get("extra_vars") or {})
+    unread = [e["variable"] for e in template["survey_spec"]["spec"] if not re.search(r"\b%s\b" % e["variable"], text)]
+    assert unread == []
+
+
+def test_templates_and_workflow_reference_objects_that_exist():
+    names = {kind: {o["name"] for o in OBJECTS[kind]} for kind in OBJECTS}
+    for t in TEMPLATES:
+        assert os.path.isfile(os.path.join(ROOT, t["playbook"])), t["playbook"]
+        assert t["inventory"] in names["controller_inventories"]
+        assert t["project"] in names["controller_projects"]
+        assert t["execution_environment"] in names["controller_execution_environments"]
+        assert set(t["credentials"]) <= names["controller_credentials"]
+        assert t["organization"] in names["controller_organizations"]
+    assert len(names["controller_templates"]) == len(TEMPLATES)
+    (wf,) = WORKFLOWS
+    nodes = {n["identifier"]: n for n in wf["workflow_nodes"]}
+    assert len(nodes) == len(wf["workflow_nodes"])
+    edges = {i: [c["identifier"] for k in ("success_nodes", "failure_nodes", "always_nodes")
+                 for c in n.get("related", {}).get(k, [])] for i, n in nodes.items()}
+    assert all(c in nodes for cs in edges.values() for c in cs)
+    assert {n["unified_job_template"]["name"] for n in nodes.values()} <= names["controller_templates"]
+    # stage -> deploy -> verify on success, a failed deploy is diagnosed
+    assert [c["identifier"] for c in nodes["stage"]["related"]["success_nodes"]] == ["deploy"]
+    assert [c["identifier"] for c in nodes["deploy"]["related"]["success_nodes"]] == ["verify"]
+    assert [c["identifier"] for c in nodes["deploy"]["related"]["failure_nodes"]] == ["diagnose"]
+    roots = set(nodes) - {c for cs in edges.values() for c in cs}
+    assert roots == {"stage"}
+
+
+# ---- what AWX refuses --------------------------------------------------------------------------------------------
+
+STAGE = awx.by_name(TEMPLATES, "llmops stage model")
+
+
+def _launch_errors(template, answers):
+    with pytest.raises(awx.SurveyError) as e:
+        awx.accept_or_ignore_variables(template, answers)
+    return e.value.errors
+
+
+def test_a_missing_required_answer_is_refused():
+    answers = awx.ui_answers(STAGE["survey_spec"])
+    del answers["model_stage_read_streams"]
+    assert _launch_errors(STAGE, answers) == ["'model_stage_read_streams' value missing"]
+
+
+@pytest.mark.parametrize("value, error", [
+    (0, "'model_stage_read_streams' value 0 is too small (must be at least 1)."),
+    (65, "'model_stage_read_streams' value 65 is too large (must be no more than 64)."),
+    ("4", "Value 4 for 'model_stage_read_streams' expected to be an integer."),
+    (True, "Value True for 'model_stage_read_streams' expected to be an integer."),
+])
+def test_an_integer_answer_out_of_range_or_of_another_type_is_refused(value, error):
+    answers = dict(awx.ui_answers(STAGE["survey_spec"]), model_stage_read_streams=value)
+    assert _launch_errors(STAGE, answers) == [error]
+
+
+def test_a_choice_outside_the_list_is_refused():
+    deploy = awx.by_name(TEMPLATES, "llmops deploy")
+    assert _launch_errors(deploy, {"engine_name": "tgi", "kernel_cache_enabled": "true"}) == [
+        "Value tgi for 'engine_name' expected to be one of ['vllm', 'sglang']."]
+
+
+def test_a_refused_password_answer_is_not_repeated():
+    diagnose = awx.by_name(TEMPLATES, "llmops diagnose")
+    secret = "s3cr3t-" + "x" * 5000
+    errors = _launch_errors(diagnose, dict(awx.ui_answers(diagnose["survey_spec"]), diagnose_gateway_token=secret))
+    assert errors == ["'diagnose_gateway_token' value $encrypted$ is too large (must be no more than 4096)."]
+    assert "s3cr3t" not in " ".join(errors)
+
+
+def test_a_variable_the_survey_does_not_ask_for_is_ignored():
+    accepted, ignored, errors = awx.accept_or_ignore_variables(
+        STAGE, dict(awx.ui_answers(STAGE["survey_spec"]), engine_port=1))
+    assert "engine_port" not in accepted and ignored == {"engine_port": 1} and errors == []
+
+
+@pytest.mark.parametrize("mutate, error", [
+    (lambda s: s["spec"].append(dict(s["spec"][0])), "'variable' 'stage_model_name' duplicated in survey question 5."),
+    (lambda s: s["spec"][2].update(default="fast"), "Default choice must be answered from the choices listed."),
+    (lambda s: s["spec"][3].update(max=""), "The max limit in survey question 3 expected to be integer."),
+    (lambda s: s["spec"][3].update(default="4"), "Default value in survey question 3 expected to be integer."),
+    (lambda s: s["spec"][2].update(type="select"), "'select' in survey question 2 is not one of 'text, textarea, "
+                                                    "password, multiplechoice, multiselect, integer, float' allowed "
+                                                    "question types."),
+    (lambda s: s["spec"][0].pop("required"), "'required' missing from survey question 0"),
+])
+def test_awx_refuses_to_save_a_broken_survey(mutate, error):
+    import copy
+
+    spec = copy.deepcopy(STAGE["survey_spec"])
+    mutate(spec)
+    assert awx.validate_spec(spec) == [error]
+
+
+# ---- precedence, !unsafe, cmdline, inventory, credential -----------------------------------------------------------
+
+def _template(**kw):
+    t = {"name": "t", "survey_enabled": True, "extra_vars": {"a": "jt", "b": "jt", "c": "jt", "t": "{{ 6 * 7 }}"},
+         "survey_spec": {"name": "s", "description": "", "spec": [
+             {"question_name": "b", "type": "text", "variable": "b", "required": False, "default": "survey"},
+             {"question_name": "c", "type": "text", "variable": "c", "required": False, "default": "survey"},
+             {"question_name": "n", "type": "integer", "variable": "n", "required": False, "min": 1, "max": 3,
+              "default": 9},
+             {"question_name": "p", "type": "password", "variable": "p", "required": False}]}}
+    t.update(kw)
+    return t
+
+
+def test_precedence_is_template_then_valid_survey_defaults_then_answers():
+    extra = awx.job_extra_vars(_template(), {"c": "answer", "p": "$encrypted$"})
+    # n's default 9 is outside 1..3: dropped, as AWX does; "$encrypted$" means "keep the stored password"
+    assert extra == {"a": "jt", "b": "survey", "c": "answer", "t": "{{ 6 * 7 }}"}
+
+
+def _ansible_reads(extravars_text, tmp_path, expr):
+    path = tmp_path / "extravars"
+    path.write_text(extravars_text)
+    cfg = tmp_path / "ansible.cfg"
+    cfg.write_text("[defaults]\n")
+    bindir = os.path.dirname(sys.executable)
+    proc = subprocess.run([os.path.join(bindir, "ansible"), "localhost", "-i", "localhost,", "-c", "local", "-m",
+                           "ansible.builtin.debug", "-a", "msg={{ %s }}" % expr, "-e", "@%s" % path],
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env=dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default",
+                                   ANSIBLE_LOAD_CALLBACK_PLUGINS="0", ANSIBLE_CONFIG=str(cfg)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_extravars_mark_answers_unsafe_and_keep_template_jinja(tmp_path):
+    template = _template()
+    extra = awx.job_extra_vars(template, {"c": "{{ 6 * 7 }}"})
+    text = awx.safe_dump(extra, template["extra_vars"])
+    assert "!unsafe 'c': !unsafe '{{ 6 * 7 }}'" in text
+    assert "t: '{{ 6 * 7 }}'" in text.splitlines()  # the template's own value: trusted
+    out = _ansible_reads(text, tmp_path, "[c, t]")
+    # the answer stays text; the template's own value is evaluated
+    assert re.search(r'"msg": \[\s*"\{\{ 6 \* 7 \}\}",\s*42\s*\]', out), out
+
+
+def test_cmdline_follows_the_job_fields():
+    args = awx.build_args({"job_type": "check", "forks": 64, "limit": "gpu-a", "job_tags": "engine", "verbosity": 2,
+                           "become_enabled": True, "diff_mode": True, "skip_tags": "kernel_cache"})
+    assert args == ["--check", "-u", "root", "--become", "--diff", "--forks=64", "-l", "gpu-a", "-vv", "-t",
+                    "engine", "--skip-tags=kernel_cache"]
+    assert awx.build_args({"job_type": "run"}) == ["-u", "root"]
+
+
+def test_the_inventory_script_is_the_imported_project_inventory():
+    imported = awx.import_inventory(ROOT, "inventories/local")
+    data = awx.script_data(imported, 7)
+    assert data["all"]["hosts"] == ["localhost"]
+    hv = data["_meta"]["hostvars"]["localhost"]
+    assert hv["ansible_connection"] == "local"
+    assert (hv["remote_tower_enabled"], hv["remote_host_enabled"]) == ("true", "true")
+    # group_vars/all of the inventory directory, unevaluated (AWX stores what ansible-inventory --export prints)
+    assert data["all"]["vars"]["llmops_shared_root"] == "{{ llmops_root }}/shared"
+
+
+def test_the_kubernetes_credential_becomes_k8s_auth_environment(tmp_path):
+    (tmp_path / "env").mkdir()
+    env = awx.kubernetes_env({"host": "https://k8s.example:6443", "bearer_token": "tok", "verify_ssl": True,
+                              "ssl_ca_cert": "-----BEGIN CERTIFICATE-----\n"}, str(tmp_path))
+    assert env["K8S_AUTH_HOST"] == "https://k8s.example:6443" and env["K8S_AUTH_API_KEY"] == "tok"
+    assert env["K8S_AUTH_VERIFY_SSL"] == "True"
+    assert open(env["K8S_AUTH_SSL_CA_CERT"]).read().startswith("-----BEGIN CERTIFICATE-----")
+    assert oct(os.stat(env["K8S_AUTH_SSL_CA_CERT"]).st_mode & 0o777) == "0o600"
+    assert awx.kubernetes_env({"host": "h", "bearer_token": "t"}, str(tmp_path))["K8S_AUTH_VERIFY_SSL"] == "False"
