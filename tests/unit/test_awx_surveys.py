@@ -82,8 +82,8 @@ def test_the_surveys_use_awx_types_for_engine_sizes_and_tokens():
 def test_every_survey_variable_is_read_by_the_playbook_it_feeds(template):
     """A question nobody reads is a knob that does nothing: each variable is used by the playbook, its roles or the
     template's own extra_vars."""
-    files = [os.path.join(ROOT, template["playbook"])] + glob.glob(os.path.join(ROOT, "roles", "*", "**", "*.yml"),
-                                                                 recursive=True)
+    roles = glob.glob(os.path.join(ROOT, "roles", "*", "**", "*.yml"), recursive=True)
+    files = [os.path.join(ROOT, template["playbook"])] + roles
     text = "\n".join(open(f, encoding="utf-8").read() for f in files) + yaml.safe_dump(template.get("extra_vars") or {})
     unread = [e["variable"] for e in template["survey_spec"]["spec"] if not re.search(r"\b%s\b" % e["variable"], text)]
     assert unread == []
@@ -167,9 +167,9 @@ def test_a_variable_the_survey_does_not_ask_for_is_ignored():
     (lambda s: s["spec"][2].update(default="fast"), "Default choice must be answered from the choices listed."),
     (lambda s: s["spec"][3].update(max=""), "The max limit in survey question 3 expected to be integer."),
     (lambda s: s["spec"][3].update(default="4"), "Default value in survey question 3 expected to be integer."),
-    (lambda s: s["spec"][2].update(type="select"), "'select' in survey question 2 is not one of 'text, textarea, "
-                                                    "password, multiplechoice, multiselect, integer, float' allowed "
-                                                    "question types."),
+    (lambda s: s["spec"][2].update(type="select"),
+     "'select' in survey question 2 is not one of 'text, textarea, password, multiplechoice, multiselect, integer, "
+     "float' allowed question types."),
     (lambda s: s["spec"][0].pop("required"), "'required' missing from survey question 0"),
 ])
 def test_awx_refuses_to_save_a_broken_survey(mutate, error):
