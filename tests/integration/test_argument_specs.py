@@ -20,6 +20,7 @@ CASES = [
     ("llmops.serving.model_stage", {"model_stage_src_root": "/nonexistent/shared", "model_stage_dest_root": "/nonexistent/nvme",
                                     "model_stage_models": [{"name": "m", "revision": "r"}],
                                     "model_stage_lock_timeout": "an hour"}, "model_stage_lock_timeout"),
+    ("llmops.serving.diagnose", {"diagnose_name": "e", "diagnose_platform": "k8s"}, "diagnose_platform"),
 ]
 
 

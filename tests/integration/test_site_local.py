@@ -110,6 +110,8 @@ def test_engine_crash_is_reported_with_its_exit_status(tmp_path):
                            "-e", '{"engine_extra_args": ["--max-model-len", "not-a-number"], "kernel_cache_enabled": false}')
     assert rc != 0
     assert "exit status 2" in out, out[-3000:]
+    # the failed wait ends with the diagnosis (engine_diagnose through the diagnose role), not a timeout
+    assert "bad_argument" in out and "--max-model-len" in out, out[-3000:]
     with open(os.path.join(str(tmp_path), "run", "engine", "state.json")) as f:
         state = json.load(f)
     assert state["state"] == "exited" and state["returncode"] == 2
