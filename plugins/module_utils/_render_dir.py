@@ -250,3 +250,39 @@ def apply(directory, files, check_mode=False, diff=False, field="render_dir"):
         except (OSError, _paths.PathEscape) as e:
             raise RenderDirError("%s: cannot write %s: %s" % (field, directory, e), file=directory)
     return result
+
+
+def run_module(module, render, spec_error, rendered_options, result_keys=None, always_list_files=False):
+    """The body of a manifest-rendering module: render ``module.params`` and exit with the objects, written into
+    O(render_dir) when it is set.
+
+    ``render(params)`` returns a dict with ``objects`` and ``warnings``; it raises ``spec_error`` (which carries
+    ``secret_values``) for bad options. The result holds ``result_keys`` of the rendered dict (all but
+    ``warnings`` when None) plus the keys of :func:`apply`; ``always_list_files`` returns ``files``,
+    ``changed_files`` and ``removed`` (empty) without O(render_dir) too.
+    """
+    _secrets.unmask_rendered_options(module, rendered_options)
+    # the canonical names only (module.params also holds each alias the task used)
+    params = dict((k, v) for k, v in module.params.items() if k not in module.aliases)
+    render_dir = params.pop("render_dir")
+    try:
+        rendered = render(params)
+    except spec_error as e:
+        module.no_log_values.update(e.secret_values)
+        module.fail_json(msg=str(e))
+    warnings = rendered.pop("warnings")
+    for warning in warnings:
+        module.warn(warning)
+    if result_keys is not None:
+        rendered = dict((k, rendered[k]) for k in result_keys)
+    result = dict(changed=False)
+    if always_list_files:
+        result.update(files=[], changed_files=[], removed=[])
+    result.update(rendered)
+    if render_dir:
+        try:
+            result.update(apply(render_dir, manifest_files(rendered["objects"]), check_mode=module.check_mode,
+                                diff=module._diff, field="render_dir"))
+        except RenderDirError as e:
+            module.fail_json(msg=str(e), file=e.file)
+    module.exit_json(**result)

@@ -426,7 +426,7 @@ file:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _k8s_engine, _render_dir, _secrets
+from ansible_collections.llmops.serving.plugins.module_utils import _k8s_engine, _render_dir
 
 # Options rendered into the containers: kept out of the target's log (no_log), returned as rendered.
 RENDERED_OPTIONS = ("engine_args", "extra_args", "command", "kernel_cache_env", "env")
@@ -493,25 +493,7 @@ def main():
         required_by={"model_pvc_sub_path": "model_pvc"},
         supports_check_mode=True,
     )
-    _secrets.unmask_rendered_options(module, RENDERED_OPTIONS)
-    # the canonical names only (module.params also holds each alias the task used)
-    params = dict((k, v) for k, v in module.params.items() if k not in module.aliases)
-    render_dir = params.pop("render_dir")
-    try:
-        built = _k8s_engine.build(params)
-    except _k8s_engine.SpecError as e:
-        module.no_log_values.update(e.secret_values)
-        module.fail_json(msg=str(e))
-    for warning in built.pop("warnings"):
-        module.warn(warning)
-    result = dict(changed=False, files=[], changed_files=[], removed=[], **built)
-    if render_dir:
-        try:
-            result.update(_render_dir.apply(render_dir, _render_dir.manifest_files(built["objects"]),
-                                            check_mode=module.check_mode, diff=module._diff, field="render_dir"))
-        except _render_dir.RenderDirError as e:
-            module.fail_json(msg=str(e), file=e.file)
-    module.exit_json(**result)
+    _render_dir.run_module(module, _k8s_engine.build, _k8s_engine.SpecError, RENDERED_OPTIONS, always_list_files=True)
 
 
 if __name__ == "__main__":

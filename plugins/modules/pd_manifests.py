@@ -421,7 +421,7 @@ file:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _pd_manifests, _render_dir, _secrets
+from ansible_collections.llmops.serving.plugins.module_utils import _pd_manifests, _render_dir
 
 # Options rendered into the containers: kept out of the target's log (no_log), returned as rendered.
 RENDERED_OPTIONS = ("extra_args", "env", "engine_args", "kernel_cache_env")
@@ -498,29 +498,9 @@ def main():
         ),
         supports_check_mode=True,
     )
-    _secrets.unmask_rendered_options(module, RENDERED_OPTIONS)
-    # the canonical names only (module.params also holds each alias the task used)
-    p = dict((k, v) for k, v in module.params.items() if k not in module.aliases)
-    render_dir = p.pop("render_dir")
-    try:
-        rendered = _pd_manifests.render(p)
-    except _pd_manifests.SpecError as e:
-        module.no_log_values.update(e.secret_values)
-        module.fail_json(msg=str(e))
-    for warning in rendered["warnings"]:
-        module.warn(warning)
-    objects = rendered["objects"]
-    result = dict(changed=False, objects=objects, service_name=rendered["service_name"],
-                  route_name=rendered["route_name"], reference_grant_name=rendered["reference_grant_name"],
-                  startup_window_seconds=rendered["startup_window_seconds"],
-                  read_concurrency=rendered["read_concurrency"])
-    if render_dir:
-        try:
-            result.update(_render_dir.apply(render_dir, _render_dir.manifest_files(objects), check_mode=module.check_mode,
-                                            diff=module._diff, field="render_dir"))
-        except _render_dir.RenderDirError as e:
-            module.fail_json(msg=str(e), file=e.file)
-    module.exit_json(**result)
+    _render_dir.run_module(module, _pd_manifests.render, _pd_manifests.SpecError, RENDERED_OPTIONS,
+                           result_keys=("objects", "service_name", "route_name", "reference_grant_name",
+                                        "startup_window_seconds", "read_concurrency"))
 
 
 if __name__ == "__main__":
