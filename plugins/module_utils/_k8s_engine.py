@@ -727,7 +727,9 @@ def _validate(p):
     check_args(p["engine"], p["engine_args"] or {}, p["extra_args"] or [])
 
 
-def _pod_spec(p, container, volumes, spread):
+def engine_pod_spec(container, volumes, init=None, host_network=False, node_selector=None, affinity=None,
+                    tolerations=None, image_pull_secret=None, priority_class_name=None, spread=None):
+    """The pod spec around one engine container: this module's engine pods and the P/D roles of ``_pd_manifests``."""
     spec = {
         "containers": [container],
         "volumes": volumes,
@@ -736,24 +738,34 @@ def _pod_spec(p, container, volumes, spread):
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 120,
     }
-    if not p["init"]:
+    if not init:
         # Without an init in the image the pause container becomes PID 1, so the engine is not: a process that
         # SIGKILLs itself as PID 1 survives it (the kernel drops signals PID 1 has no handler for), and SGLang's
         # kill_process_tree then reaches sys.exit(0) and the crash shows as Completed.
         spec["shareProcessNamespace"] = True
-    if p["node_selector"]:
-        spec["nodeSelector"] = dict(p["node_selector"])
-    if p["affinity"]:
-        spec["affinity"] = p["affinity"]
-    if p["tolerations"]:
-        spec["tolerations"] = [dict(t) for t in p["tolerations"]]
-    if p["image_pull_secret"]:
-        spec["imagePullSecrets"] = [{"name": p["image_pull_secret"]}]
-    if p["priority_class_name"]:
-        spec["priorityClassName"] = p["priority_class_name"]
+    if host_network:
+        # The engines then use the node's interfaces (RDMA netdevs included); cluster DNS still resolves.
+        spec["hostNetwork"] = True
+        spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    if node_selector:
+        spec["nodeSelector"] = dict(node_selector)
+    if affinity:
+        spec["affinity"] = affinity
+    if tolerations:
+        spec["tolerations"] = [dict(t) for t in tolerations]
+    if image_pull_secret:
+        spec["imagePullSecrets"] = [{"name": image_pull_secret}]
+    if priority_class_name:
+        spec["priorityClassName"] = priority_class_name
     if spread:
         spec["topologySpreadConstraints"] = [dict(c) for c in spread]
     return spec
+
+
+def _pod_spec(p, container, volumes, spread):
+    return engine_pod_spec(container, volumes, init=p["init"], node_selector=p["node_selector"], affinity=p["affinity"],
+                           tolerations=p["tolerations"], image_pull_secret=p["image_pull_secret"],
+                           priority_class_name=p["priority_class_name"], spread=spread)
 
 
 def _container(p, role, volumes_mounts, probes_):

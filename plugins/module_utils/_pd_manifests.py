@@ -435,30 +435,14 @@ def pod_spec(p, role):
         "readinessProbe": readiness,
         "livenessProbe": liveness,
     }
-    spec = {
-        "containers": [container],
-        "volumes": volumes,
-        # Service links inject <SVC>_PORT=tcp://... variables; a Service named "vllm-..." shadows vLLM settings.
-        "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 120,
-    }
-    if not p["init"]:
-        # The engine role's rule: without an init the pause container is PID 1, so the engine is not, and a
-        # crashed engine cannot exit 0 by killing itself as PID 1.
-        spec["shareProcessNamespace"] = True
-    if p["host_network"]:
-        # The engines then use the node's interfaces (RDMA netdevs included); cluster DNS still resolves.
-        spec["hostNetwork"] = True
-        spec["dnsPolicy"] = "ClusterFirstWithHostNet"
-    selector = p["%s_node_selector" % role]
-    if selector:
-        spec["nodeSelector"] = dict(selector)
     # Prefill and decode must land on different nodes: the KV has to cross the network.
     other = "decode" if role == "prefill" else "prefill"
-    spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+    affinity = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
         "labelSelector": {"matchLabels": {MODEL_LABEL: p["model_name"], ROLE_LABEL: other}},
         "topologyKey": "kubernetes.io/hostname"}]}}
-    return _pod_common(p, spec)
+    return k8s_engine.engine_pod_spec(container, volumes, init=p["init"], host_network=p["host_network"],
+                                      node_selector=p["%s_node_selector" % role], affinity=affinity,
+                                      tolerations=p["tolerations"], image_pull_secret=p["image_pull_secret"])
 
 
 def _labels(p, role=None):
