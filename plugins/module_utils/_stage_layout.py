@@ -190,6 +190,21 @@ def _kind(mode):
     return "a special file"
 
 
+def walk_leaves(root):
+    """``(full path, relative path, is_dir_link)`` of everything under ``root`` that is not a directory, in
+    ``os.walk`` order; a directory symlink is listed and never entered (it could leave ``root`` or loop)."""
+    prefix = root.rstrip("/") + "/"
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in list(dirnames):
+            full = os.path.join(dirpath, d)
+            if os.path.islink(full):
+                dirnames.remove(d)
+                yield full, full[len(prefix):], True
+        for fn in filenames:
+            full = os.path.join(dirpath, fn)
+            yield full, full[len(prefix):], False
+
+
 def try_unlink(path):
     """Unlink ``path``; best effort (absent or undeletable is left as it is)."""
     try:

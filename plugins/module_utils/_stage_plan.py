@@ -20,6 +20,7 @@ import os
 from ansible_collections.llmops.serving.plugins.module_utils import _fsutil
 from ansible_collections.llmops.serving.plugins.module_utils import _paths
 from ansible_collections.llmops.serving.plugins.module_utils import _safetensors
+from ansible_collections.llmops.serving.plugins.module_utils import _stage_layout
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_marker as _marker
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_verify as _verify
 
@@ -43,16 +44,7 @@ class Plan(object):
 
 def dest_listing(root):
     """Relative paths of everything under ``root`` that is not a directory (directory symlinks included)."""
-    out = set()
-    prefix = root.rstrip("/") + "/"
-    for dirpath, dirnames, filenames in os.walk(root):
-        for d in list(dirnames):
-            full = os.path.join(dirpath, d)
-            if os.path.islink(full):
-                dirnames.remove(d)
-                out.add(full[len(prefix):])
-        for fn in filenames:
-            out.add(os.path.join(dirpath, fn)[len(prefix):])
+    out = set(rel for _full, rel, _is_dir_link in _stage_layout.walk_leaves(root))
     out.discard(_marker.MARKER)
     return out
 

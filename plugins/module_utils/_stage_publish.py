@@ -29,17 +29,9 @@ from ansible_collections.llmops.serving.plugins.module_utils import _stage_plan 
 def prepare_partial(partial, reuse):
     """Leave in ``partial`` only the files in ``reuse`` (no symlinks, no in-flight files, no old journal)."""
     os.makedirs(partial, exist_ok=True)
-    prefix = partial.rstrip("/") + "/"
-    for dirpath, dirnames, filenames in os.walk(partial):
-        for d in list(dirnames):
-            full = os.path.join(dirpath, d)
-            if os.path.islink(full):
-                dirnames.remove(d)
-                _stage_layout.try_unlink(full)
-        for fn in filenames:
-            full = os.path.join(dirpath, fn)
-            if full[len(prefix):] not in reuse or os.path.islink(full):
-                _stage_layout.try_unlink(full)
+    for full, rel, is_dir_link in _stage_layout.walk_leaves(partial):
+        if is_dir_link or rel not in reuse or os.path.islink(full):
+            _stage_layout.try_unlink(full)
 
 
 def link_kept(lay, keep, records, by_path, content, journal):
