@@ -1,0 +1,180 @@
+"""Each job template of awx/ run the way AWX runs it: ansible-runner on an AWX-shaped private data dir.
+
+tests/lib/awx_harness.py builds what AWX's task builds for a job (env/extravars with the template's extra_vars,
+the survey answers and the awx_* variables, every answer !unsafe; env/cmdline from the template's fields;
+env/settings; the project's inventory as an inventory script; the project copied; this working tree's collection
+artifact in requirements_collections/) and calls ansible_runner.run() as awx/main/tasks/jobs.py does. A workflow
+passes each job's set_stats artifacts to the next node as extra vars (awx/main/models/workflow.py
+WorkflowJobNode.get_job_kwargs).
+
+The stage template runs for real with its survey defaults on inventories/local (the generated tiny model, a
+real copy). Deploy and verify transport run as AWX "Check" jobs (job_type: check): for real they start three
+vLLM CPU engines, several minutes on this machine.
+"""
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import shutil
+import threading
+
+import pytest
+
+from ansible_collections.llmops.serving.tests.lib import awx_harness as awx
+
+WORKFLOW = "llmops stage, deploy, verify"
+
+
+@pytest.fixture(scope="module")
+def controller(tmp_path_factory):
+    work = tmp_path_factory.mktemp("awx")
+    root = work / "llmops"
+    root.mkdir()
+    collections = awx.build_collection(str(work / "collection"))
+    jobs = work / "jobs"
+    jobs.mkdir()
+    # AWX_TASK_ENV: where the local demo writes, and a port no other test uses
+    port = os.environ.get("LLMOPS_AWX_TEST_PORT", "18031")
+    ctl = awx.Controller(str(jobs), task_env={"LLMOPS_ROOT": str(root), "LLMOPS_ENGINE_PORT": port},
+                         collections=collections)
+    ctl.llmops_root = str(root)
+    return ctl
+
+
+@pytest.fixture(scope="module")
+def staged(controller):
+    """The stage job template launched with the survey's defaults (what the launch form sends untouched)."""
+    return controller.launch("llmops stage model")
+
+
+def _extravars(job):
+    with open(os.path.join(job.private_data_dir, "env", "extravars"), encoding="utf-8") as f:
+        return f.read()
+
+
+def _assert_ok(job):
+    assert (job.status, job.rc, job.failed_events) == ("successful", 0, []), job.summary()
+
+
+def _copy_revision(controller, staged, name, revision):
+    """A second revision on the shared filesystem: the staged demo model's files under another name."""
+    src = os.path.join(controller.llmops_root, "shared", "models", staged.artifacts["llmops_staged_model"],
+                       staged.artifacts["llmops_staged_revision"])
+    dest = os.path.join(controller.llmops_root, "shared", "models", name, revision)
+    if not os.path.isdir(dest):
+        shutil.copytree(src, dest)
+    return dest
+
+
+def test_stage_template_runs_with_its_survey_defaults(controller, staged):
+    _assert_ok(staged)
+    art = staged.artifacts
+    assert art["llmops_staged_model"] == "tiny-llama"
+    assert art["llmops_staged_path"] == os.path.join(controller.llmops_root, "nvme", "models", "tiny-llama",
+                                                     art["llmops_staged_revision"])
+    assert os.path.isfile(os.path.join(art["llmops_staged_path"], "config.json"))
+    assert art["site_models"] == [{"name": "tiny-llama", "revision": art["llmops_staged_revision"]}]
+    # what AWX wrote: answers !unsafe (the empty model name too, which ansible-core reads as null), AWX's variables
+    text = _extravars(staged)
+    assert "!unsafe 'stage_model_name': !unsafe ''" in text
+    assert "!unsafe 'model_stage_read_streams': 4" in text
+    assert "!unsafe 'awx_job_id': %d" % staged.id in text and "!unsafe 'tower_job_id': %d" % staged.id in text
+    assert "!unsafe 'awx_job_template_name': !unsafe 'llmops stage model'" in text
+    assert staged.cmdline == "-u root --forks=64"
+    assert staged.env["JOB_ID"] == str(staged.id)
+    first_path = staged.env["ANSIBLE_COLLECTIONS_PATH"].split(":")[0]
+    assert first_path == os.path.join(staged.private_data_dir, "requirements_collections")
+    # the roles ran from the installed artifact, not from the working tree
+    role_tasks = [e["event_data"]["task_path"] for e in staged.events if e.get("event") == "playbook_on_task_start"
+                  and "/roles/" in (e["event_data"].get("task_path") or "")]
+    installed = os.path.join(staged.private_data_dir, "requirements_collections", "ansible_collections", "llmops",
+                             "serving", "roles", "")
+    assert role_tasks and [p for p in role_tasks if not p.startswith(installed)] == []
+
+
+def test_refused_launches_run_nothing(controller):
+    before = sorted(os.listdir(controller.workdir))
+    answers = awx.ui_answers(controller.template("llmops stage model")["survey_spec"])
+    missing = {k: v for k, v in answers.items() if k != "model_stage_keep_revisions"}
+    with pytest.raises(awx.SurveyError) as e:
+        controller.launch("llmops stage model", answers=missing)
+    assert e.value.errors == ["'model_stage_keep_revisions' value missing"]
+    with pytest.raises(awx.SurveyError) as e:
+        controller.launch("llmops stage model", answers=dict(answers, model_stage_read_streams=65))
+    assert e.value.errors == ["'model_stage_read_streams' value 65 is too large (must be no more than 64)."]
+    assert sorted(os.listdir(controller.workdir)) == before
+
+
+def test_an_answer_holding_jinja_reaches_the_playbook_as_text(controller, staged):
+    name, revision = "{{ 6 * 7 }}", "{{ lookup('ansible.builtin.env', 'HOME') }}"
+    _copy_revision(controller, staged, name, revision)
+    job = controller.launch("llmops stage model", answers=dict(
+        awx.ui_answers(controller.template("llmops stage model")["survey_spec"]),
+        stage_model_name=name, stage_model_revision=revision))
+    _assert_ok(job)
+    assert (job.artifacts["llmops_staged_model"], job.artifacts["llmops_staged_revision"]) == (name, revision)
+    assert os.path.isfile(os.path.join(controller.llmops_root, "nvme", "models", name, revision, "config.json"))
+    assert not os.path.exists(os.path.join(controller.llmops_root, "nvme", "models", "42"))
+
+
+def test_the_workflow_passes_each_nodes_artifacts_to_the_next(controller, staged):
+    _copy_revision(controller, staged, "served-by-workflow", "r2")
+    jobs = controller.run_workflow(
+        WORKFLOW, answers={"stage_model_name": "served-by-workflow", "stage_model_revision": "r2", "engine_name": "vllm"},
+        node_prompts={"deploy": {"job_type": "check"}, "verify": {"job_type": "check"}})
+    assert list(jobs) == ["stage", "deploy", "verify"], "\n".join("%s: %s" % (k, j.summary(800)) for k, j in jobs.items())
+    for job in jobs.values():
+        _assert_ok(job)
+    stage, deploy, verify = jobs["stage"], jobs["deploy"], jobs["verify"]
+    assert stage.artifacts["site_models"] == [{"name": "served-by-workflow", "revision": "r2"}]
+    # the stage artifacts are the deploy job's extra vars (untrusted, like every value not set on the template)
+    text = _extravars(deploy)
+    assert "!unsafe 'llmops_staged_path': !unsafe '%s'" % stage.artifacts["llmops_staged_path"] in text
+    assert "!unsafe 'awx_workflow_job_name': !unsafe '%s'" % WORKFLOW in text
+    assert deploy.cmdline.startswith("--check ")
+    # ... and site.yml served what the stage node staged (site_models), not the inventory's demo model
+    labels = [e["event_data"].get("task", "") for e in deploy.events if e.get("event") == "playbook_on_task_start"]
+    assert any("served-by-workflow@r2" in t for t in labels), labels
+    assert deploy.artifacts["llmops_engine_url"].startswith("http://127.0.0.1:")
+    assert deploy.artifacts["llmops_engine_name"] == "vllm"
+    # the verify node received both ancestors' artifacts
+    text = _extravars(verify)
+    assert "llmops_staged_revision" in text and "!unsafe 'llmops_engine_url'" in text
+    verdict = verify.artifacts["llmops_transport_verdict"]
+    assert verdict["measured"] is False and verdict["transport"] in ("rdma", "tcp")
+
+
+class _Gateway(http.server.BaseHTTPRequestHandler):
+    """A loopback OpenAI-style gateway that records the Authorization header of each request."""
+
+    seen = []
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        _Gateway.seen.append(self.headers.get("Authorization"))
+        body = json.dumps({"object": "list", "data": [{"id": "tiny-llama", "object": "model"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):  # pylint: disable=arguments-differ
+        pass
+
+
+def test_a_password_answer_becomes_a_header_and_never_reaches_the_output(controller):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Gateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    token = "tok-" + os.urandom(8).hex()
+    try:
+        job = controller.launch("llmops diagnose", answers={
+            "diagnose_probe_gateway_url": "http://127.0.0.1:%d" % server.server_address[1],
+            "diagnose_gateway_token": token, "diagnose_fail_on_error": "false"})
+    finally:
+        server.shutdown()
+        server.server_close()
+    _assert_ok(job)
+    # the template's extra_vars (trusted Jinja) turned the !unsafe answer into the probe's header
+    assert _Gateway.seen and set(_Gateway.seen) == {"Bearer " + token}
+    assert token not in json.dumps(job.events)
