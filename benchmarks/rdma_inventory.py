@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+# -*- coding: utf-8 -*-
 # Copyright: llmops.serving contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Inventory a host's RDMA hardware as the collection sees it, for docs/rdma-hardware.md.
@@ -66,7 +66,7 @@ def run(cmd):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     ap.add_argument("--pycoll", required=True, help="directory holding ansible_collections/llmops/serving")
     ap.add_argument("--sysfs-root", default="/sys")
     a = ap.parse_args()

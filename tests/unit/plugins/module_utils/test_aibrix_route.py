@@ -127,7 +127,8 @@ def test_unroutable_inputs_are_refused(kwargs, match):
     args = dict(model="glm-5.2-fp8", service="glm-5-2-fp8", namespace="llm", port=8000)
     args.update(kwargs)
     with pytest.raises(route.RouteError, match=match):
-        route.route_objects(args.pop("model"), args.pop("service"), args.pop("namespace"), args.pop("port"), **args)
+        model, service, namespace, port = (args.pop(k) for k in ("model", "service", "namespace", "port"))
+        route.route_objects(model, service, namespace, port, **args)
 
 
 def test_pod_labels_and_workload_labels():
