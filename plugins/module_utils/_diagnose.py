@@ -1359,15 +1359,8 @@ def proc_stat(pid, proc_root="/proc"):
 
 def stopped_members(pid, proc_root="/proc"):
     """Processes of the engine's group in state ``T``/``t`` (stopped by SIGSTOP/SIGTSTP or a tracer, proc(5))."""
-    out = []
-    try:
-        pids = [int(d) for d in os.listdir(proc_root) if d.isdigit()]
-    except OSError:
-        return out
-    for p in pids:
-        st = proc_stat(p, proc_root)
-        if st and (p == pid or st["pgrp"] == pid) and st["state"] in ("T", "t"):
-            out.append({"pid": p, "state": st["state"], "comm": st["comm"]})
+    out = [{"pid": p, "state": st["state"], "comm": st["comm"]}
+           for p, st in _process.group_members(pid, proc_root, read_stat=proc_stat, leader=True) if st["state"] in ("T", "t")]
     return sorted(out, key=lambda x: x["pid"] != pid)
 
 

@@ -861,18 +861,26 @@ def scan(key, proc_root="/proc"):
     return found
 
 
-def _group_alive(pgrp, proc_root="/proc"):
-    """Live (non-zombie) members of process group ``pgrp``."""
-    out = []
+def group_members(pgrp, proc_root="/proc", read_stat=None, leader=False):
+    """``(pid, stat)`` of the processes of group ``pgrp`` under ``proc_root``, in ``/proc`` order; with ``leader``,
+    process ``pgrp`` too when it has left its group. ``read_stat(pid, proc_root)`` parses ``/proc/<pid>/stat``
+    into a dict with ``pgrp`` (:func:`_proc_stat` by default); an unreadable ``proc_root`` has no members."""
+    read_stat = read_stat or _proc_stat
     try:
         pids = [int(d) for d in os.listdir(proc_root) if d.isdigit()]
     except OSError:
-        return out
+        return []
+    out = []
     for pid in pids:
-        st = _proc_stat(pid, proc_root)
-        if st and st["pgrp"] == pgrp and st["state"] not in ("Z", "X"):
-            out.append(pid)
+        st = read_stat(pid, proc_root)
+        if st and (st["pgrp"] == pgrp or (leader and pid == pgrp)):
+            out.append((pid, st))
     return out
+
+
+def _group_alive(pgrp, proc_root="/proc"):
+    """Live (non-zombie) members of process group ``pgrp``."""
+    return [pid for pid, st in group_members(pgrp, proc_root) if st["state"] not in ("Z", "X")]
 
 
 def pid_alive(pid):
