@@ -13,10 +13,13 @@ vLLM CPU engines, several minutes on this machine.
 """
 from __future__ import annotations
 
+import glob
 import http.server
 import json
 import os
 import shutil
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -178,3 +181,28 @@ def test_a_password_answer_becomes_a_header_and_never_reaches_the_output(control
     # the template's extra_vars (trusted Jinja) turned the !unsafe answer into the probe's header
     assert _Gateway.seen and set(_Gateway.seen) == {"Bearer " + token}
     assert token not in json.dumps(job.events)
+
+
+def test_a_job_runs_through_the_streaming_route_awx_uses(controller, tmp_path):
+    """``ansible-runner transmit | ansible-runner worker | ansible-runner process``: how AWX hands a job to an
+    execution node (receptor). The worker is a local process here; ``make ee`` runs it inside the image."""
+    worker_dir, out = tmp_path / "worker", tmp_path / "out"
+    job = controller.launch("llmops diagnose", answers={"diagnose_fail_on_error": "false"}, run=False,
+                            container_root=str(worker_dir))
+    assert json.load(open(os.path.join(job.private_data_dir, "env", "envvars")))["AWX_PRIVATE_DATA_DIR"] == str(worker_dir)
+    runner = os.path.join(os.path.dirname(sys.executable), "ansible-runner")
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    transmit = subprocess.Popen([runner, "transmit", job.private_data_dir, "-p", job.template["playbook"]],
+                                stdout=subprocess.PIPE, env=env)
+    worker = subprocess.Popen([runner, "worker", "--private-data-dir", str(worker_dir)], stdin=transmit.stdout,
+                              stdout=subprocess.PIPE, env=env)
+    transmit.stdout.close()
+    process = subprocess.run([runner, "process", str(out)], stdin=worker.stdout, capture_output=True, text=True,
+                             env=env, timeout=600, check=False)
+    worker.stdout.close()
+    assert (transmit.wait(timeout=60), worker.wait(timeout=60), process.returncode) == (0, 0, 0), process.stderr[-2000:]
+    assert (out / "artifacts" / "status").read_text() == "successful"
+    assert (out / "artifacts" / "rc").read_text() == "0"
+    events = [json.load(open(p)) for p in glob.glob(str(out / "artifacts" / "job_events" / "*.json"))]
+    assert any(e["event"] == "playbook_on_stats" for e in events)
+    assert [e for e in events if e["event"] in awx.FAILED_EVENTS and not e["event_data"].get("ignore_errors")] == []

@@ -497,7 +497,7 @@ class Controller:
 
     # -- launch ------------------------------------------------------------------------------------------------
     def launch(self, name, answers=None, extra_vars=None, prompts=None, workflow=None, blocking=True, **run_kw):
-        """Launch job template ``name`` and run it to the end.
+        """Launch job template ``name`` and run it to the end (``run=False``: only write its private data dir).
 
         answers: survey answers (None: the launch form's defaults, ``ui_answers``); extra_vars: further launch
         variables (ignored unless the template asks for variables, as AWX does); prompts: launch-time fields such
@@ -552,10 +552,17 @@ class Controller:
     def revision(self):
         return _git("rev-parse", "HEAD").strip()
 
-    def _run(self, job_id, job, extra_vars, timeout=None):
+    def _run(self, job_id, job, extra_vars, timeout=None, run=True, container_root=None):
+        """Write the private data dir of a job and run it with ansible_runner.run().
+
+        container_root: the path the private data dir has inside an execution environment (AWX: /runner); the
+        environment then names container paths and is also written to env/envvars, for ``ansible-runner transmit``
+        (which sends the directory, not keyword arguments) to a worker in the image.
+        """
         import ansible_runner  # pylint: disable=import-outside-toplevel
 
         pdd = os.path.join(self.workdir, "job_%d" % job_id)
+        croot = container_root or pdd
         os.makedirs(os.path.join(pdd, "env"))
         os.makedirs(os.path.join(pdd, "cp"), 0o700)
         revision = copy_project(os.path.join(pdd, "project"))
@@ -586,24 +593,30 @@ class Controller:
         # environment (BaseTask.build_env + RunJob.build_env), then the credentials' injectors
         env = dict(ANSIBLE_SETTINGS)
         env.update(self.task_env)
-        env.update({"AWX_PRIVATE_DATA_DIR": pdd, "JOB_ID": str(job_id), "INVENTORY_ID": str(inventory_id),
+        env.update({"AWX_PRIVATE_DATA_DIR": croot, "JOB_ID": str(job_id), "INVENTORY_ID": str(inventory_id),
                     "PROJECT_REVISION": revision, "ANSIBLE_RETRY_FILES_ENABLED": "False",
                     "MAX_EVENT_RES": str(MAX_EVENT_RES_DATA), "AWX_HOST": "https://awx.invalid",
-                    "ANSIBLE_SSH_CONTROL_PATH_DIR": os.path.join(pdd, "cp"),
+                    "ANSIBLE_SSH_CONTROL_PATH_DIR": os.path.join(croot, "cp"),
                     # the project's ansible.cfg, as ansible finds it from the job's working directory (the project)
                     # in an execution environment, whatever ANSIBLE_CONFIG the test process has
-                    "ANSIBLE_CONFIG": os.path.join(pdd, "project", "ansible.cfg"),
-                    "PATH": BIN + os.pathsep + os.environ.get("PATH", "")})
+                    "ANSIBLE_CONFIG": os.path.join(croot, "project", "ansible.cfg")})
+        if not container_root:
+            env["PATH"] = BIN + os.pathsep + os.environ.get("PATH", "")
         for env_key, folder, default in (("ANSIBLE_COLLECTIONS_PATHS", "requirements_collections", "~/.ansible/collections:/usr/share/ansible/collections"),
                                          ("ANSIBLE_ROLES_PATH", "requirements_roles", "~/.ansible/roles:/usr/share/ansible/roles:/etc/ansible/roles"),
                                          ("ANSIBLE_COLLECTIONS_PATH", "requirements_collections", "~/.ansible/collections:/usr/share/ansible/collections")):
-            env[env_key] = os.pathsep.join([os.path.join(pdd, folder)] + default.split(":"))
+            env[env_key] = os.pathsep.join([os.path.join(croot, folder)] + default.split(":"))
         for cred in job.get("credentials", []):
             obj = by_name(self.objects["controller_credentials"], cred)
             if cred in self.credential_inputs and obj["credential_type"] == "OpenShift or Kubernetes API Bearer Token":
                 env.update(kubernetes_env(self.credential_inputs[cred], pdd))
 
         result = Job(job_id, job, pdd, extra_vars, cmdline, env)
+        if container_root:
+            with open(os.path.join(pdd, "env", "envvars"), "w", encoding="utf-8") as f:
+                json.dump(env, f)
+        if not run:
+            return result
 
         def event_handler(event):
             result.events.append(event)
@@ -707,9 +720,27 @@ def ee_collections(dest):
     return sorted(os.path.join(dest, n) for n in os.listdir(dest))
 
 
+def _main(argv):
+    """The `make ee` steps.
+
+    ee-collections DEST                         the two collection tarballs of execution-environment.yml
+    prepare WORKDIR TEMPLATE [ANSWERS_JSON]     a job's private data dir with /runner paths (no collection copied:
+                                                the image has it); prints the directory, then the playbook
+    """
+    if len(argv) == 2 and argv[0] == "ee-collections":
+        print("\n".join(ee_collections(argv[1])))
+        return 0
+    if len(argv) in (3, 4) and argv[0] == "prepare":
+        os.makedirs(argv[1], exist_ok=True)
+        ctl = Controller(argv[1], task_env={"LLMOPS_ROOT": "/runner/llmops"})
+        job = ctl.launch(argv[2], answers=json.loads(argv[3]) if len(argv) == 4 else None, run=False,
+                         container_root="/runner")
+        print(job.private_data_dir)
+        print(job.template["playbook"])
+        return 0
+    sys.stderr.write(_main.__doc__)
+    return 2
+
+
 if __name__ == "__main__":
-    # `python tests/lib/awx_harness.py ee-collections .build/ee/collections` (the `make ee` step)
-    if len(sys.argv) == 3 and sys.argv[1] == "ee-collections":
-        print("\n".join(ee_collections(sys.argv[2])))
-    else:
-        sys.exit("usage: awx_harness.py ee-collections DEST")
+    sys.exit(_main(sys.argv[1:]))
