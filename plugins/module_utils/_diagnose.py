@@ -1321,15 +1321,6 @@ def fetch_kubernetes(api_client, namespace, name, gateway_namespace="aibrix-syst
 # Local: an engine_process engine
 # --------------------------------------------------------------------------------------------- #
 
-def _read_json(path):
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def current_run_log(path, max_bytes=LOG_TAIL_BYTES):
     """The log of the latest start: engine_process appends every start to one file after a ``==== ... starting:``
     banner line (see _process.SUPERVISOR_SOURCE)."""
@@ -1434,7 +1425,7 @@ def local_facts(run_dir, name, proc_root="/proc", health_timeout=5.0):
     _process.check_run_dir(run_dir)
     p = _process.paths(run_dir, name)
     st = _process.locate(run_dir, name, proc_root)
-    spec = _read_json(p["spec"]) or {}
+    spec = _process.read_json_object(p["spec"]) or {}
     cmd = command_facts(spec.get("command") or [])
     log = current_run_log(p["log"])
     facts = {"name": name, "run_dir": run_dir, "state": st, "command": cmd, "log_file": p["log"],

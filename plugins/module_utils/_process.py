@@ -898,7 +898,8 @@ def pid_alive(pid):
         return True
 
 
-def _read_json(path):
+def read_json_object(path):
+    """The JSON object in ``path``; None when it is unreadable, not JSON or not an object."""
     try:
         with open(path) as f:
             st = json.load(f)
@@ -914,7 +915,7 @@ def read_state(run_dir, name):
 
 def read_state_file(path):
     """State from the state file alone (no /proc scan): what :mod:`engine_probe` polls."""
-    st = _read_json(path)
+    st = read_json_object(path)
     if st is None:
         return {"state": "absent"}
     if st.get("state") == "running":
@@ -933,7 +934,7 @@ def locate(run_dir, name, proc_root="/proc"):
     ``supervisor_lost: true`` says that nothing will record its exit status any more.
     """
     p = paths(run_dir, name)
-    st = _read_json(p["state"])
+    st = read_json_object(p["state"])
     if st and st.get("state") == "running":
         eng = _live(st.get("pid"), st.get("pid_start"), proc_root)
         sup = _live(st.get("supervisor_pid"), st.get("supervisor_start"), proc_root)
