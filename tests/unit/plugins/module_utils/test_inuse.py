@@ -3,34 +3,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
-import time
 
 import pytest
 
 from ansible_collections.llmops.serving.plugins.module_utils import _inuse
-
-HOLD = r"""
-import mmap, os, sys, time
-mode, path = sys.argv[1], sys.argv[2]
-if mode == "open":
-    f = open(path, "rb")
-elif mode == "mmap":
-    # libc mmap, then close: Python's mmap object would keep a dup of the fd open
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    fd = os.open(path, os.O_RDONLY)
-    addr = libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-    assert addr not in (None, ctypes.c_void_p(-1).value)
-    os.close(fd)
-elif mode == "cwd":
-    os.chdir(path)
-print("ready", flush=True)
-time.sleep(60)
-"""
+from ansible_collections.llmops.serving.tests.unit.plugins.module_utils.conftest import hold as _hold, hold_bind_mount as _hold_bind_mount, stop as _stop
 
 
 @pytest.fixture
@@ -44,18 +21,6 @@ def tree(tmp_path):
     link = tmp_path / "cache-link"
     link.symlink_to(tmp_path / "nvme" / "cache")
     return {"real": str(real), "sibling": str(sibling), "link": str(link / "fp1")}
-
-
-def _hold(mode, path, env=None, argv_prefix=()):
-    p = subprocess.Popen(list(argv_prefix) + [sys.executable, "-c", HOLD, mode, path], stdout=subprocess.PIPE,
-                         env=env, text=True)
-    assert p.stdout.readline().strip() == "ready"
-    return p
-
-
-def _stop(p):
-    p.kill()
-    p.wait()
 
 
 def _pids(found, path):
@@ -95,14 +60,8 @@ def test_bind_mount_in_another_mount_namespace_is_in_use(tree, tmp_path):
     # path, and it need not have a file open there. /proc/PID/mountinfo, proc(5).
     mnt = tmp_path / "pod-volume"
     mnt.mkdir()
-    script = "mount --bind %s %s && echo ready && exec sleep 60" % (tree["real"], mnt)
-    p = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                         stdout=subprocess.PIPE, text=True)
+    p = _hold_bind_mount(tree["real"], mnt)
     try:
-        assert p.stdout.readline().strip() == "ready"
-        deadline = time.time() + 5
-        while time.time() < deadline and "sleep" not in open("/proc/%d/cmdline" % p.pid).read():
-            time.sleep(0.05)
         found = _inuse.users_of([tree["link"], tree["sibling"]])
         assert (p.pid, "mount") in _pids(found, tree["link"])
         assert not _pids(found, tree["sibling"])

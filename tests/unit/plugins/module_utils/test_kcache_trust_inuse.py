@@ -6,35 +6,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
-import time
 
 import pytest
 
 from ansible_collections.llmops.serving.plugins.module_utils import _kcache
+from ansible_collections.llmops.serving.tests.unit.plugins.module_utils.conftest import hold, hold_bind_mount, stop
 
 COMPONENTS = {"engine": "vllm", "engine_version": "0.32.0", "tp": 8}
 FPS = ["%016x" % i for i in range(4)]  # FPS[0] oldest
-
-HOLD = r"""
-import mmap, os, sys, time
-mode, path = sys.argv[1], sys.argv[2]
-if mode == "open":
-    f = open(path, "rb")
-elif mode == "mmap":
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    fd = os.open(path, os.O_RDONLY)
-    assert libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0) not in (None, ctypes.c_void_p(-1).value)
-    os.close(fd)
-elif mode == "cwd":
-    os.chdir(path)
-print("ready", flush=True)
-time.sleep(60)
-"""
 
 
 @pytest.fixture
@@ -50,17 +30,6 @@ def cache(tmp_path):
     link = tmp_path / "kernel-cache"
     link.symlink_to(real)
     return {"real": str(real), "link": str(link)}
-
-
-def hold(mode, path, env=None):
-    p = subprocess.Popen([sys.executable, "-c", HOLD, mode, path], stdout=subprocess.PIPE, env=env, text=True)
-    assert p.stdout.readline().strip() == "ready"
-    return p
-
-
-def stop(p):
-    p.kill()
-    p.wait()
 
 
 @pytest.mark.parametrize("mode", ["open", "mmap", "cwd", "environ"])
@@ -87,14 +56,8 @@ def test_gc_keeps_a_fingerprint_bind_mounted_in_a_pod_namespace(cache, tmp_path)
     # file open (proc(5), /proc/PID/mountinfo).
     volume = tmp_path / "pod-cache"
     volume.mkdir()
-    script = "mount --bind %s %s && echo ready && exec sleep 60" % (os.path.join(cache["link"], "vllm", FPS[1]), volume)
-    p = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                         stdout=subprocess.PIPE, text=True)
+    p = hold_bind_mount(os.path.join(cache["link"], "vllm", FPS[1]), volume)
     try:
-        assert p.stdout.readline().strip() == "ready"
-        deadline = time.time() + 5
-        while time.time() < deadline and "sleep" not in open("/proc/%d/cmdline" % p.pid).read():
-            time.sleep(0.05)
         r = _kcache.gc(cache["link"], "vllm", keep=1)
         assert FPS[1] in r["protected"] and r["in_use_by"][FPS[1]][0]["via"] == "mount"
         assert sorted(r["removed"]) == sorted([FPS[0], FPS[2]])

@@ -18,39 +18,10 @@ import pytest
 import ansible_collections.llmops.serving as collection
 from ansible_collections.llmops.serving.plugins.module_utils import _process
 from ansible_collections.llmops.serving.plugins.modules import engine_process
+from ansible_collections.llmops.serving.tests.unit.plugins.module_utils.conftest import engines
 
 TREE = os.path.dirname(os.path.dirname(os.path.dirname(list(collection.__path__)[0])))
 MODULE = "ansible_collections.llmops.serving.plugins.modules.engine_process"
-
-
-def engines(token):
-    """Live processes whose argv carries ``token`` (the supervisor's argv does not)."""
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open("/proc/%s/cmdline" % d, "rb") as f:
-                argv = f.read().split(b"\0")
-            with open("/proc/%s/stat" % d) as f:
-                zombie = f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-        except (OSError, IndexError):
-            continue
-        if token.encode() in argv and not zombie:
-            out.append(int(d))
-    return sorted(out)
-
-
-@pytest.fixture
-def token():
-    tok = "llmops-test-engine-%s" % uuid.uuid4().hex
-    yield tok
-    for pid in engines(tok):
-        for kill in (os.killpg, os.kill):
-            try:
-                kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
 
 
 def delete(path):

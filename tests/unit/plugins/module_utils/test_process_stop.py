@@ -11,12 +11,10 @@ import shutil
 import signal
 import sys
 import time
-import uuid
-
-import pytest
 
 from ansible_collections.llmops.serving.plugins.module_utils import _process
 from ansible_collections.llmops.serving.plugins.modules import engine_process
+from ansible_collections.llmops.serving.tests.unit.plugins.module_utils.conftest import engines
 
 ENGINE = r'''
 import os, signal, subprocess, sys, time
@@ -35,34 +33,6 @@ note("up")
 while True:
     time.sleep(0.05)
 '''
-
-
-def engines(token):
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open("/proc/%s/cmdline" % d, "rb") as f:
-                argv = f.read().split(b"\0")
-            with open("/proc/%s/stat" % d) as f:
-                zombie = f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-        except (OSError, IndexError):
-            continue
-        if token.encode() in argv and not zombie:
-            out.append(int(d))
-    return sorted(out)
-
-
-@pytest.fixture
-def token():
-    tok = "llmops-test-engine-%s" % uuid.uuid4().hex
-    yield tok
-    for pid in engines(tok):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 def _marks(path):
