@@ -194,7 +194,7 @@ def validate_element(element, data, validate_required=True):
     elif element["type"] == "integer":
         if var in data:
             value = data[var]
-            if type(value) is not int:  # bool is refused too, as in AWX (type(...) != int)
+            if isinstance(value, bool) or not isinstance(value, int):  # AWX: type(value) != int, so bool is refused
                 return ["Value %s for '%s' expected to be an integer." % (value, var)]
             if element.get("min") not in ("", None) and value < int(element["min"]):
                 errors.append("'%s' value %s is too small (must be at least %s)." % (var, value, element["min"]))
@@ -203,7 +203,7 @@ def validate_element(element, data, validate_required=True):
     elif element["type"] == "float":
         if var in data:
             value = data[var]
-            if type(value) not in (float, int):
+            if isinstance(value, bool) or not isinstance(value, (float, int)):  # AWX: type(value) not in (float, int)
                 return ["Value %s for '%s' expected to be a numeric type." % (value, var)]
             if element.get("min") not in ("", None) and value < float(element["min"]):
                 errors.append("'%s' value %s is too small (must be at least %s)." % (var, value, element["min"]))
@@ -211,7 +211,7 @@ def validate_element(element, data, validate_required=True):
                 errors.append("'%s' value %s is too large (must be no more than %s)." % (var, value, element["max"]))
     elif element["type"] == "multiselect":
         if var in data:
-            if type(data[var]) is not list:
+            if not isinstance(data[var], list):
                 errors.append("'%s' value is expected to be a list." % var)
             else:
                 errors.extend("Value %s for '%s' expected to be one of %s." % (v, var, _choices(element))
@@ -507,7 +507,7 @@ class Controller:
         template = self.template(name)
         data = dict(ui_answers(template.get("survey_spec")) if answers is None else answers)
         data.update(extra_vars or {})
-        accepted, ignored, _ = accept_or_ignore_variables(template, data, blocking=blocking)
+        accepted, ignored = accept_or_ignore_variables(template, data, blocking=blocking)[:2]
         runtime = dict(accepted)
         if workflow is not None:
             runtime.update(workflow[1])
@@ -639,7 +639,7 @@ class Controller:
         """
         wfjt = self.workflow(name)
         data = dict(ui_answers(wfjt.get("survey_spec")) if answers is None else answers)
-        accepted, _, _ = accept_or_ignore_variables(wfjt, data, blocking=True)
+        accepted = accept_or_ignore_variables(wfjt, data, blocking=True)[0]
         wj_vars = job_extra_vars(wfjt, accepted)
         workflow_job = {"id": next(_JOB_IDS), "name": name}
         nodes = {n["identifier"]: n for n in wfjt["workflow_nodes"]}
