@@ -11,14 +11,10 @@ import yaml
 
 from ansible_collections.llmops.serving.plugins.module_utils import _k8s_engine as k8s
 from ansible_collections.llmops.serving.plugins.module_utils import _render_dir
+from ansible_collections.llmops.serving.tests.unit.plugins.module_utils.conftest import K8S_VERSION, PROFILES
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCHEMAS = os.path.join(HERE, "..", "..", "fixtures", "schemas", "gateway-api-v1.4.1")
-ROOT = os.path.abspath(os.path.join(HERE, "..", "..", "..", ".."))
-K8S_VERSION = "1.33.0"
-# the engine role's profile data, as the role passes it
-with open(os.path.join(ROOT, "roles", "engine", "vars", "profiles.yml")) as _f:
-    PROFILES = yaml.safe_load(_f)["engine_k8s_builtin_profiles"]
 
 VLLM = dict(
     engine="vllm",

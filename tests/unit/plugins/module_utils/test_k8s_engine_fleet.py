@@ -10,15 +10,9 @@ import sys
 
 import kubernetes_validate
 import pytest
-import yaml
 
 from ansible_collections.llmops.serving.plugins.module_utils import _k8s_engine as k8s
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.path.join(HERE, "..", "..", "..", ".."))
-K8S_VERSION = "1.33.0"
-with open(os.path.join(ROOT, "roles", "engine", "vars", "profiles.yml")) as _f:
-    PROFILES = yaml.safe_load(_f)["engine_k8s_builtin_profiles"]
+from ansible_collections.llmops.serving.tests.unit.plugins.module_utils.conftest import K8S_VERSION, PROFILES
 
 DIGEST = "@sha256:" + "d" * 64
 BASE = dict(engine="vllm", served_model_name="glm-5.2-fp8-vllm", namespace="llm-lab",

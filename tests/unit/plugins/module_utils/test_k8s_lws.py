@@ -9,7 +9,6 @@ other nodes (vllm-project/vllm PR #23691, ``docs/serving/parallelism_scaling.md`
 """
 from __future__ import annotations
 
-import os
 import re
 
 import kubernetes_validate
@@ -19,12 +18,7 @@ import yaml
 from ansible_collections.llmops.serving.plugins.module_utils import _aibrix_route as route
 from ansible_collections.llmops.serving.plugins.module_utils import _k8s_engine as k8s
 from ansible_collections.llmops.serving.plugins.module_utils import _k8s_names as names
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.path.join(HERE, "..", "..", "..", ".."))
-K8S_VERSION = "1.33.0"
-with open(os.path.join(ROOT, "roles", "engine", "vars", "profiles.yml")) as _f:
-    PROFILES = yaml.safe_load(_f)["engine_k8s_builtin_profiles"]
+from ansible_collections.llmops.serving.tests.unit.plugins.module_utils.conftest import K8S_VERSION, PROFILES
 
 DIGEST = "@sha256:" + "e" * 64
 VLLM = dict(engine="vllm", served_model_name="glm-5.2-fp8-2n", namespace="llm-lab", model_path="/mnt/nvme/models/GLM-5.2-FP8/v1",
