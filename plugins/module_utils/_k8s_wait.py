@@ -6,7 +6,11 @@
 * :func:`route_status` - an HTTPRoute's parent conditions. Healthy means what the AIBrix gateway checks
   before routing: ``Accepted`` with reason ``Accepted`` and ``ResolvedRefs`` with reason ``ResolvedRefs``.
 * :func:`pod_status` - where an engine pod is: unscheduled, starting, ready, or failed (restarted,
-  crash loop, exited).
+  crash loop, exited). A restart or an exit is judged from ``restartCount`` and ``lastState.terminated``
+  (reason, exitCode, signal) and, when given, the log of that run, by ``_diagnose``'s exit classification
+  (``classify_exit`` over ``analyse_log``): exit 0 / ``Completed`` is a masked crash, ``OOMKilled`` is the
+  OOM killer, and the log's root exception is named. A container that restarted and is Ready again is still
+  failed (beyond ``max_restarts``): the restart hid the crash, it did not fix it.
 * :func:`evaluate` - one verdict for a rollout from the pods and the route, given the clock.
 * :func:`cold_start_timeline` - a pod's timestamps and probe marks as ``_timeline.staged``: pod created ->
   scheduled -> container started -> port open -> /health 200 -> model listed -> first correct response;
@@ -16,7 +20,7 @@ No I/O here; the polling module feeds these the objects it reads, and tests feed
 """
 from __future__ import annotations
 
-from ansible_collections.llmops.serving.plugins.module_utils import _timeline
+from ansible_collections.llmops.serving.plugins.module_utils import _diagnose, _process, _timeline
 
 # Why each Gateway API reason happens, and what fixes it (gateway-api apis/v1/shared_types.go).
 ROUTE_REASONS = {
@@ -138,8 +142,33 @@ def _container(pod, container):
     return statuses[0] if statuses else None
 
 
-def pod_status(pod, container="engine"):
-    """Where one engine pod stands, with its timestamps (epoch seconds)."""
+def _container_spec(pod, container):
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        if c.get("name") == container:
+            return c
+    return {}
+
+
+def ended_run(pod, container="engine"):
+    """``(terminated, which)`` of the run to judge: the current state when the container has ended now
+    (``which`` = ``current``), else ``lastState.terminated`` of a container that restarted (``previous``, the
+    log ``kubectl logs --previous`` shows); ``(None, None)`` when the container never ended."""
+    cs = _container(pod, container) or {}
+    now = (cs.get("state") or {}).get("terminated")
+    if now:
+        return now, "current"
+    last = (cs.get("lastState") or {}).get("terminated")
+    if last and int(cs.get("restartCount") or 0) > 0:
+        return last, "previous"
+    return None, None
+
+
+def pod_status(pod, container="engine", log=None, max_restarts=0):
+    """Where one engine pod stands, with its timestamps (epoch seconds).
+
+    ``log`` is the text of the run that ended (see :func:`ended_run`), when it could be read. A pod that
+    restarted more than ``max_restarts`` times is ``failed`` even when it is Ready again.
+    """
     meta = pod.get("metadata", {})
     status = pod.get("status", {})
     conds = status.get("conditions") or []
@@ -159,22 +188,24 @@ def pod_status(pod, container="engine"):
         restarts=int(cs.get("restartCount") or 0),
         waiting_reason=(state.get("waiting") or {}).get("reason"),
         last_exit=None,
+        diagnosis=None,
         unschedulable=None,
         deleting=bool(meta.get("deletionTimestamp")),
     )
     term = state.get("terminated") or last
     if term:
-        out["last_exit"] = dict(exit_code=term.get("exitCode"), reason=term.get("reason"),
+        out["last_exit"] = dict(exit_code=term.get("exitCode"), reason=term.get("reason"), signal=term.get("signal"),
                                 finished=term.get("finishedAt"), message=term.get("message"))
     if sched and sched.get("status") == "False":
         out["unschedulable"] = "%s: %s" % (sched.get("reason", "Unschedulable"), sched.get("message", ""))
 
-    if out["ready"] is not None:
+    if status.get("phase") in ("Succeeded", "Failed") or state.get("terminated"):
+        _judge_exit(out, pod, container, "exited", log)
+    elif out["restarts"] > max_restarts:
+        _judge_exit(out, pod, container, "restarted %d time(s)%s" % (
+            out["restarts"], " and is Ready again" if out["ready"] is not None else ""), log)
+    elif out["ready"] is not None:
         out["state"], out["message"] = "ready", "%s is Ready" % out["name"]
-    elif status.get("phase") in ("Succeeded", "Failed") or state.get("terminated"):
-        out["state"], out["message"] = "failed", _exit_message(out, "exited")
-    elif out["restarts"] > 0:
-        out["state"], out["message"] = "failed", _exit_message(out, "restarted %d time(s)" % out["restarts"])
     elif out["waiting_reason"] in FATAL_WAITING:
         out["state"] = "failed"
         out["message"] = "%s: container %s is %s: %s. %s" % (
@@ -192,17 +223,27 @@ def pod_status(pod, container="engine"):
     return out
 
 
-def _exit_message(out, what):
+def _judge_exit(out, pod, container, what, log):
+    """``failed`` with the diagnosis of the run that ended: ``_diagnose.classify_exit`` over its status and log."""
     ex = out["last_exit"] or {}
-    code = ex.get("exit_code")
-    msg = "%s: engine container %s; last exit code %s (reason %s" % (out["name"], what, code, ex.get("reason"))
-    msg += ", finished %s)" % ex.get("finished") if ex.get("finished") else ")"
-    if code == 0:
-        msg += ". An engine server never exits 0 on its own: this is a crash whose status was masked by a " \
-               "wrapper (pipeline/nohup) or an external stop; read the engine log (kubectl logs --previous)"
-    elif code == 137:
-        msg += ". 137 = SIGKILL: OOM kill or a probe kill; check the startup probe window and memory limits"
-    return msg
+    code, sig = ex.get("exit_code"), ex.get("signal")
+    spec = _container_spec(pod, container)
+    argv = list(spec.get("command") or []) + list(spec.get("args") or [])
+    masking = _process.command_problems(argv, read_files=False) if argv else []
+    where = "log (%s)" % ("kubectl logs --previous" if what.startswith("restarted") else "kubectl logs")
+    restarts = " (restarted %d time%s)" % (out["restarts"], "" if out["restarts"] == 1 else "s") if out["restarts"] else ""
+    f = _diagnose.classify_exit("container %s%s" % (container, restarts), "pod %s" % out["name"], code, sig,
+                                _diagnose.analyse_log(log or ""), where, masking=masking,
+                                oom=ex.get("reason") == "OOMKilled")
+    if log is None:
+        f["evidence"].append("the log of that run could not be read; read it with kubectl logs%s"
+                             % (" --previous" if what.startswith("restarted") else ""))
+    out["diagnosis"] = dict(code=f["code"], evidence=f["evidence"], hint=f["hint"])
+    head = "%s: engine container %s; last exit code %s (reason %s%s%s)" % (
+        out["name"], what, code, ex.get("reason"), ", signal %s" % sig if sig else "",
+        ", finished %s" % ex.get("finished") if ex.get("finished") else "")
+    out["state"] = "failed"
+    out["message"] = "%s: %s: %s. Fix: %s" % (head, f["code"], "; ".join(f["evidence"]), f["hint"])
 
 
 # --------------------------------------------------------------------------------------------- #
@@ -211,14 +252,17 @@ def _exit_message(out, what):
 
 
 def evaluate(pods, route=None, now=None, replicas=1, schedule_timeout=900, gateway_name=None, check_route=True,
-             container="engine"):
+             container="engine", logs=None, max_restarts=0):
     """One verdict: ``dict(state=ready|waiting|failed, message, pods, route)``.
 
-    ``failed`` is final (an engine restarted or exited, a container can never be created, a pod stayed
-    unschedulable longer than ``schedule_timeout`` seconds). Route conditions that are False are left
-    to the caller's route deadline, because a controller may still converge.
+    ``failed`` is final (an engine restarted more than ``max_restarts`` times or exited, a container can
+    never be created, a pod stayed unschedulable longer than ``schedule_timeout`` seconds). ``logs`` maps a
+    pod name to the log text of its run that ended (:func:`ended_run`). Route conditions that are False are
+    left to the caller's route deadline, because a controller may still converge.
     """
-    live = [pod_status(p, container) for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    logs = logs or {}
+    live = [pod_status(p, container, log=logs.get((p.get("metadata") or {}).get("name")), max_restarts=max_restarts)
+            for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
     rstate = route_status(route, gateway_name) if check_route else None
     failed = [p for p in live if p["state"] == "failed"]
     if failed:
@@ -276,9 +320,28 @@ def cold_start_timeline(pod=None, marks=None):
 # --------------------------------------------------------------------------------------------- #
 
 
+def read_logs(pods, read_log, container, names):
+    """``{pod name: log text}`` of the ended run (:func:`ended_run`) of the pods named, through ``read_log``."""
+    out = {}
+    for pod in pods:
+        name = (pod.get("metadata") or {}).get("name")
+        if name not in names:
+            continue
+        _term, which = ended_run(pod, container)
+        text = read_log(name, container, which == "previous") if which else None
+        if text is not None:
+            out[name] = text
+    return out
+
+
 def wait_rollout(fetch, timeout, route_condition_timeout=300, schedule_timeout=900, poll_interval=10, replicas=1,
-                 gateway_name=None, check_route=True, container="engine", clock=None, sleep=None, now=None):
+                 gateway_name=None, check_route=True, container="engine", clock=None, sleep=None, now=None,
+                 read_log=None, max_restarts=0):
     """Poll ``fetch() -> (pods, route)`` until the rollout is ready, failed, or ``timeout`` seconds pass.
+
+    When pods failed because their engine ended, ``read_log(pod_name, container, previous) -> text or None``
+    (``previous``: the run before the restart) is asked once per such pod and the verdict is judged again with
+    those logs, so the message names the exception the engine died of.
 
     A route condition that stays False for ``route_condition_timeout`` seconds fails the wait with its reason.
     Returns the last :func:`evaluate` verdict with ``elapsed`` and ``polls`` added; ``state`` is
@@ -296,7 +359,14 @@ def wait_rollout(fetch, timeout, route_condition_timeout=300, schedule_timeout=9
         pods, route = fetch()
         polls += 1
         verdict = evaluate(pods, route, now=now(), replicas=replicas, schedule_timeout=schedule_timeout,
-                           gateway_name=gateway_name, check_route=check_route, container=container)
+                           gateway_name=gateway_name, check_route=check_route, container=container,
+                           max_restarts=max_restarts)
+        if verdict["state"] == "failed" and read_log is not None:
+            logs = read_logs(pods, read_log, container, [p["name"] for p in verdict["pods"] if p.get("diagnosis")])
+            if logs:
+                verdict = evaluate(pods, route, now=now(), replicas=replicas, schedule_timeout=schedule_timeout,
+                                   gateway_name=gateway_name, check_route=check_route, container=container,
+                                   logs=logs, max_restarts=max_restarts)
         elapsed = clock() - start
         verdict.update(elapsed=round(elapsed, 1), polls=polls)
         if verdict["state"] in ("ready", "failed"):

@@ -13,9 +13,14 @@ description:
   - Polls the engine pods (by label selector) and the HTTPRoute until all O(replicas) pods are Ready and
     every parent of the route reports C(Accepted)/C(Accepted) and C(ResolvedRefs)/C(ResolvedRefs), which is
     what the AIBrix gateway checks before it routes.
-  - Fails at once when an engine container restarted or exited (including C(Completed)/exit 0, which for
-    a server is a masked crash), cannot be created, or a pod stays unschedulable longer than
+  - Fails at once when an engine container restarted (more than O(max_restarts) times, even when it is
+    Ready again) or exited, cannot be created, or a pod stays unschedulable longer than
     O(schedule_timeout); the message carries the exit code or the scheduler's reason.
+  - A restart or exit is judged from the pod's C(restartCount) and C(lastState.terminated) (reason, exit
+    code, signal) and the log of the run that ended (C(kubectl logs --previous)), by the rules of
+    M(llmops.serving.engine_diagnose) - exit 0 / C(Completed) is a crash whose status was masked (the
+    message names the command that hides it and the fix), C(OOMKilled) is the kernel's OOM killer, and
+    the log's root exception is named.
   - Fails when a route condition stays False for O(route_condition_timeout), naming the reason
     (C(NotAllowedByListeners), C(BackendNotFound), C(RefNotPermitted), ...) and its usual fix.
   - Returns each pod's cold-start timestamps (created, scheduled, container started, Ready).
@@ -67,6 +72,16 @@ options:
     type: int
     default: 300
     aliases: [route_timeout]
+  max_restarts:
+    description:
+      - Restarts of the engine container tolerated before the wait fails. A restart means the engine ended
+        (a crash, an OOM kill, a probe kill), so the default is V(0).
+    type: int
+    default: 0
+  log_tail_lines:
+    description: Lines of the ended run's log read to name the exception it died of; V(0) reads none.
+    type: int
+    default: 3000
   schedule_timeout:
     description: Seconds a pod may stay unschedulable before the wait fails.
     type: int
@@ -109,7 +124,11 @@ elapsed:
   returned: always
   type: float
 pods:
-  description: Per pod - name, node, state, restarts, last_exit, and epoch timestamps created/scheduled/started/ready.
+  description:
+    - Per pod - name, node, state, restarts, last_exit (exit_code, reason, signal, finished, message), and epoch
+      timestamps created/scheduled/started/ready.
+    - C(diagnosis) - for a container that ended, C(code) (as M(llmops.serving.engine_diagnose) names it, e.g.
+      C(crash_exit_zero), C(oom_killed), C(crashed)), C(evidence) and C(hint); null otherwise.
   returned: always
   type: list
   elements: dict
@@ -172,22 +191,39 @@ def make_fetch(params):
                     raise
         return pods, route
 
+    def read_log(pod, container, previous):
+        if not params["log_tail_lines"]:
+            return None
+        try:
+            resp = core.read_namespaced_pod_log(pod, params["namespace"], container=container, previous=previous,
+                                                tail_lines=params["log_tail_lines"], _preload_content=False)
+        except ApiException:
+            return None  # e.g. 400 "previous terminated container not found": the kubelet kept no log
+        return resp.data.decode("utf-8", "replace")
+
+    fetch.read_log = read_log
     return fetch
 
 
 def run(module, fetch):
     p = module.params
     check_route = bool(p["route_name"])
+    read_log = getattr(fetch, "read_log", None)
     if module.check_mode:
         pods, route = fetch()
         verdict = _k8s_wait.evaluate(pods, route, replicas=p["replicas"], gateway_name=p["gateway_name"],
-                                     check_route=check_route, container=p["container"])
+                                     check_route=check_route, container=p["container"], max_restarts=p["max_restarts"])
+        if verdict["state"] == "failed" and read_log is not None:
+            logs = _k8s_wait.read_logs(pods, read_log, p["container"], [ps["name"] for ps in verdict["pods"] if ps.get("diagnosis")])
+            verdict = _k8s_wait.evaluate(pods, route, replicas=p["replicas"], gateway_name=p["gateway_name"],
+                                         check_route=check_route, container=p["container"], logs=logs,
+                                         max_restarts=p["max_restarts"])
         verdict.update(elapsed=0.0)
     else:
         verdict = _k8s_wait.wait_rollout(
             fetch, timeout=p["timeout"], route_condition_timeout=p["route_condition_timeout"],
             schedule_timeout=p["schedule_timeout"], poll_interval=p["poll_interval"], replicas=p["replicas"], gateway_name=p["gateway_name"],
-            check_route=check_route, container=p["container"])
+            check_route=check_route, container=p["container"], read_log=read_log, max_restarts=p["max_restarts"])
     result = dict(
         changed=False,
         state=verdict["state"],
@@ -220,12 +256,17 @@ def main():
                                          deprecated_aliases=[dict(name="route_timeout", version="1.0.0",
                                                                   collection_name="llmops.serving")]),
             schedule_timeout=dict(type="int", default=900),
+            max_restarts=dict(type="int", default=0),
+            log_tail_lines=dict(type="int", default=3000),
             poll_interval=dict(type="int", default=10),
         ),
         supports_check_mode=True,
     )
     if not module.params["selector"]:
         module.fail_json(msg="selector: must name at least one label, e.g. the pod_selector engine_manifests returns")
+    for opt in ("max_restarts", "log_tail_lines"):
+        if module.params[opt] < 0:
+            module.fail_json(msg="%s: must be 0 or more (got %d)" % (opt, module.params[opt]))
     if not HAS_K8S:
         module.fail_json(msg=missing_required_lib("kubernetes"), exception=K8S_IMPORT_ERROR)
     try:

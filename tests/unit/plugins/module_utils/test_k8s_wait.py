@@ -193,3 +193,70 @@ def test_filter_builds_timeline_from_wait_module_pod_summary():
     lines = k8s_timeline_lines(tl, "glm-5.2-fp8-vllm")
     assert lines[0] == "glm-5.2-fp8-vllm: pod created -> first correct response = 1002.0 s"
     assert lines[-1] == "not recorded: port_open"
+
+
+# --------------------------------------------------------------------------------------------- #
+# Restarts judged from restartCount / lastState.terminated and the log of the run that ended
+# --------------------------------------------------------------------------------------------- #
+
+RESTARTS = _load("restarts.yaml")
+
+
+def test_restarted_with_exit0_and_ready_again_is_a_masked_crash_not_ready():
+    """restartPolicy Always brings an exit-0 crash back; Ready again must not pass the wait."""
+    pod = RESTARTS["pods"]["ready_after_exit0"]
+    v = w.evaluate([pod], ROUTES["accepted"], logs=RESTARTS["logs"])
+    assert v["state"] == "failed"
+    msg = v["message"]
+    assert "restarted 1 time(s) and is Ready again" in msg and "last exit code 0 (reason Completed" in msg
+    assert "crash_exit_zero" in msg and "never exits 0 on its own" in msg
+    # the log's root exception, not only the status
+    assert "RuntimeError: Worker failed with error 'CUDA error: an illegal memory access was encountered'" in msg
+    # the fix
+    assert "foreground process" in msg and "kubectl logs --previous" in msg
+    assert v["pods"][0]["diagnosis"]["code"] == "crash_exit_zero"
+
+
+def test_tolerated_restarts_leave_a_ready_pod_ready():
+    pod = RESTARTS["pods"]["ready_after_exit0"]
+    assert w.evaluate([pod], ROUTES["accepted"], max_restarts=1)["state"] == "ready"
+
+
+def test_exit0_behind_a_pipeline_names_the_wrapper_and_the_exception():
+    pod = RESTARTS["pods"]["sglang_tee_exit0"]
+    v = w.evaluate([pod], check_route=False, logs=RESTARTS["logs"])
+    msg = v["message"]
+    assert v["state"] == "failed" and "restarted 3 time(s)" in msg and "crash_exit_zero" in msg
+    assert "the command hides the engine's exit status" in msg and "tee" in msg
+    assert "torch.OutOfMemoryError: CUDA out of memory" in msg
+    assert "Received sigquit from a child process" not in msg.split("torch.OutOfMemoryError")[0]
+
+
+def test_oom_killed_restart_names_the_oom_killer_and_the_memory_limit():
+    v = w.evaluate([RESTARTS["pods"]["oom_killed"]], check_route=False)
+    msg = v["message"]
+    assert v["state"] == "failed" and "oom_killed" in msg and "OOM killer" in msg and "memory limit" in msg
+    assert "could not be read" in msg  # no log given: say where to read it
+
+
+def test_signal_of_the_ended_run_is_named():
+    v = w.evaluate([RESTARTS["pods"]["killed_by_signal"]], check_route=False)
+    msg = v["message"]
+    assert v["state"] == "failed" and "signal 11 (SIGSEGV)" in msg and "crashed" in msg
+    assert v["pods"][0]["last_exit"]["signal"] == 11
+
+
+def test_wait_rollout_reads_the_previous_log_of_the_failed_pod_only():
+    asked = []
+
+    def read_log(pod, container, previous):
+        asked.append((pod, container, previous))
+        return RESTARTS["logs"].get(pod)
+
+    fc = FakeClock()
+    pods = [RESTARTS["pods"]["ready_after_exit0"], PODS["ready"]]
+    v = w.wait_rollout(lambda: (pods, ROUTES["accepted"]), timeout=60, clock=fc.clock, sleep=fc.sleep,
+                       now=lambda: T0, read_log=read_log, replicas=2)
+    assert v["state"] == "failed" and v["polls"] == 1
+    assert asked == [("glm-5-2-fp8-vllm-7d9c6b5f4-r1a2b", "engine", True)]
+    assert "illegal memory access" in v["message"]

@@ -75,7 +75,7 @@ def test_empty_selector_is_refused(run_module):
 class _FakeApiServer:
     """A minimal API server on a port of 18300-18309 serving recorded objects through the real client."""
 
-    def __init__(self, pods, route):
+    def __init__(self, pods, route, logs=None):
         import http.server
         import threading
         from urllib.parse import urlparse, parse_qs
@@ -90,6 +90,15 @@ class _FakeApiServer:
             def do_GET(self):
                 url = urlparse(self.path)
                 outer.requests.append((url.path, parse_qs(url.query)))
+                log_of = url.path.rsplit("/", 2) if url.path.endswith("/log") else None
+                if log_of and (logs or {}).get(log_of[1]) is not None:
+                    data = logs[log_of[1]].encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
                 if url.path == "/api/v1/namespaces/llm-lab/pods":
                     body, code = {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": pods}, 200
                 elif url.path == "/apis/gateway.networking.k8s.io/v1/namespaces/aibrix-system/httproutes/glm-5.2-fp8-vllm-router" and route:
@@ -171,3 +180,44 @@ def test_route_timeout_is_a_deprecated_alias_of_route_condition_timeout(run_modu
         assert r["failed"] is True and "route not usable for 7s" in r["msg"], (name, r["msg"])
     assert results["route_condition_timeout"][1] == []
     assert [(d["version"], d["collection_name"]) for d in results["route_timeout"][1]] == [("1.0.0", "llmops.serving")]
+
+
+with open(os.path.join(FIX, "restarts.yaml")) as f:
+    RESTARTS = yaml.safe_load(f)
+
+
+def test_real_client_reads_the_previous_log_and_names_the_masked_crash(run_module, tmp_path):
+    """A pod Ready again after an exit-0 restart fails the wait; the message carries the previous run's exception."""
+    pytest.importorskip("kubernetes")
+    pod = RESTARTS["pods"]["ready_after_exit0"]
+    name = pod["metadata"]["name"]
+    srv = _FakeApiServer([pod], ROUTES["accepted"], logs=RESTARTS["logs"])
+    try:
+        r = run_module(k8s_engine_wait, dict(ARGS, kubeconfig=srv.kubeconfig(tmp_path / "kubeconfig"), log_tail_lines=500))
+    finally:
+        srv.close()
+    assert r["failed"] is True and r["state"] == "failed"
+    assert "crash_exit_zero" in r["msg"] and "restarted 1 time(s)" in r["msg"]
+    assert "RuntimeError: Worker failed with error 'CUDA error: an illegal memory access was encountered'" in r["msg"]
+    assert r["pods"][0]["diagnosis"]["code"] == "crash_exit_zero"
+    log_reads = [q for path, q in srv.requests if path == "/api/v1/namespaces/llm-lab/pods/%s/log" % name]
+    assert log_reads == [{"container": ["engine"], "previous": ["true"], "tailLines": ["500"]}]
+
+
+def test_max_restarts_tolerates_a_restart_of_a_ready_pod(run_module, cluster):
+    cluster["seq"] = [([RESTARTS["pods"]["ready_after_exit0"]], ROUTES["accepted"])]
+    assert run_module(k8s_engine_wait, ARGS)["failed"] is True
+    r = run_module(k8s_engine_wait, dict(ARGS, max_restarts=1))
+    assert not r.get("failed"), r
+    assert r["state"] == "ready"
+
+
+def test_oom_killed_restart_fails_naming_the_oom_killer(run_module, cluster):
+    cluster["seq"] = [([RESTARTS["pods"]["oom_killed"]], ROUTES["accepted"])]
+    r = run_module(k8s_engine_wait, ARGS)
+    assert r["failed"] is True and "oom_killed" in r["msg"] and "memory limit" in r["msg"]
+
+
+def test_negative_max_restarts_is_refused(run_module):
+    r = run_module(k8s_engine_wait, dict(ARGS, max_restarts=-1))
+    assert r["failed"] is True and r["msg"].startswith("max_restarts:")
