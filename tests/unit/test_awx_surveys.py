@@ -254,3 +254,37 @@ def test_the_kubernetes_credential_becomes_k8s_auth_environment(tmp_path):
     assert open(env["K8S_AUTH_SSL_CA_CERT"]).read().startswith("-----BEGIN CERTIFICATE-----")
     assert oct(os.stat(env["K8S_AUTH_SSL_CA_CERT"]).st_mode & 0o777) == "0o600"
     assert awx.kubernetes_env({"host": "h", "bearer_token": "t"}, str(tmp_path))["K8S_AUTH_VERIFY_SSL"] == "False"
+
+
+def _configure(tmp_path, *args):
+    cfg = tmp_path / "ansible.cfg"
+    cfg.write_text("[defaults]\n")
+    bindir = os.path.dirname(sys.executable)
+    # a controller address where nothing listens: any task that reached the API would fail on it
+    env = dict(os.environ, ANSIBLE_CONFIG=str(cfg), ANSIBLE_NOCOLOR="1", CONTROLLER_HOST="http://127.0.0.1:9")
+    return subprocess.run([os.path.join(bindir, "ansible-playbook"), "-i", "localhost,",
+                           os.path.join(ROOT, "playbooks", "awx_configure.yml")] + list(args),
+                          capture_output=True, text=True, timeout=120, check=False, env=env)
+
+
+def test_awx_configure_names_missing_inputs_before_it_touches_the_controller(tmp_path):
+    proc = _configure(tmp_path, "-e", "llmops_awx_scm_url=https://git.example/serving.git")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "set llmops_awx_scm_username, llmops_awx_scm_token," in out and "llmops_awx_registry_password" in out
+    assert "llmops_awx_scm_url," not in out  # given
+    assert "TASK [Organization]" not in out
+
+
+def test_awx_configure_names_a_missing_awx_directory(tmp_path):
+    args = ["-e", "llmops_awx_config_dir=%s" % tmp_path]
+    for var in ("llmops_awx_scm_url", "llmops_awx_scm_username", "llmops_awx_scm_token", "llmops_awx_ssh_username",
+                "llmops_awx_ssh_private_key", "llmops_awx_k8s_host", "llmops_awx_k8s_token", "llmops_awx_k8s_ca_cert",
+                "llmops_awx_ee_image", "llmops_awx_registry_host", "llmops_awx_registry_username",
+                "llmops_awx_registry_password"):
+        args += ["-e", "%s=x" % var]
+    proc = _configure(tmp_path, *args)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "llmops_awx_config_dir=%s has no controller_templates.yml" % tmp_path in out
+    assert "TASK [Organization]" not in out
