@@ -124,11 +124,11 @@ def test_bad_duration_is_refused_with_the_field(value):
     (dict(paths=["v1/chat"]), r"route_paths\[0\]"),
 ])
 def test_unroutable_inputs_are_refused(kwargs, match):
-    args = dict(model="glm-5.2-fp8", service="glm-5-2-fp8", namespace="llm", port=8000)
-    args.update(kwargs)
+    base = dict(model="glm-5.2-fp8", service="glm-5-2-fp8", namespace="llm", port=8000)
+    positional = [kwargs.get(k, base[k]) for k in ("model", "service", "namespace", "port")]
+    extra = {k: v for k, v in kwargs.items() if k not in base}
     with pytest.raises(route.RouteError, match=match):
-        model, service, namespace, port = (args.pop(k) for k in ("model", "service", "namespace", "port"))
-        route.route_objects(model, service, namespace, port, **args)
+        route.route_objects(*positional, **extra)
 
 
 def test_pod_labels_and_workload_labels():
