@@ -121,24 +121,37 @@ def test_an_answer_holding_jinja_reaches_the_playbook_as_text(controller, staged
     assert not os.path.exists(os.path.join(controller.llmops_root, "nvme", "models", "42"))
 
 
-def test_the_workflow_passes_each_nodes_artifacts_to_the_next(controller, staged):
+@pytest.fixture(scope="module")
+def workflow_jobs(controller, staged):
+    """The workflow launched with a revision other than the inventory's demo model; deploy and verify as Check jobs."""
     _copy_revision(controller, staged, "served-by-workflow", "r2")
-    jobs = controller.run_workflow(
+    return controller.run_workflow(
         WORKFLOW, answers={"stage_model_name": "served-by-workflow", "stage_model_revision": "r2", "engine_name": "vllm"},
         node_prompts={"deploy": {"job_type": "check"}, "verify": {"job_type": "check"}})
-    assert list(jobs) == ["stage", "deploy", "verify"], "\n".join("%s: %s" % (k, j.summary(800)) for k, j in jobs.items())
-    for job in jobs.values():
-        _assert_ok(job)
-    stage, deploy, verify = jobs["stage"], jobs["deploy"], jobs["verify"]
+
+
+def test_the_workflow_hands_the_stage_artifacts_to_the_deploy_node(workflow_jobs):
+    stage, deploy = workflow_jobs["stage"], workflow_jobs["deploy"]
+    _assert_ok(stage)
     assert stage.artifacts["site_models"] == [{"name": "served-by-workflow", "revision": "r2"}]
     # the stage artifacts are the deploy job's extra vars (untrusted, like every value not set on the template)
     text = _extravars(deploy)
     assert "!unsafe 'llmops_staged_path': !unsafe '%s'" % stage.artifacts["llmops_staged_path"] in text
     assert "!unsafe 'awx_workflow_job_name': !unsafe '%s'" % WORKFLOW in text
+    assert "!unsafe 'awx_job_launch_type': !unsafe 'workflow'" in text
     assert deploy.cmdline.startswith("--check ")
-    # ... and site.yml served what the stage node staged (site_models), not the inventory's demo model
-    labels = [e["event_data"].get("task", "") for e in deploy.events if e.get("event") == "playbook_on_task_start"]
-    assert any("served-by-workflow@r2" in t for t in labels), labels
+    # ... and site.yml staged what the stage node staged (site_models), not the inventory's demo model
+    tasks = [e["event_data"].get("task", "") for e in deploy.events if e.get("event") == "playbook_on_task_start"]
+    assert any("served-by-workflow@r2" in t for t in tasks), tasks
+    assert not any("tiny-llama@" in t for t in tasks), tasks
+
+
+def test_the_workflow_runs_deploy_and_verify_as_check_jobs(workflow_jobs):
+    jobs = workflow_jobs
+    assert list(jobs) == ["stage", "deploy", "verify"], "\n".join("%s: %s" % (k, j.summary(800)) for k, j in jobs.items())
+    for job in jobs.values():
+        _assert_ok(job)
+    deploy, verify = jobs["deploy"], jobs["verify"]
     assert deploy.artifacts["llmops_engine_url"].startswith("http://127.0.0.1:")
     assert deploy.artifacts["llmops_engine_name"] == "vllm"
     # the verify node received both ancestors' artifacts
