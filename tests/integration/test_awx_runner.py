@@ -146,6 +146,9 @@ def test_the_workflow_hands_the_stage_artifacts_to_the_deploy_node(workflow_jobs
     assert not any("tiny-llama@" in t for t in tasks), tasks
 
 
+@pytest.mark.xfail(strict=True, reason="issue 13 item 2: site.yml and verify_transport.yml do not yet run as standalone "
+                   "Check jobs (the engine probe reads engine_proc.started_at of an engine check mode never started; "
+                   "verify needs the staged path from an earlier play); strict, so it fails the day they do")
 def test_the_workflow_runs_deploy_and_verify_as_check_jobs(workflow_jobs):
     jobs = workflow_jobs
     assert list(jobs) == ["stage", "deploy", "verify"], "\n".join("%s: %s" % (k, j.summary(800)) for k, j in jobs.items())
