@@ -228,6 +228,11 @@ def _wait_for(check, timeout=20):
         time.sleep(0.05)
 
 
+def _proc_state(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 def _listens(port):
     def check():
         try:
@@ -315,6 +320,8 @@ def test_local_sigstop_is_hung_and_healthy_again_after_sigcont(run_module, tmp_p
         r = _until_healthy(run_module, tmp_path, "eng")
         assert r["verdict"] == "healthy" and "answered 200" in r["summary"]
         os.kill(pid, signal.SIGSTOP)
+        # signal delivery is asynchronous: diagnose once the kernel shows the process stopped (proc(5) state T)
+        _wait_for(lambda: _proc_state(pid) in ("T", "t"))
         r = _diagnose(run_module, tmp_path, "eng")
         assert r["verdict"] == "engine_hung"
         assert "pid %d" % pid in r["summary"] and "(stopped)" in r["summary"]
