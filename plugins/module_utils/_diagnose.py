@@ -26,10 +26,9 @@ import json
 import os
 import re
 import signal as _signal
-import socket
 import time
 
-from ansible_collections.llmops.serving.plugins.module_utils import _k8s_names, _k8s_wait, _process, _secrets
+from ansible_collections.llmops.serving.plugins.module_utils import _http, _k8s_names, _k8s_wait, _process, _secrets
 
 # --------------------------------------------------------------------------------------------- #
 # Codes
@@ -1395,24 +1394,23 @@ def port_holders(port, proc_root="/proc"):
 
 
 def probe_health(host, port, timeout):
-    """One ``GET /health``: ``{"result": ok|refused|no_answer|status, "status": N, "seconds": s}``."""
-    import http.client  # pylint: disable=import-outside-toplevel
-
+    """One ``GET /health`` (through ``_http``): ``{"result": ok|refused|no_answer|status|error, "status": N, "seconds": s}``."""
     if host in (None, "", "0.0.0.0", "::", "[::]"):
         host = "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = "[%s]" % host
     t0 = time.monotonic()
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
-        conn.request("GET", "/health")
-        status = conn.getresponse().status
-    except ConnectionRefusedError:
-        return {"result": "refused", "seconds": time.monotonic() - t0}
-    except (socket.timeout, TimeoutError):
-        return {"result": "no_answer", "seconds": time.monotonic() - t0}
-    except (OSError, http.client.HTTPException) as e:
-        return {"result": "error", "error": type(e).__name__, "seconds": time.monotonic() - t0}
-    finally:
-        conn.close()
+        status = _http.request("GET", "http://%s:%d/health" % (host, port), timeout=timeout).status
+    except _http.HttpError as e:
+        if e.status is not None:
+            status = e.status
+        elif e.refused:
+            return {"result": "refused", "seconds": time.monotonic() - t0}
+        elif e.timed_out:
+            return {"result": "no_answer", "seconds": time.monotonic() - t0}
+        else:
+            return {"result": "error", "error": e.reason, "seconds": time.monotonic() - t0}
     return {"result": "ok" if status == 200 else "status", "status": status, "seconds": time.monotonic() - t0}
 
 
