@@ -28,7 +28,7 @@ import re
 import signal as _signal
 import time
 
-from ansible_collections.llmops.serving.plugins.module_utils import _http, _k8s_names, _k8s_wait, _process, _secrets
+from ansible_collections.llmops.serving.plugins.module_utils import _http, _k8s_names, _k8s_wait, _process, _secrets, _timeline
 
 # --------------------------------------------------------------------------------------------- #
 # Codes
@@ -136,7 +136,7 @@ def _fmt_s(seconds):
 
 def _time(value):
     try:
-        return _k8s_wait.parse_time(value)
+        return _timeline.parse_time(value)
     except (TypeError, ValueError):
         return None
 
