@@ -10,6 +10,10 @@ safetensors header byte for byte against the source's, sha256 against the manife
 and mtime, is fsynced and renamed to its name, and is then recorded in the partial dir's journal. The first
 failure cancels the other streams at their next chunk and removes their in-flight files.
 
+With ``piece_size`` set, every copied file also gets the sha256 of each ``piece_size`` piece of the bytes read
+from the source (``piece_digests[path]``, hashed in the buffers the copy already holds, in every verify mode);
+:meth:`Copier.digest_copies` reads them back from the copies a previous run completed, for a resumed run.
+
 The bytes move through :class:`RawFile`: O_DIRECT on both ends where the filesystem allows it (one aligned
 buffer per stream, hashed there in sha256 mode, no page-cache copy), buffered where it refuses O_DIRECT at
 open or later, or for an unaligned tail. Between two buffered files the kernel copies (``copy_file_range``,
@@ -48,7 +52,13 @@ class Copier:
     """
 
     def __init__(self, src, partial, mode, content, streams, slots, progress, do_fsync, direct_io=True,
-                 journal=None):
+                 journal=None, piece_size=None):
+        if piece_size is not None and (isinstance(piece_size, bool) or not isinstance(piece_size, int)
+                                       or piece_size <= 0 or piece_size % DIRECT_ALIGN):
+            raise StageError("piece_size: must be a positive multiple of %d bytes (got %r); use e.g. %d (64 MiB)"
+                             % (DIRECT_ALIGN, piece_size, 64 << 20))
+        self.piece_size = piece_size
+        self.piece_digests = {}
         self.src = src
         self.direct_io = direct_io
         self.direct_files = 0
@@ -87,6 +97,59 @@ class Copier:
         if errors:
             raise errors[0]
 
+    def digest_copies(self, rels):
+        """Piece digests of files a previous run completed in the partial dir, which a resumed run reuses without
+        copying: read back from those copies (the bytes that run read from the source), ``streams`` at a time.
+        Fills ``piece_digests`` for each path and returns it."""
+        if not self.piece_size:
+            raise StageError("piece_size: digest_copies needs the Copier's piece_size set")
+        errors = []
+
+        def one(rel):
+            if self.cancel.is_set():
+                return
+            try:
+                pieces = self._digest_file(_paths.contained(self.partial, rel, "src"))
+                with self._lock:
+                    self.piece_digests[rel] = pieces
+            except BaseException as e:
+                self.cancel.set()
+                errors.append(e)
+
+        rels = list(rels)
+        with ThreadPoolExecutor(max_workers=max(1, min(self.streams, len(rels) or 1))) as pool:
+            for fut in [pool.submit(one, rel) for rel in rels]:
+                fut.result()
+        if errors:
+            e = errors[0]
+            if isinstance(e, OSError):
+                raise StageError("reading back %s for its piece digests failed: %s" % (e.filename, e))
+            raise e
+        return self.piece_digests
+
+    def _digest_file(self, path):
+        fin = RawFile(path, os.O_RDONLY, self.direct_io)
+        ph = PieceHasher(self.piece_size)
+        buf = mmap.mmap(-1, DIRECT_BUF)
+        try:
+            size = os.fstat(fin.fd).st_size
+            offset = 0
+            with memoryview(buf) as mv:
+                while offset < size:
+                    self._check_cancel()
+                    with mv[:DIRECT_BUF if fin.direct else HASH_BUF] as target:
+                        n = min(fin.read_at(target, offset), size - offset)
+                    if n <= 0:
+                        raise StageError("%s ended early at byte %d of %d while reading back its piece digests"
+                                         % (path, offset, size))
+                    with mv[:n] as chunk:
+                        ph.update(chunk)
+                    offset += n
+        finally:
+            buf.close()
+            fin.close()
+        return ph.finish()
+
     def _one_guarded(self, f, errors):
         if self.cancel.is_set():
             return
@@ -104,7 +167,7 @@ class Copier:
         os.makedirs(os.path.dirname(final), exist_ok=True)
         lease = self.slots.acquire() if self.slots else None
         try:
-            digest = self._copy(src_path, tmp, f)
+            digest, pieces = self._copy(src_path, tmp, f)
         except OSError as e:
             _stage_layout.try_unlink(tmp)
             if e.errno == errno.ENOSPC:
@@ -138,12 +201,14 @@ class Copier:
                                  digest if self.mode == "sha256" else None)
         with self._lock:
             self.records[rel] = rec
+            if pieces is not None:
+                self.piece_digests[rel] = pieces
         if self.journal:
             self.journal.append(rec)
         self.progress.add(files=1)
 
     def _copy(self, src_path, tmp, f):
-        """Copy one file; returns its sha256 in sha256 mode (computed from the single read).
+        """Copy one file; returns ``(sha256 in sha256 mode, piece digests with piece_size)`` from the single read.
 
         With ``direct_io`` both ends use O_DIRECT where the filesystem allows it: the data goes from the
         device into one aligned buffer (hashed there in sha256 mode) and back out without a page-cache copy,
@@ -160,10 +225,10 @@ class Copier:
             try:
                 if not fin.direct:
                     _fadvise(fin.fd, getattr(os, "POSIX_FADV_SEQUENTIAL", None))
-                if fin.direct or fout.direct or self.mode == "sha256":
-                    digest = self._copy_user(fin, fout, size, src_path)
+                if fin.direct or fout.direct or self.mode == "sha256" or self.piece_size:
+                    digest, pieces = self._copy_user(fin, fout, size, src_path)
                 else:
-                    digest = None
+                    digest, pieces = None, None
                     self._copy_kernel(fin, fout, size, src_path)
                 if fin.went_direct and fout.went_direct:
                     with self._lock:
@@ -174,7 +239,7 @@ class Copier:
                 fout.close()
             if not fin.direct:
                 _fadvise(fin.fd, getattr(os, "POSIX_FADV_DONTNEED", None))  # src pages are not needed again
-            return digest
+            return digest, pieces
         finally:
             self._leave()
             fin.close()
@@ -182,6 +247,7 @@ class Copier:
     def _copy_user(self, fin, fout, size, src_path, offset=0):
         """Read into one aligned buffer, hash it in sha256 mode, write it out (from ``offset`` on)."""
         h = hashlib.sha256() if self.mode == "sha256" else None
+        ph = PieceHasher(self.piece_size) if self.piece_size else None
         buf = mmap.mmap(-1, DIRECT_BUF)  # anonymous mappings are page-aligned, as O_DIRECT needs
         try:
             with memoryview(buf) as mv:
@@ -195,12 +261,14 @@ class Copier:
                     with mv[:n] as chunk:
                         if h is not None:
                             h.update(chunk)
+                        if ph is not None:
+                            ph.update(chunk)
                         fout.write_at(chunk, offset)
                     offset += n
                     self.progress.add(n)
         finally:
             buf.close()
-        return h.hexdigest() if h is not None else None
+        return (h.hexdigest() if h is not None else None), (ph.finish() if ph is not None else None)
 
     def _check_cancel(self):
         if self.cancel.is_set():
@@ -232,6 +300,36 @@ class Copier:
                 raise _safetensors.CheckpointError(src_path, "file ended early at byte %d of %d" % (offset, size))
             offset += n
             self.progress.add(n)
+
+
+class PieceHasher:
+    """sha256 of each ``piece_size`` piece of a byte stream fed in order: piece i is bytes
+    ``[i * piece_size, min((i + 1) * piece_size, size))``; an empty stream has no pieces."""
+
+    def __init__(self, piece_size):
+        self.piece_size = piece_size
+        self.digests = []
+        self._h = hashlib.sha256()
+        self._fill = 0
+
+    def update(self, data):
+        with memoryview(data) as mv:
+            pos, n = 0, len(mv)
+            while pos < n:
+                take = min(n - pos, self.piece_size - self._fill)
+                with mv[pos:pos + take] as part:
+                    self._h.update(part)
+                self._fill += take
+                pos += take
+                if self._fill == self.piece_size:
+                    self.digests.append(self._h.hexdigest())
+                    self._h, self._fill = hashlib.sha256(), 0
+
+    def finish(self):
+        if self._fill:
+            self.digests.append(self._h.hexdigest())
+            self._h, self._fill = hashlib.sha256(), 0
+        return self.digests
 
 
 class RawFile:
