@@ -6,7 +6,8 @@
 Two files hold the record, both made of :class:`FileRecord` entries:
 
 * ``<dest>/.llmops-staged.json``, the completion marker: ``format``, ``source`` (real path of src), ``verify``,
-  ``host``, ``staged_at`` and ``files``. It is written into ``<dest>.partial`` and published with it.
+  ``host``, ``staged_at``, ``files`` and, where files carry piece digests, ``piece_size``. Format 3 adds the
+  piece digests; a format 2 marker is read as before (its files simply have none). It is written into ``<dest>.partial`` and published with it.
 * ``<dest>.partial/.llmops-staged.journal``: one JSON line per file completed in the partial dir, so a resumed
   run (possibly from another source) knows where each file came from.
 
@@ -19,7 +20,11 @@ A :class:`FileRecord` identifies one copied file by content and by identity:
   revision's file with the same size and mtime does not match;
 * ``copy``: the copy's ``ino``, ``size``, ``mtime_ns`` and ``ctime_ns`` once it reached its final place, so a
   re-run sees with one ``lstat`` whether the copy was removed, resized or rewritten since;
-* ``verify``: the strongest check this copy passed.
+* ``verify``: the strongest check this copy passed;
+* ``pieces`` (format 3, optional): the sha256 of each ``piece_size`` piece of the file, computed from the bytes
+  read from the source while copying (or read back from a copy this module made and still proves intact). They
+  let peers hand the file on piece by piece (``_stage_fanout``); a record without them is as valid as before,
+  it only cannot seed peers until its pieces are read back.
 
 The rules (used by every path that decides to keep a file instead of copying it):
 
@@ -49,11 +54,13 @@ MARKER = ".llmops-staged.json"
 JOURNAL = ".llmops-staged.journal"
 RESERVED_TOP = ".llmops-staged"   # top-level names starting with this belong to model_stage
 PART_SUFFIX = ".llmops-part"      # a file being written
-MARKER_FORMAT = 2
+MARKER_FORMAT = 3
+READ_FORMATS = (2, 3)             # format 2: the same, without piece digests
 VERIFY_MODES = ("size", "headers", "sha256")
 MAX_MARKER_BYTES = 256 * 1024 * 1024
 MAX_CHECKSUMS_BYTES = 64 * 1024 * 1024
 _HEX = frozenset("0123456789abcdef")
+PIECE_ALIGN = 4096                # piece boundaries stay O_DIRECT-aligned
 
 
 class StageError(Exception):
@@ -116,12 +123,37 @@ def _digest(doc, key, where):
     return v
 
 
+def piece_count(size, piece_size):
+    """Pieces of a ``size``-byte file: piece i is bytes ``[i * piece_size, min((i + 1) * piece_size, size))``."""
+    return (size + piece_size - 1) // piece_size
+
+
+def valid_piece_size(v):
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0 and v % PIECE_ALIGN == 0
+
+
+def _pieces(doc, size, piece_size, where):
+    v = doc.get("pieces")
+    if v is None:
+        return None
+    if piece_size is None:
+        raise RecordError("%s: pieces without a piece_size" % where)
+    if not isinstance(v, list) or len(v) != piece_count(size, piece_size):
+        raise RecordError("%s: pieces must list %d digests (%d bytes in %d-byte pieces)"
+                          % (where, piece_count(size, piece_size), size, piece_size))
+    for d in v:
+        if not isinstance(d, str) or len(d) != 64 or not set(d) <= _HEX:
+            raise RecordError("%s: pieces must be 64 lowercase hex digits each" % where)
+    return v
+
+
 class FileRecord(object):
     """What is known about one staged file (see the module docstring)."""
 
-    __slots__ = ("path", "size", "src", "copy", "verify", "header_sha256", "sha256")
+    __slots__ = ("path", "size", "src", "copy", "verify", "header_sha256", "sha256", "pieces", "piece_size")
 
-    def __init__(self, path, size, src, copy, verify, header_sha256=None, sha256=None):
+    def __init__(self, path, size, src, copy, verify, header_sha256=None, sha256=None, pieces=None,
+                 piece_size=None):
         self.path = path
         self.size = size
         self.src = tuple(src)
@@ -129,6 +161,19 @@ class FileRecord(object):
         self.verify = verify
         self.header_sha256 = header_sha256
         self.sha256 = sha256
+        self.pieces = list(pieces) if pieces is not None else None
+        self.piece_size = piece_size if pieces is not None else None
+
+    def has_pieces(self, piece_size):
+        """The record carries the digests of every ``piece_size`` piece of the file."""
+        return self.pieces is not None and self.piece_size == piece_size
+
+    def set_pieces(self, pieces, piece_size):
+        if pieces is not None and len(pieces) != piece_count(self.size, piece_size):
+            raise ValueError("%s: %d piece digests for %d bytes in %d-byte pieces"
+                             % (self.path, len(pieces), self.size, piece_size))
+        self.pieces = list(pieces) if pieces is not None else None
+        self.piece_size = piece_size if pieces is not None else None
 
     def to_json(self):
         d = {"path": self.path, "size": self.size, "verify": self.verify,
@@ -138,10 +183,12 @@ class FileRecord(object):
             d["header_sha256"] = self.header_sha256
         if self.sha256:
             d["sha256"] = self.sha256
+        if self.pieces is not None:
+            d["pieces"] = list(self.pieces)
         return d
 
     @classmethod
-    def from_json(cls, doc, where):
+    def from_json(cls, doc, where, piece_size=None):
         if not isinstance(doc, dict):
             raise RecordError("%s: entry is not an object" % where)
         path = doc.get("path")
@@ -155,10 +202,13 @@ class FileRecord(object):
         src, copy = doc.get("src"), doc.get("copy")
         if not isinstance(src, dict) or not isinstance(copy, dict):
             raise RecordError("%s: src and copy must be objects" % where)
-        return cls(path, _uint(doc, "size", where),
+        size = _uint(doc, "size", where)
+        pieces = _pieces(doc, size, piece_size, where)
+        return cls(path, size,
                    tuple(_uint(src, k, where + " src") for k in ("dev", "ino", "mtime_ns", "ctime_ns")),
                    tuple(_uint(copy, k, where + " copy") for k in ("ino", "size", "mtime_ns", "ctime_ns")),
-                   doc["verify"], _digest(doc, "header_sha256", where), _digest(doc, "sha256", where))
+                   doc["verify"], _digest(doc, "header_sha256", where), _digest(doc, "sha256", where),
+                   pieces, piece_size if pieces is not None else None)
 
     def damage(self, root):
         """Why the copy of this file under ``root`` is not the one recorded, or None when it is intact."""
@@ -195,8 +245,9 @@ class FileRecord(object):
 
 
 class Marker(object):
-    def __init__(self, source, verify, staged_at, records):
+    def __init__(self, source, verify, staged_at, records, piece_size=None):
         self.source = source
+        self.piece_size = piece_size
         self.verify = verify
         self.staged_at = staged_at
         self.records = records          # list, in file order
@@ -217,9 +268,13 @@ def parse_marker(doc, where):
     if not isinstance(doc, dict):
         raise RecordError("%s is not a JSON object" % where)
     fmt = doc.get("format")
-    if fmt != MARKER_FORMAT:
-        raise RecordError("%s has format %r, this version records format %d (content identity and copy stats)"
-                          % (where, fmt if isinstance(fmt, int) else type(fmt).__name__, MARKER_FORMAT))
+    if fmt not in READ_FORMATS or isinstance(fmt, bool):
+        raise RecordError("%s has format %r, this version reads formats %s (content identity and copy stats)"
+                          % (where, fmt if isinstance(fmt, int) else type(fmt).__name__,
+                             " and ".join(str(x) for x in READ_FORMATS)))
+    piece_size = doc.get("piece_size")
+    if piece_size is not None and (fmt < 3 or not valid_piece_size(piece_size)):
+        raise RecordError("%s: piece_size must be a positive multiple of %d" % (where, PIECE_ALIGN))
     source = doc.get("source")
     if not isinstance(source, str) or not source.startswith("/"):
         raise RecordError("%s: source must be an absolute path" % where)
@@ -233,12 +288,12 @@ def parse_marker(doc, where):
         raise RecordError("%s: files must be a list" % where)
     records, seen = [], set()
     for i, entry in enumerate(files):
-        r = FileRecord.from_json(entry, "%s files[%d]" % (where, i))
+        r = FileRecord.from_json(entry, "%s files[%d]" % (where, i), piece_size)
         if r.path in seen:
             raise RecordError("%s lists %s twice" % (where, r.path))
         seen.add(r.path)
         records.append(r)
-    return Marker(source, doc["verify"], float(staged_at), records)
+    return Marker(source, doc["verify"], float(staged_at), records, piece_size)
 
 
 def _read_json_file(path, limit):
@@ -281,10 +336,26 @@ def read_marker(directory):
         return MarkerState("bad", reason=msg if msg.startswith(path) else "%s %s" % (path, msg))
 
 
+def marker_piece_size(records):
+    """The one piece size of the records that carry pieces (None when none does); records with another piece
+    size lose their pieces in the marker (a marker has one piece size)."""
+    sizes = [r.piece_size for r in records if r.pieces is not None]
+    return max(set(sizes), key=sizes.count) if sizes else None
+
+
 def write_marker(directory, source, verify, records, fsync=True):
     """Write the marker into ``directory`` atomically (``_fsutil.atomic_write_json``)."""
+    piece_size = marker_piece_size(records)
+    files = []
+    for r in records:
+        d = r.to_json()
+        if r.piece_size != piece_size:
+            d.pop("pieces", None)
+        files.append(d)
     doc = {"format": MARKER_FORMAT, "source": source, "verify": verify, "host": socket.gethostname(),
-           "staged_at": time.time(), "files": [r.to_json() for r in records]}
+           "staged_at": time.time(), "files": files}
+    if piece_size:
+        doc["piece_size"] = piece_size
     _fsutil.atomic_write_json(os.path.join(directory, MARKER), doc, mode=0o644, fsync=fsync, indent=1, sort_keys=True)
 
 
@@ -300,6 +371,8 @@ class Journal(object):
     def append(self, record):
         d = record.to_json()
         d["source"] = self.source
+        if record.pieces is not None:
+            d["piece_size"] = record.piece_size
         line = (json.dumps(d, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")
         with self._lock:
             os.write(self.fd, line)
@@ -331,7 +404,8 @@ def partial_records(partial):
             continue
         try:
             doc = json.loads(line.decode("utf-8"))
-            rec = FileRecord.from_json(doc, "%s line %d" % (path, i + 1))
+            ps = doc.get("piece_size") if isinstance(doc, dict) else None
+            rec = FileRecord.from_json(doc, "%s line %d" % (path, i + 1), ps if valid_piece_size(ps) else None)
             source = doc.get("source")
             if not isinstance(source, str) or not source.startswith("/"):
                 continue

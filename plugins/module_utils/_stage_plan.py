@@ -119,7 +119,8 @@ def check_upgrades(plan, lay, files, content, verify):
                                                          % (verify, e.reason)})
             continue
         plan.keep[rel] = _marker.FileRecord(rel, rec.size, rec.src, rec.copy, content.level(rel, verify),
-                                            content.header_digests.get(rel) or rec.header_sha256, sha)
+                                            content.header_digests.get(rel) or rec.header_sha256, sha,
+                                            rec.pieces, rec.piece_size)
         plan.refresh = True
     plan.upgrade = {}
 
@@ -128,7 +129,7 @@ def kept_record(rec, f, content, copy=None):
     """The record of a kept copy, with the current source identity."""
     return _marker.FileRecord(f["path"], f["size"], _verify.ident(f), copy or rec.copy, rec.verify,
                               (content.header_digests.get(f["path"]) if content else None) or rec.header_sha256,
-                              rec.sha256)
+                              rec.sha256, rec.pieces, rec.piece_size)
 
 
 def partial_reusable(partial, files, src_real, verify, content):
