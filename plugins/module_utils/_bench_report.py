@@ -1,0 +1,663 @@
+# -*- coding: utf-8 -*-
+# Copyright: llmops.serving contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""**PRIVATE** to llmops.serving: the serving benchmark report: JSON document, Markdown and PNG plots.
+
+* :func:`build` - the report document (``schema`` :data:`SCHEMA`) from the targets, the cells made by
+  ``_bench_stats.cell``, the run's metadata, the A/B comparisons, the cold-start timelines and where a
+  run stopped; it carries the caveats generated from that data and is validated before it is returned.
+* :func:`validate` - raises ValueError naming the field path (``cells[2].p95_ttft_ms_ci95``) and the fix.
+* :func:`caveats` - what the data does not prove, as ``{code, text}`` items, from the data itself.
+* :func:`markdown` - tables per target (concurrency x length pair), transport evidence, the A/B table,
+  cold-start phases and the "What this does not prove" section.
+* :func:`plots` - PNGs (matplotlib, Agg backend, imported only here): p95 latency vs concurrency with the
+  95 % intervals, output throughput vs concurrency, the A/B deltas with their intervals, cold-start phases.
+* :func:`write` - ``report.json``, ``report.md`` and the PNGs into a directory, each written atomically
+  (``_fsutil``); everything is rendered before the first file is written.
+
+Document layout (``schema`` 1)::
+
+    schema: 1
+    targets: [{name, url, model, ...}]
+    cells: [{target, concurrency, input_len, output_len, requests, failed, samples: [...], rounds: [...],
+             p95_<m>_ms_pooled, p95_<m>_ms_mean_of_seeds, p95_<m>_ms_ci95: [low, high] | null,
+             unstable, unstable_reasons, output_tok_s_mean, ..., evidence: [...], evidence_summary}]
+    meta: {protocol: {...knobs}, client_host, client_same_host, started, ended, ...}
+    comparisons: [{metric, target_a, target_b, concurrency, input_len, output_len, a, b, delta_ms,
+                   ratio, delta_ci95, verdict}]
+    coldstart: {states: [{state, reps: [{phases: {name: seconds}, total_s, marks}]}]} | null
+    stopped: {reason, after_round, of_rounds} | null
+    caveats: [{code, text}]
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+
+from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _units
+
+SCHEMA = 1
+METRICS = ("ttft", "tpot", "e2el")
+LABELS = {"ttft": "TTFT", "tpot": "TPOT", "e2el": "E2EL", "itl": "ITL"}
+VERDICTS = ("differs", "cannot tell")
+#: Fewer successful requests than this in a round: its p95 is one of its two largest values.
+FEW_REQUESTS = 30
+#: Fewer successful requests than this in a cell: the percentile bootstrap of a p95 covers the truth less
+#: often than 95 % (measured on lognormal latencies: about 87 % at 80 requests, about 94 % at 200).
+CI_MIN_REQUESTS = 100
+#: Cold-start repetitions per state below this cannot show the spread of a start.
+COLDSTART_MIN_REPS = 3
+
+
+# --------------------------------------------------------------------------------------------------
+# Validation
+
+
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _fail(path, msg):
+    raise ValueError("%s: %s" % (path, msg))
+
+
+def _need(doc, key, path):
+    if not isinstance(doc, dict):
+        _fail(path, "expected a mapping, got %s" % type(doc).__name__)
+    if key not in doc:
+        _fail("%s.%s" % (path, key) if path else key, "missing; the report needs it")
+    return doc[key]
+
+
+def _number_or_none(v, path):
+    if v is not None and not _is_number(v):
+        _fail(path, "expected a finite number or null, got %r" % (v,))
+
+
+def _interval_or_none(v, path):
+    if v is None:
+        return
+    if not isinstance(v, (list, tuple)) or len(v) != 2 or not all(_is_number(x) for x in v):
+        _fail(path, "expected [low, high] (two finite numbers) or null, got %r" % (v,))
+    if v[0] > v[1]:
+        _fail(path, "low %r is above high %r" % (v[0], v[1]))
+
+
+def _finite_everywhere(v, path):
+    """JSON has no NaN or infinity: every float anywhere in the document must be finite."""
+    if isinstance(v, float) and not math.isfinite(v):
+        _fail(path, "%r cannot be written as JSON; a statistic without data is null" % v)
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            if not isinstance(k, str):
+                _fail(path, "key %r is not a string" % (k,))
+            _finite_everywhere(x, "%s.%s" % (path, k) if path else k)
+    elif isinstance(v, (list, tuple)):
+        for i, x in enumerate(v):
+            _finite_everywhere(x, "%s[%d]" % (path, i))
+
+
+def _validate_cell(c, path, names):
+    target = _need(c, "target", path)
+    if target not in names:
+        _fail(path + ".target", "%r is not one of the report's targets (%s)" % (target, ", ".join(sorted(names))))
+    for k in ("concurrency", "input_len", "output_len"):
+        v = _need(c, k, path)
+        if not _is_int(v) or v < 1:
+            _fail("%s.%s" % (path, k), "expected a positive integer, got %r" % (v,))
+    for k in ("requests", "failed"):
+        v = _need(c, k, path)
+        if not _is_int(v) or v < 0:
+            _fail("%s.%s" % (path, k), "expected a non-negative integer, got %r" % (v,))
+    if c["failed"] > c["requests"]:
+        _fail(path + ".failed", "%d failed requests out of %d sent" % (c["failed"], c["requests"]))
+    samples = _need(c, "samples", path)
+    if not isinstance(samples, list):
+        _fail(path + ".samples", "expected the list of per-request samples, got %s" % type(samples).__name__)
+    for i, s in enumerate(samples):
+        sp = "%s.samples[%d]" % (path, i)
+        for k in ("ttft_ms", "tpot_ms", "e2el_ms"):
+            _number_or_none(_need(s, k, sp), "%s.%s" % (sp, k))
+        seed = _need(s, "seed", sp)
+        if seed is not None and not _is_int(seed):
+            _fail(sp + ".seed", "expected an integer, got %r" % (seed,))
+    for m in METRICS:
+        _number_or_none(_need(c, "p95_%s_ms_pooled" % m, path), "%s.p95_%s_ms_pooled" % (path, m))
+        _number_or_none(_need(c, "p95_%s_ms_mean_of_seeds" % m, path), "%s.p95_%s_ms_mean_of_seeds" % (path, m))
+        _interval_or_none(_need(c, "p95_%s_ms_ci95" % m, path), "%s.p95_%s_ms_ci95" % (path, m))
+    if not isinstance(_need(c, "unstable", path), bool):
+        _fail(path + ".unstable", "expected true or false, got %r" % (c["unstable"],))
+    rounds = c.get("rounds", [])
+    if not isinstance(rounds, list) or not all(isinstance(r, dict) for r in rounds):
+        _fail(path + ".rounds", "expected a list of round summaries")
+
+
+def _validate_coldstart(cs, path):
+    states = _need(cs, "states", path)
+    if not isinstance(states, list):
+        _fail(path + ".states", "expected a list of {state, reps}")
+    for i, st in enumerate(states):
+        sp = "%s.states[%d]" % (path, i)
+        if not isinstance(_need(st, "state", sp), str) or not st["state"]:
+            _fail(sp + ".state", "expected the state's name, got %r" % (st["state"],))
+        reps = _need(st, "reps", sp)
+        if not isinstance(reps, list):
+            _fail(sp + ".reps", "expected a list of {phases, total_s, marks}")
+        for j, rep in enumerate(reps):
+            rp = "%s.reps[%d]" % (sp, j)
+            phases = _need(rep, "phases", rp)
+            if not isinstance(phases, dict):
+                _fail(rp + ".phases", "expected a mapping of phase name to seconds")
+            for name, v in phases.items():
+                _number_or_none(v, "%s.phases.%s" % (rp, name))
+                if v is not None and v < 0:
+                    _fail("%s.phases.%s" % (rp, name), "a phase cannot last %r seconds" % v)
+            _number_or_none(rep.get("total_s"), rp + ".total_s")
+
+
+def validate(report):
+    """Raise ValueError naming the first field path that does not follow schema :data:`SCHEMA`."""
+    if not isinstance(report, dict):
+        _fail("report", "expected a mapping, got %s" % type(report).__name__)
+    schema = _need(report, "schema", "")
+    if schema != SCHEMA or not _is_int(schema):
+        _fail("schema", "%r is not schema %d; this code reads and writes schema %d only" % (schema, SCHEMA, SCHEMA))
+    targets = _need(report, "targets", "")
+    if not isinstance(targets, list) or not targets:
+        _fail("targets", "expected a non-empty list of {name, url, model}")
+    names = set()
+    for i, t in enumerate(targets):
+        name = _need(t, "name", "targets[%d]" % i)
+        if not isinstance(name, str) or not name:
+            _fail("targets[%d].name" % i, "expected a non-empty string, got %r" % (name,))
+        if name in names:
+            _fail("targets[%d].name" % i, "%r names two targets; give each target its own name" % name)
+        names.add(name)
+    cells = _need(report, "cells", "")
+    if not isinstance(cells, list):
+        _fail("cells", "expected a list of cells")
+    seen = set()
+    for i, c in enumerate(cells):
+        _validate_cell(c, "cells[%d]" % i, names)
+        key = (c["target"], c["concurrency"], c["input_len"], c["output_len"])
+        if key in seen:
+            _fail("cells[%d]" % i, "a second cell for target %r, C=%d, %d/%d" % key)
+        seen.add(key)
+    if not isinstance(_need(report, "meta", ""), dict):
+        _fail("meta", "expected a mapping of the run's protocol and host")
+    comps = report.get("comparisons")
+    if comps is not None:
+        if not isinstance(comps, list):
+            _fail("comparisons", "expected a list of A/B comparisons or null")
+        for i, cp in enumerate(comps):
+            p = "comparisons[%d]" % i
+            if _need(cp, "metric", p) not in METRICS:
+                _fail(p + ".metric", "%r is not one of %s" % (cp["metric"], ", ".join(METRICS)))
+            for k in ("a", "b", "delta_ms"):
+                _number_or_none(_need(cp, k, p), "%s.%s" % (p, k))
+            _interval_or_none(_need(cp, "delta_ci95", p), p + ".delta_ci95")
+            if _need(cp, "verdict", p) not in VERDICTS:
+                _fail(p + ".verdict", "%r is not one of %s" % (cp["verdict"], ", ".join(VERDICTS)))
+    if report.get("coldstart") is not None:
+        _validate_coldstart(report["coldstart"], "coldstart")
+    stopped = report.get("stopped")
+    if stopped is not None:
+        if not isinstance(_need(stopped, "reason", "stopped"), str):
+            _fail("stopped.reason", "expected a sentence saying why the run stopped")
+        for k in ("after_round", "of_rounds"):
+            v = _need(stopped, k, "stopped")
+            if not _is_int(v) or v < 0:
+                _fail("stopped." + k, "expected a non-negative integer, got %r" % (v,))
+        if stopped["after_round"] > stopped["of_rounds"]:
+            _fail("stopped.after_round", "%d is past of_rounds %d" % (stopped["after_round"], stopped["of_rounds"]))
+    cav = report.get("caveats")
+    if cav is not None:
+        if not isinstance(cav, list) or not all(isinstance(x, dict) and isinstance(x.get("text"), str) for x in cav):
+            _fail("caveats", "expected a list of {code, text}")
+    _finite_everywhere(report, "")
+    return report
+
+
+# --------------------------------------------------------------------------------------------------
+# Caveats
+
+
+def _cell_name(c):
+    return "%s C=%d %d/%d" % (c["target"], c["concurrency"], c["input_len"], c["output_len"])
+
+
+def _some(names, n=4):
+    names = list(names)
+    return ", ".join(names[:n]) + (" and %d more" % (len(names) - n) if len(names) > n else "")
+
+
+def caveats(report):
+    """What the report's data does not prove: ``[{code, text}]``, generated from the cells, the meta, the
+    comparisons, the cold-start timelines and ``stopped``."""
+    out = []
+
+    def add(code, text):
+        out.append({"code": code, "text": text})
+
+    cells = report.get("cells") or []
+    meta = report.get("meta") or {}
+    protocol = meta.get("protocol") or {}
+    stopped = report.get("stopped")
+    if stopped:
+        add("stopped_early", "The run stopped after round %d of %d (%s): cells measured after that point are "
+            "missing and the ladder is incomplete." % (stopped["after_round"], stopped["of_rounds"], stopped["reason"]))
+    few = []
+    for c in cells:
+        per_round = [r.get("completed", r.get("requests", 0) - r.get("failed", 0)) for r in c.get("rounds") or []]
+        if per_round and min(per_round) < FEW_REQUESTS:
+            few.append((c, min(per_round)))
+    if few:
+        n = max(1, min(k for _c, k in few))
+        add("few_requests", "%d cell(s) have rounds with fewer than %d successful requests (%s): the p95 of "
+            "%d requests is read off its %d largest values, so it marks a trend, not a stable tail."
+            % (len(few), FEW_REQUESTS, _some("%s: %d" % (_cell_name(c), k) for c, k in few), n,
+               n - int(math.floor((n - 1) * 0.95))))
+    small = [c for c in cells if c.get("completed", c["requests"] - c["failed"]) < CI_MIN_REQUESTS]
+    if small:
+        add("narrow_interval", "%d cell(s) pool fewer than %d successful requests (%s): their bootstrap "
+            "interval of the p95 is too narrow (it cannot reach past the largest request seen); read it as a "
+            "lower bound on the uncertainty." % (len(small), CI_MIN_REQUESTS, _some(_cell_name(c) for c in small)))
+    unstable = [c for c in cells if c.get("unstable")]
+    if unstable:
+        add("unstable", "%d cell(s) are unstable, their rounds disagree by more than the threshold (%s): they "
+            "support no claim of a gain or a regression." % (len(unstable), _some(_cell_name(c) for c in unstable)))
+    single = [c for c in cells if len(c.get("rounds") or []) < 2]
+    if single:
+        add("one_round", "%d cell(s) have a single measured round (%s): nothing shows whether another seed "
+            "agrees, and the unstable check cannot run." % (len(single), _some(_cell_name(c) for c in single)))
+    failed = [c for c in cells if c.get("failed")]
+    if failed:
+        total = sum(c["failed"] for c in failed)
+        add("failed_requests", "%d request(s) failed in %d cell(s) (%s); latencies are over the successful "
+            "requests only, so a cell with failures looks better than what its users saw."
+            % (total, len(failed), _some("%s: %d" % (_cell_name(c), c["failed"]) for c in failed)))
+    if meta.get("client_same_host"):
+        add("client_same_host", "The load generator ran on the same host as the target (%s): it competed for CPU "
+            "with the engine and skipped the network path users take." % (meta.get("client_host") or "this host"))
+    if any(c.get("concurrency") for c in cells):
+        add("concurrency_not_users", "C is the client's maximum number of requests in flight, not a number of "
+            "users and not the server's batch size; real users arrive independently (a request-rate ladder "
+            "shows that).")
+    add("throughput_scope", "Output tok/s counts the round's generated tokens over its wall time, TTFT and "
+        "round trips included; it is not the steady decode rate (1000 / TPOT).")
+    pairs = sorted({(c["input_len"], c["output_len"]) for c in cells})
+    if len(pairs) == 1:
+        add("single_length", "Only one input/output length pair (%d/%d) was measured: long prompts, where "
+            "prefill and KV transfer dominate, may behave differently." % pairs[0])
+    if protocol.get("warmup_rounds") == 0:
+        add("no_warmup", "No warm-up round was run: the first round includes connection set-up, compile and "
+            "cache warm-up.")
+    comps = report.get("comparisons") or []
+    cannot = [cp for cp in comps if cp.get("verdict") == "cannot tell"]
+    if cannot:
+        add("cannot_tell", "%d of %d A/B comparison(s) cannot tell the targets apart (the interval of the "
+            "difference includes 0): %s. No gain or regression is shown there."
+            % (len(cannot), len(comps), _some("%s C=%s %s/%s" % (LABELS.get(cp["metric"], cp["metric"]),
+                                                                  cp.get("concurrency"), cp.get("input_len"),
+                                                                  cp.get("output_len")) for cp in cannot)))
+    if comps and protocol.get("interleave") is False:
+        add("not_interleaved", "A and B rounds were not interleaved: a noisy period may have hit one target only.")
+    if comps:
+        add("interval_scope", "Intervals resample requests within the measured rounds; they do not cover another "
+            "hour, another deployment or another client host.")
+    ev_cells = [c for c in cells if c.get("evidence")]
+    bad = [c for c in ev_cells if any(_verdict_status(e.get("verdict")) in ("fail", "error") for e in c["evidence"])]
+    if bad:
+        add("transport_verdict", "The transport check failed or could not decide in %d cell(s) (%s): their "
+            "latency is not evidence about the intended transport." % (len(bad), _some(_cell_name(c) for c in bad)))
+    if ev_cells:
+        add("kv_metric_scope", "KV bytes and NIXL rates are the engine's own counters summed over its ranks "
+            "(bytes / sum of transfer time), a framework-level figure for an A/B on one topology, not a NIC's line "
+            "rate.")
+    cs = report.get("coldstart")
+    if cs:
+        fewreps = [st for st in cs.get("states") or [] if len(st.get("reps") or []) < COLDSTART_MIN_REPS]
+        if fewreps:
+            add("coldstart_reps", "Cold-start state(s) %s have fewer than %d repetitions: one slow or fast start "
+                "decides the picture." % (_some("%s (%d)" % (st["state"], len(st.get("reps") or [])) for st in fewreps),
+                                           COLDSTART_MIN_REPS))
+    return out
+
+
+def _verdict_status(v):
+    if isinstance(v, dict):
+        return v.get("status")
+    return v
+
+
+# --------------------------------------------------------------------------------------------------
+# Build
+
+
+def build(targets, cells, meta, comparisons=None, coldstart=None, stopped=None):
+    """The validated report document; raises ValueError naming the field path that is wrong."""
+    report = {
+        "schema": SCHEMA,
+        "targets": [dict(t) if isinstance(t, dict) else t for t in (targets or [])],
+        "cells": list(cells or []),
+        "meta": dict(meta) if isinstance(meta, dict) else meta,
+        "comparisons": list(comparisons) if comparisons is not None else [],
+        "coldstart": coldstart,
+        "stopped": stopped,
+    }
+    validate(report)
+    report["caveats"] = caveats(report)
+    return report
+
+
+# --------------------------------------------------------------------------------------------------
+# Markdown
+
+
+def _f(v, fmt="%.1f"):
+    return "n/a" if v is None else fmt % v
+
+
+def _ci(v):
+    return "n/a" if not v else "[%.1f, %.1f]" % (v[0], v[1])
+
+
+def _latency(c, m):
+    return "%s / %s (%s) %s" % (_f(c.get("p50_%s_ms_pooled" % m)), _f(c.get("p95_%s_ms_pooled" % m)),
+                                _f(c.get("p95_%s_ms_mean_of_seeds" % m)), _ci(c.get("p95_%s_ms_ci95" % m)))
+
+
+def _sorted_cells(cells, target=None):
+    return sorted((c for c in cells if target is None or c["target"] == target),
+                  key=lambda c: (c["input_len"], c["output_len"], c["concurrency"]))
+
+
+def _bytes(v):
+    return "n/a" if v is None else _units.human_bytes(v)
+
+
+def _rate(v):
+    return "n/a" if v is None else "%s/s" % _units.human_bytes(v)
+
+
+def _transport_pairs(report):
+    """Cells of the first and second target at the same C and lengths, both with a NIXL rate."""
+    names = [t["name"] for t in report["targets"]]
+    if len(names) != 2:
+        return []
+    by = {}
+    for c in report["cells"]:
+        es = c.get("evidence_summary") or {}
+        if es.get("kv_rate_bytes_s"):
+            by[(c["target"], c["concurrency"], c["input_len"], c["output_len"])] = es["kv_rate_bytes_s"]
+    out = []
+    for (t, conc, i, o), ra in sorted(by.items(), key=lambda kv: (kv[0][2], kv[0][3], kv[0][1])):
+        if t == names[0] and (names[1], conc, i, o) in by:
+            rb = by[(names[1], conc, i, o)]
+            out.append((conc, i, o, ra, rb, rb / ra))
+    return out
+
+
+def markdown(report):
+    """The report as Markdown: protocol, per-target tables, transport evidence, A/B, cold start, caveats."""
+    lines = ["# Serving benchmark", ""]
+    meta = report.get("meta") or {}
+    stopped = report.get("stopped")
+    if stopped:
+        lines += ["**The run stopped after round %d of %d: %s.** The tables hold the rounds measured until then."
+                  % (stopped["after_round"], stopped["of_rounds"], stopped["reason"]), ""]
+    lines += ["| | |", "|---|---|"]
+    for k in ("started", "ended", "client_host", "client_same_host"):
+        if meta.get(k) is not None:
+            lines.append("| %s | %s |" % (k.replace("_", " "), meta[k]))
+    for k, v in sorted((meta.get("protocol") or {}).items()):
+        lines.append("| %s | %s |" % (k.replace("_", " "), v))
+    lines += ["", "Targets:", ""]
+    for t in report["targets"]:
+        lines.append("- **%s**: %s%s" % (t["name"], t.get("url") or "", (" (model %s)" % t["model"]) if t.get("model") else ""))
+    lines.append("")
+    cells = report["cells"]
+    if cells:
+        lines += ["Latency columns, in ms: p50 / p95 of all requests pooled (mean of the per-round p95s) "
+                  "[95 % bootstrap interval of the pooled p95].", ""]
+    for t in report["targets"]:
+        tc = _sorted_cells(cells, t["name"])
+        if not tc:
+            continue
+        lines += ["## %s" % t["name"], "",
+                  "| C | in/out | rounds | requests | failed | TTFT | TPOT | E2EL | out tok/s (min..max) | unstable |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        notes = []
+        for c in tc:
+            lines.append("| %d | %d/%d | %d | %d | %d | %s | %s | %s | %s (%s..%s) | %s |" % (
+                c["concurrency"], c["input_len"], c["output_len"], len(c.get("rounds") or []), c["requests"],
+                c["failed"], _latency(c, "ttft"), _latency(c, "tpot"), _latency(c, "e2el"),
+                _f(c.get("output_tok_s_mean")), _f(c.get("output_tok_s_min")), _f(c.get("output_tok_s_max")),
+                "**yes**" if c["unstable"] else "no"))
+            for r in c.get("unstable_reasons") or []:
+                notes.append("- C=%d %d/%d unstable: %s" % (c["concurrency"], c["input_len"], c["output_len"], r))
+        lines += [""] + notes + ([""] if notes else [])
+    ev = [c for c in _sorted_cells(cells) if c.get("evidence_summary")]
+    if ev:
+        lines += ["## Transport evidence", "",
+                  "KV bytes: the decode engine's NIXL counters; RDMA/TCP bytes: port counters over the same rounds; "
+                  "RDMA / KV near 1 or more means the KV went over RDMA, near 0 that it did not.", "",
+                  "| target | C | in/out | KV bytes moved | RDMA bytes | TCP bytes | RDMA / KV | NIXL rate | verdicts |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for c in ev:
+            es = c["evidence_summary"]
+            lines.append("| %s | %d | %d/%d | %s | %s | %s | %s | %s | %s |" % (
+                c["target"], c["concurrency"], c["input_len"], c["output_len"], _bytes(es.get("kv_bytes")),
+                _bytes(es.get("rdma_bytes")), _bytes(es.get("tcp_bytes")), _f(es.get("rdma_to_kv"), "%.2f×"),
+                _rate(es.get("kv_rate_bytes_s")), ", ".join(str(v) for v in es.get("verdicts") or []) or "n/a"))
+        pairs = _transport_pairs(report)
+        if pairs:
+            a, b = report["targets"][0]["name"], report["targets"][1]["name"]
+            lines += ["", "| C | in/out | NIXL rate %s | NIXL rate %s | %s / %s |" % (a, b, b, a), "|---|---|---|---|---|"]
+            for conc, i, o, ra, rb, ratio in pairs:
+                lines.append("| %d | %d/%d | %s | %s | %.1f× |" % (conc, i, o, _rate(ra), _rate(rb), ratio))
+        lines.append("")
+    comps = report.get("comparisons") or []
+    if comps:
+        lines += ["## A/B", "", "Pooled p95, ms; B − A with its 95 % bootstrap interval; \"differs\" only when the "
+                  "interval excludes 0.", "",
+                  "| metric | C | in/out | A | p95 A | B | p95 B | B − A [95 %] | B / A | verdict |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for cp in sorted(comps, key=lambda x: (x.get("input_len") or 0, x.get("output_len") or 0,
+                                               x.get("concurrency") or 0, METRICS.index(x["metric"]))):
+            lines.append("| %s | %s | %s/%s | %s | %s | %s | %s | %s %s | %s | **%s** |" % (
+                LABELS[cp["metric"]], cp.get("concurrency"), cp.get("input_len"), cp.get("output_len"),
+                cp.get("target_a"), _f(cp["a"]), cp.get("target_b"), _f(cp["b"]), _f(cp["delta_ms"], "%+.1f"),
+                _ci(cp["delta_ci95"]), _f(cp.get("ratio"), "%.2f"), cp["verdict"]))
+        lines.append("")
+    cs = report.get("coldstart")
+    if cs and cs.get("states"):
+        phases = _phase_names(cs)
+        lines += ["## Cold start", "", "Seconds per phase of each start.", "",
+                  "| state | rep | %s | total |" % " | ".join(phases), "|---|---|%s---|" % ("---|" * len(phases))]
+        for st in cs["states"]:
+            for j, rep in enumerate(st.get("reps") or []):
+                lines.append("| %s | %d | %s | %s |" % (st["state"], j + 1, " | ".join(
+                    _f(rep["phases"].get(p)) for p in phases), _f(rep.get("total_s"))))
+        lines.append("")
+    cav = report.get("caveats")
+    if cav is None:
+        cav = caveats(report)
+    lines += ["## What this does not prove", ""] + ["- " + c["text"] for c in cav] + [""]
+    return "\n".join(lines)
+
+
+def _phase_names(cs):
+    names = []
+    for st in cs.get("states") or []:
+        for rep in st.get("reps") or []:
+            for p in rep.get("phases") or {}:
+                if p not in names:
+                    names.append(p)
+    return names
+
+
+# --------------------------------------------------------------------------------------------------
+# Plots
+
+
+def _series(cells):
+    """``{(target, input_len, output_len): [cell, ...] sorted by concurrency}``."""
+    out = {}
+    for c in cells:
+        out.setdefault((c["target"], c["input_len"], c["output_len"]), []).append(c)
+    for v in out.values():
+        v.sort(key=lambda c: c["concurrency"])
+    return dict(sorted(out.items()))
+
+
+def _figures(report):
+    """``[(file name, matplotlib figure)]``; matplotlib is imported here only (the Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figs = []
+    series = _series(report["cells"])
+    if series:
+        fig, axes = plt.subplots(1, len(METRICS), figsize=(5 * len(METRICS), 4.2))
+        for ax, m in zip(axes, METRICS):
+            for (t, i, o), cs in series.items():
+                xs, ys, lo, hi = [], [], [], []
+                for c in cs:
+                    y = c.get("p95_%s_ms_pooled" % m)
+                    if y is None:
+                        continue
+                    ci = c.get("p95_%s_ms_ci95" % m) or [y, y]
+                    xs.append(c["concurrency"])
+                    ys.append(y)
+                    lo.append(max(0.0, y - ci[0]))
+                    hi.append(max(0.0, ci[1] - y))
+                if not xs:
+                    continue
+                line = ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=4, label="%s %d/%d" % (t, i, o))
+                mos = [(c["concurrency"], c.get("p95_%s_ms_mean_of_seeds" % m)) for c in cs
+                       if c.get("p95_%s_ms_mean_of_seeds" % m) is not None]
+                if mos:
+                    ax.plot([x for x, _y in mos], [y for _x, y in mos], linestyle="none", marker="x",
+                            color=line[0].get_color())
+            ax.set_xlabel("client concurrency C (max requests in flight)")
+            ax.set_ylabel("p95 %s (ms)" % LABELS[m])
+            ax.set_xticks(sorted({c["concurrency"] for c in report["cells"]}))
+            ax.grid(True, alpha=0.3)
+        axes[0].legend(fontsize=8)
+        fig.suptitle("p95 latency, pooled requests (bars: 95 % bootstrap interval; x: mean of per-round p95)")
+        fig.tight_layout()
+        figs.append(("latency_p95.png", fig))
+
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        for (t, i, o), cs in series.items():
+            pts = [c for c in cs if c.get("output_tok_s_mean") is not None]
+            if not pts:
+                continue
+            ys = [c["output_tok_s_mean"] for c in pts]
+            lo = [c["output_tok_s_mean"] - c["output_tok_s_min"] for c in pts]
+            hi = [c["output_tok_s_max"] - c["output_tok_s_mean"] for c in pts]
+            ax.errorbar([c["concurrency"] for c in pts], ys, yerr=[lo, hi], marker="o", capsize=4,
+                        label="%s %d/%d" % (t, i, o))
+        ax.set_xlabel("client concurrency C (max requests in flight)")
+        ax.set_ylabel("output tok/s")
+        ax.set_xticks(sorted({c["concurrency"] for c in report["cells"]}))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        ax.set_title("output throughput, mean of rounds (bars: min..max)")
+        fig.tight_layout()
+        figs.append(("throughput.png", fig))
+
+    comps = [cp for cp in report.get("comparisons") or [] if cp.get("delta_ms") is not None]
+    if comps:
+        comps = sorted(comps, key=lambda x: (METRICS.index(x["metric"]), x.get("input_len") or 0,
+                                             x.get("output_len") or 0, x.get("concurrency") or 0))
+        fig, ax = plt.subplots(figsize=(7, 0.9 + 0.35 * len(comps)))
+        ys = list(range(len(comps)))
+        for y, cp in zip(ys, comps):
+            ci = cp["delta_ci95"] or [cp["delta_ms"], cp["delta_ms"]]
+            color = "tab:red" if cp["verdict"] == "differs" else "tab:gray"
+            ax.errorbar([cp["delta_ms"]], [y], xerr=[[cp["delta_ms"] - ci[0]], [ci[1] - cp["delta_ms"]]],
+                        marker="o", capsize=4, color=color)
+        ax.axvline(0, color="black", linewidth=0.8)
+        ax.set_yticks(ys)
+        ax.set_yticklabels(["%s C=%s %s/%s" % (LABELS[cp["metric"]], cp.get("concurrency"), cp.get("input_len"),
+                                                cp.get("output_len")) for cp in comps], fontsize=8)
+        ax.invert_yaxis()
+        a, b = comps[0].get("target_a"), comps[0].get("target_b")
+        ax.set_xlabel("p95 %s − %s (ms), 95 %% interval; red: differs, gray: cannot tell" % (b, a))
+        ax.grid(True, axis="x", alpha=0.3)
+        fig.tight_layout()
+        figs.append(("ab_delta.png", fig))
+
+    cs = report.get("coldstart")
+    if cs and any(st.get("reps") for st in cs.get("states") or []):
+        phases = _phase_names(cs)
+        labels, rows = [], []
+        for st in cs["states"]:
+            for j, rep in enumerate(st.get("reps") or []):
+                labels.append("%s #%d" % (st["state"], j + 1))
+                rows.append([rep["phases"].get(p) or 0.0 for p in phases])
+        fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(labels) + 2), 4.5))
+        bottom = [0.0] * len(labels)
+        cmap = plt.get_cmap("tab10")
+        for k, p in enumerate(phases):
+            vals = [r[k] for r in rows]
+            ax.bar(range(len(labels)), vals, bottom=bottom, label=p, color=cmap(k % 10))
+            bottom = [b0 + v for b0, v in zip(bottom, vals)]
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("seconds")
+        ax.set_title("engine cold start, phases per state and repetition")
+        ax.legend(fontsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+        fig.tight_layout()
+        figs.append(("coldstart.png", fig))
+    return figs, plt
+
+
+def _render_pngs(report):
+    figs, plt = _figures(report)
+    out = []
+    try:
+        for name, fig in figs:
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", dpi=110)
+            out.append((name, buf.getvalue()))
+    finally:
+        for _name, fig in figs:
+            plt.close(fig)
+    return out
+
+
+def plots(report, out_dir):
+    """Write the report's PNGs into ``out_dir`` (created if missing; atomically, one by one); returns their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = []
+    for name, data in _render_pngs(report):
+        paths.append(_fsutil.atomic_write_bytes(os.path.join(out_dir, name), data))
+    return paths
+
+
+def write(report, out_dir):
+    """Validate, render everything, then write ``report.json``, ``report.md`` and the PNGs into ``out_dir``
+    (created if missing), each atomically; returns the paths written, ``report.json`` first."""
+    validate(report)
+    md = markdown(report)
+    pngs = _render_pngs(report)
+    text = json.dumps(report, indent=1, sort_keys=True, allow_nan=False) + "\n"
+    os.makedirs(out_dir, exist_ok=True)
+    paths = []
+    for name, data in pngs:
+        paths.append(_fsutil.atomic_write_bytes(os.path.join(out_dir, name), data))
+    md_path = _fsutil.atomic_write_text(os.path.join(out_dir, "report.md"), md)
+    json_path = _fsutil.atomic_write_text(os.path.join(out_dir, "report.json"), text)
+    return [json_path, md_path] + paths
