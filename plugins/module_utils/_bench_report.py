@@ -303,9 +303,7 @@ def caveats(report):
     if cannot:
         add("cannot_tell", "%d of %d A/B comparison(s) cannot tell the targets apart (the interval of the "
             "difference includes 0): %s. No gain or regression is shown there."
-            % (len(cannot), len(comps), _some("%s C=%s %s/%s" % (LABELS.get(cp["metric"], cp["metric"]),
-                                                                  cp.get("concurrency"), cp.get("input_len"),
-                                                                  cp.get("output_len")) for cp in cannot)))
+            % (len(cannot), len(comps), _some(_comparison_name(cp) for cp in cannot)))
     if comps and protocol.get("interleave") is False:
         add("not_interleaved", "A and B rounds were not interleaved: a noisy period may have hit one target only.")
     if comps:
@@ -324,10 +322,15 @@ def caveats(report):
     if cs:
         fewreps = [st for st in cs.get("states") or [] if len(st.get("reps") or []) < COLDSTART_MIN_REPS]
         if fewreps:
+            names = _some("%s (%d)" % (st["state"], len(st.get("reps") or [])) for st in fewreps)
             add("coldstart_reps", "Cold-start state(s) %s have fewer than %d repetitions: one slow or fast start "
-                "decides the picture." % (_some("%s (%d)" % (st["state"], len(st.get("reps") or [])) for st in fewreps),
-                                           COLDSTART_MIN_REPS))
+                "decides the picture." % (names, COLDSTART_MIN_REPS))
     return out
+
+
+def _comparison_name(cp):
+    return "%s C=%s %s/%s" % (LABELS.get(cp["metric"], cp["metric"]), cp.get("concurrency"), cp.get("input_len"),
+                              cp.get("output_len"))
 
 
 def _verdict_status(v):
@@ -517,6 +520,22 @@ def _series(cells):
     return dict(sorted(out.items()))
 
 
+def _dodge(xs, k, n):
+    """Series ``k`` of ``n`` shifted a little sideways so that their error bars do not hide each other."""
+    f = 2.0 ** (0.04 * (k - (n - 1) / 2.0))
+    return [x * f for x in xs]
+
+
+def _concurrency_axis(ax, cells):
+    concs = sorted({c["concurrency"] for c in cells})
+    if concs and concs[-1] >= 4 * concs[0]:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(concs)
+    ax.set_xticklabels([str(c) for c in concs])
+    ax.minorticks_off()
+    ax.set_xlabel("client concurrency C (max requests in flight)")
+
+
 def _figures(report):
     """``[(file name, matplotlib figure)]``; matplotlib is imported here only (the Agg backend)."""
     import matplotlib
@@ -529,7 +548,7 @@ def _figures(report):
     if series:
         fig, axes = plt.subplots(1, len(METRICS), figsize=(5 * len(METRICS), 4.2))
         for ax, m in zip(axes, METRICS):
-            for (t, i, o), cs in series.items():
+            for k, ((t, i, o), cs) in enumerate(series.items()):
                 xs, ys, lo, hi = [], [], [], []
                 for c in cs:
                     y = c.get("p95_%s_ms_pooled" % m)
@@ -542,15 +561,15 @@ def _figures(report):
                     hi.append(max(0.0, ci[1] - y))
                 if not xs:
                     continue
-                line = ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=4, label="%s %d/%d" % (t, i, o))
+                line = ax.errorbar(_dodge(xs, k, len(series)), ys, yerr=[lo, hi], marker="o", capsize=4,
+                                   label="%s %d/%d" % (t, i, o))
                 mos = [(c["concurrency"], c.get("p95_%s_ms_mean_of_seeds" % m)) for c in cs
                        if c.get("p95_%s_ms_mean_of_seeds" % m) is not None]
                 if mos:
-                    ax.plot([x for x, _y in mos], [y for _x, y in mos], linestyle="none", marker="x",
+                    ax.plot(_dodge([x for x, _y in mos], k, len(series)), [y for _x, y in mos], linestyle="none", marker="x",
                             color=line[0].get_color())
-            ax.set_xlabel("client concurrency C (max requests in flight)")
+            _concurrency_axis(ax, report["cells"])
             ax.set_ylabel("p95 %s (ms)" % LABELS[m])
-            ax.set_xticks(sorted({c["concurrency"] for c in report["cells"]}))
             ax.grid(True, alpha=0.3)
         axes[0].legend(fontsize=8)
         fig.suptitle("p95 latency, pooled requests (bars: 95 % bootstrap interval; x: mean of per-round p95)")
@@ -558,18 +577,17 @@ def _figures(report):
         figs.append(("latency_p95.png", fig))
 
         fig, ax = plt.subplots(figsize=(6.5, 4.2))
-        for (t, i, o), cs in series.items():
+        for k, ((t, i, o), cs) in enumerate(series.items()):
             pts = [c for c in cs if c.get("output_tok_s_mean") is not None]
             if not pts:
                 continue
             ys = [c["output_tok_s_mean"] for c in pts]
             lo = [c["output_tok_s_mean"] - c["output_tok_s_min"] for c in pts]
             hi = [c["output_tok_s_max"] - c["output_tok_s_mean"] for c in pts]
-            ax.errorbar([c["concurrency"] for c in pts], ys, yerr=[lo, hi], marker="o", capsize=4,
+            ax.errorbar(_dodge([c["concurrency"] for c in pts], k, len(series)), ys, yerr=[lo, hi], marker="o", capsize=4,
                         label="%s %d/%d" % (t, i, o))
-        ax.set_xlabel("client concurrency C (max requests in flight)")
+        _concurrency_axis(ax, report["cells"])
         ax.set_ylabel("output tok/s")
-        ax.set_xticks(sorted({c["concurrency"] for c in report["cells"]}))
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
         ax.set_title("output throughput, mean of rounds (bars: min..max)")
@@ -589,8 +607,7 @@ def _figures(report):
                         marker="o", capsize=4, color=color)
         ax.axvline(0, color="black", linewidth=0.8)
         ax.set_yticks(ys)
-        ax.set_yticklabels(["%s C=%s %s/%s" % (LABELS[cp["metric"]], cp.get("concurrency"), cp.get("input_len"),
-                                                cp.get("output_len")) for cp in comps], fontsize=8)
+        ax.set_yticklabels([_comparison_name(cp) for cp in comps], fontsize=8)
         ax.invert_yaxis()
         a, b = comps[0].get("target_a"), comps[0].get("target_b")
         ax.set_xlabel("p95 %s − %s (ms), 95 %% interval; red: differs, gray: cannot tell" % (b, a))

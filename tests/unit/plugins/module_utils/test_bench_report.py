@@ -38,13 +38,22 @@ def _cells(n=16, pd_failed=0, pd_mu=4.5):
     cells = []
     for c in (1, 2):
         cells.append(bs.cell("colocated", c, 128, 32, [_round(s, n, 3.0) for s in (1, 2)], n_boot=100))
-        cells.append(bs.cell("pd", c, 128, 32, [_round(s, n, pd_mu, failed=pd_failed, evidence=dict(ev))
-                                                 for s in (1, 2)], n_boot=100))
+        pd_rounds = [_round(s, n, pd_mu, failed=pd_failed, evidence=dict(ev)) for s in (1, 2)]
+        cells.append(bs.cell("pd", c, 128, 32, pd_rounds, n_boot=100))
     return cells
 
 
+_BASE = {}
+
+
 def _report(**kw):
-    cells = kw.pop("cells", None) or _cells()
+    """A report of the default cells (computed once) with a fresh copy of everything."""
+    if "cells" in kw:
+        cells = kw.pop("cells")
+    else:
+        if "cells" not in _BASE:
+            _BASE["cells"] = _cells()
+        cells = copy.deepcopy(_BASE["cells"])
     comps = [bs.compare(a, b, m, n_boot=200) for a in cells if a["target"] == "colocated"
              for b in cells if b["target"] == "pd" and b["concurrency"] == a["concurrency"] for m in bs.METRICS]
     args = dict(comparisons=comps)
@@ -97,11 +106,12 @@ def test_validate_rejects_a_malformed_report_naming_the_field(mutate, path):
 
 
 def test_caveats_come_from_the_data():
-    codes = lambda rep: {c["code"] for c in rep["caveats"]}  # noqa: E731
+    def codes(rep):
+        return {c["code"] for c in rep["caveats"]}
+
+    one_rep = {"states": [{"state": "nvme", "reps": [{"phases": {"load": 3.0}, "total_s": 3.0, "marks": {}}]}]}
     rep = _report(stopped={"reason": "pd: connection refused", "after_round": 5, "of_rounds": 8},
-                  coldstart={"states": [{"state": "nvme", "reps": [{"phases": {"load": 3.0}, "total_s": 3.0,
-                                                                     "marks": {}}]}]},
-                  cells=_cells(n=16, pd_failed=2))
+                  coldstart=one_rep, cells=_cells(n=16, pd_failed=2))
     got = codes(rep)
     for code in ("stopped_early", "few_requests", "narrow_interval", "failed_requests", "client_same_host",
                  "concurrency_not_users", "single_length", "coldstart_reps", "kv_metric_scope"):
@@ -128,8 +138,8 @@ def test_markdown_has_the_tables_the_evidence_and_the_caveats():
     md = br.markdown(rep)
     assert "## colocated" in md and "## pd" in md
     c = next(x for x in rep["cells"] if x["target"] == "pd" and x["concurrency"] == 2)
-    assert "%.1f / %.1f (%.1f) [%.1f, %.1f]" % (c["p50_ttft_ms_pooled"], c["p95_ttft_ms_pooled"],
-                                                 c["p95_ttft_ms_mean_of_seeds"], *c["p95_ttft_ms_ci95"]) in md
+    figures = (c["p50_ttft_ms_pooled"], c["p95_ttft_ms_pooled"], c["p95_ttft_ms_mean_of_seeds"]) + tuple(c["p95_ttft_ms_ci95"])
+    assert "%.1f / %.1f (%.1f) [%.1f, %.1f]" % figures in md
     # transport evidence: KV bytes moved (2 rounds x 64 MiB), RDMA / KV ratio, NIXL rate, and the rate A/B
     assert "## Transport evidence" in md and "128.0 MiB" in md and "1.09×" in md
     assert "**differs**" in md and "## A/B" in md
@@ -139,31 +149,38 @@ def test_markdown_has_the_tables_the_evidence_and_the_caveats():
         assert cav["text"] in tail
 
 
-def test_plots_and_write_produce_the_files(tmp_path):
+def test_write_produces_the_report_files_and_the_plots(tmp_path):
     rep = _report(coldstart={"states": [
         {"state": state, "reps": [{"phases": {"process": 1.0, "weights": w, "compile": 2.0, "first_answer": 0.5},
                                    "total_s": 3.5 + w, "marks": {}} for w in (4.0, 5.0)]}
         for state in ("shared_fs", "nvme", "nvme_compile_cache")]})
-    paths = br.plots(rep, str(tmp_path / "only_plots"))  # the directory is created
-    names = sorted(os.path.basename(p) for p in paths)
-    assert names == ["ab_delta.png", "coldstart.png", "latency_p95.png", "throughput.png"]
-    for p in paths:
+    out = tmp_path / "out" / "run1"  # created
+    written = br.write(rep, str(out))
+    names = ["ab_delta.png", "coldstart.png", "latency_p95.png", "throughput.png"]
+    assert [os.path.basename(p) for p in written[:2]] == ["report.json", "report.md"]
+    assert sorted(os.path.basename(p) for p in written[2:]) == names
+    assert sorted(os.listdir(str(out))) == sorted(["report.json", "report.md"] + names)  # no temporary files
+    for p in written[2:]:
         with open(p, "rb") as f:
             data = f.read()
         assert data.startswith(PNG_MAGIC) and len(data) > 5000
-    out = tmp_path / "out" / "run1"
-    written = br.write(rep, str(out))
-    assert [os.path.basename(p) for p in written[:2]] == ["report.json", "report.md"]
-    assert sorted(os.listdir(str(out))) == sorted(["report.json", "report.md"] + names)  # no temporary files
     with open(str(out / "report.json")) as f:
-        assert json.load(f)["cells"][0]["samples"][0]["seed"] == 1
-    # a report without comparisons or cold start still gets its latency and throughput plots
-    bare = br.build(TARGETS[:1], [rep["cells"][0]], META)
-    assert sorted(os.path.basename(p) for p in br.plots(bare, str(tmp_path))) == ["latency_p95.png", "throughput.png"]
+        doc = json.load(f)
+    assert doc["cells"][0]["samples"][0]["seed"] == 1 and doc["caveats"] == rep["caveats"]
+    assert (out / "report.md").read_text() == br.markdown(rep)
+
+
+def test_plots_without_comparisons_or_cold_start(tmp_path):
+    bare = br.build(TARGETS[:1], [_cells()[0]], META)
+    paths = br.plots(bare, str(tmp_path / "plots"))
+    assert sorted(os.path.basename(p) for p in paths) == ["latency_p95.png", "throughput.png"]
+    for p in paths:
+        with open(p, "rb") as f:
+            assert f.read(8) == PNG_MAGIC
 
 
 def test_write_refuses_an_invalid_report_and_leaves_the_old_files(tmp_path):
-    rep = _report()
+    rep = br.build(TARGETS[:1], [_cells()[0]], META)
     br.write(rep, str(tmp_path))
     before = (tmp_path / "report.json").read_bytes()
     bad = copy.deepcopy(rep)
