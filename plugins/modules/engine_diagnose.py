@@ -85,6 +85,14 @@ extends_documentation_fragment:
   - llmops.serving.node.proc_root
   - kubernetes.core.k8s_auth_options
 attributes:
+  action_group:
+    description:
+      - Use C(group/llmops.serving.k8s) in C(module_defaults) to give the Kubernetes modules of this collection and
+        those of kubernetes.core's C(k8s) group the same O(host), O(api_key) and other authentication options.
+      - C(group/llmops.serving.serving) reaches it too, but sets the options for every module of the collection.
+    membership:
+      - llmops.serving.serving
+      - llmops.serving.k8s
   check_mode:
     details: Only reads (the cluster, the engine's files, one GET /health); runs the same in check mode.
 notes:
@@ -154,36 +162,19 @@ import importlib
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
-from ansible_collections.llmops.serving.plugins.module_utils import _diagnose, _process
-
-
-class _AuthModule(object):
-    """What kubernetes.core's get_api_client reads from a module: params, requires(), server_side_dry_run."""
-
-    server_side_dry_run = False
-
-    def __init__(self, module):
-        self.params = module.params
-
-    def requires(self, *args, **kwargs):  # pylint: disable=unused-argument
-        return None
+from ansible_collections.llmops.serving.plugins.module_utils import _diagnose, _k8s_client, _process
 
 
 def _api_client(module):
-    """A kubernetes ApiClient configured from the kubernetes.core auth options (imported only when needed)."""
+    """A kubernetes ApiClient from the kubernetes.core auth options and K8S_AUTH_* (imported only when needed)."""
     try:
         importlib.import_module("kubernetes")
-        from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client
+        return _k8s_client.api_client(module.params)
     except ImportError:
         module.fail_json(msg="reading the cluster needs the kubernetes Python client on the host that runs the module "
                              "(pip install kubernetes); or give objects to judge recorded objects")
-    try:
-        return get_api_client(module=_AuthModule(module)).client.client
-    except Exception as e:  # pylint: disable=broad-except  # kubeconfig and connection problems: many exception types
-        module.fail_json(msg="kubeconfig: cannot create a Kubernetes API client (%s): check kubeconfig/context (or "
-                             "host and credentials, the K8S_AUTH_* variables) and that the API server answers"
-                             % type(e).__name__)
+    except _k8s_client.K8sClientError as e:
+        module.fail_json(msg=str(e))
 
 
 def main():
@@ -200,7 +191,7 @@ def main():
         health_timeout=dict(type="float", default=5.0),
         proc_root=dict(type="path", default="/proc"),
     )
-    argument_spec.update(AUTH_ARG_SPEC)
+    argument_spec.update(_k8s_client.argument_spec())
     module = AnsibleModule(
         argument_spec=argument_spec,
         required_if=[("platform", "kubernetes", ["namespace"]), ("platform", "local", ["run_dir"])],

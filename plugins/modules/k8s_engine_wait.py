@@ -24,15 +24,13 @@ description:
   - Fails when a route condition stays False for O(route_condition_timeout), naming the reason
     (C(NotAllowedByListeners), C(BackendNotFound), C(RefNotPermitted), ...) and its usual fix.
   - Returns each pod's cold-start timestamps (created, scheduled, container started, Ready).
+  - Connects with kubernetes.core's authentication options and their C(K8S_AUTH_*) environment variables, so
+    the credential a job applies with through M(kubernetes.core.k8s) (for AWX, the C(OpenShift or Kubernetes
+    API Bearer Token) credential) is the one it waits with. Without O(host) and O(api_key) or O(kubeconfig), the
+    in-cluster service account is used, then the default kubeconfig.
 requirements:
   - kubernetes (Python client)
 options:
-  kubeconfig:
-    description: Path to a kubeconfig. Unset - in-cluster config, then the default kubeconfig.
-    type: path
-  context:
-    description: Kubeconfig context.
-    type: str
   namespace:
     description: Namespace of the engine pods.
     type: str
@@ -93,7 +91,16 @@ options:
 extends_documentation_fragment:
   - llmops.serving.attributes
   - llmops.serving.attributes.info_module
+  - kubernetes.core.k8s_auth_options
 attributes:
+  action_group:
+    description:
+      - Use C(group/llmops.serving.k8s) in C(module_defaults) to give the Kubernetes modules of this collection and
+        those of kubernetes.core's C(k8s) group the same O(host), O(api_key) and other authentication options.
+      - C(group/llmops.serving.serving) reaches it too, but sets the options for every module of the collection.
+    membership:
+      - llmops.serving.serving
+      - llmops.serving.k8s
   check_mode:
     details: Only reads the API. In check mode the state is read once and reported without waiting.
 author:
@@ -108,6 +115,23 @@ EXAMPLES = r"""
     route_name: "{{ engine_objects.route_name }}"
     timeout: 4500
   register: engine_rollout
+
+- name: Apply and wait with one credential (AWX injects K8S_AUTH_HOST, K8S_AUTH_API_KEY ... for both)
+  module_defaults:
+    group/llmops.serving.k8s:
+      host: https://api.gpu-lab.example.com:6443
+      api_key: "{{ cluster_token }}"
+      ca_cert: /etc/pki/gpu-lab-ca.pem
+  block:
+    - name: Apply the engine objects
+      kubernetes.core.k8s:
+        definition: "{{ engine_objects.objects }}"
+        apply: true
+    - name: Wait until they serve
+      llmops.serving.k8s_engine_wait:
+        namespace: llm-serving
+        selector: "{{ engine_objects.pod_selector }}"
+        route_name: "{{ engine_objects.route_name }}"
 """
 
 RETURN = r"""
@@ -148,11 +172,10 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.llmops.serving.plugins.module_utils import _k8s_wait
+from ansible_collections.llmops.serving.plugins.module_utils import _k8s_client, _k8s_wait
 
 try:
     from kubernetes import client as k8s_client
-    from kubernetes import config as k8s_config
     from kubernetes.client.rest import ApiException
     HAS_K8S = True
     K8S_IMPORT_ERROR = None
@@ -162,15 +185,8 @@ except ImportError:
 
 
 def make_fetch(params):
-    """Return ``fetch() -> (pods, route)`` reading the live cluster."""
-    if params["kubeconfig"]:
-        k8s_config.load_kube_config(config_file=params["kubeconfig"], context=params["context"])
-    else:
-        try:
-            k8s_config.load_incluster_config()
-        except k8s_config.ConfigException:
-            k8s_config.load_kube_config(context=params["context"])
-    api = k8s_client.ApiClient()
+    """Return ``fetch() -> (pods, route)`` reading the live cluster (the client from the auth options and K8S_AUTH_*)."""
+    api = _k8s_client.api_client(params)
     core = k8s_client.CoreV1Api(api)
     custom = k8s_client.CustomObjectsApi(api)
     selector = ",".join("%s=%s" % kv for kv in sorted(params["selector"].items()))
@@ -240,28 +256,25 @@ def run(module, fetch):
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            kubeconfig=dict(type="path"),
-            context=dict(type="str"),
-            namespace=dict(type="str", required=True),
-            selector=dict(type="dict", required=True),
-            replicas=dict(type="int", default=1),
-            container=dict(type="str", default="engine"),
-            route_name=dict(type="str"),
-            gateway_namespace=dict(type="str", default="aibrix-system"),
-            gateway_name=dict(type="str", default="aibrix-eg"),
-            timeout=dict(type="int", default=4500),
-            route_condition_timeout=dict(type="int", default=300, aliases=["route_timeout"],
-                                         deprecated_aliases=[dict(name="route_timeout", version="1.0.0",
-                                                                  collection_name="llmops.serving")]),
-            schedule_timeout=dict(type="int", default=900),
-            max_restarts=dict(type="int", default=0),
-            log_tail_lines=dict(type="int", default=3000),
-            poll_interval=dict(type="int", default=10),
-        ),
-        supports_check_mode=True,
+    argument_spec = dict(
+        namespace=dict(type="str", required=True),
+        selector=dict(type="dict", required=True),
+        replicas=dict(type="int", default=1),
+        container=dict(type="str", default="engine"),
+        route_name=dict(type="str"),
+        gateway_namespace=dict(type="str", default="aibrix-system"),
+        gateway_name=dict(type="str", default="aibrix-eg"),
+        timeout=dict(type="int", default=4500),
+        route_condition_timeout=dict(type="int", default=300, aliases=["route_timeout"],
+                                     deprecated_aliases=[dict(name="route_timeout", version="1.0.0",
+                                                              collection_name="llmops.serving")]),
+        schedule_timeout=dict(type="int", default=900),
+        max_restarts=dict(type="int", default=0),
+        log_tail_lines=dict(type="int", default=3000),
+        poll_interval=dict(type="int", default=10),
     )
+    argument_spec.update(_k8s_client.argument_spec())
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     if not module.params["selector"]:
         module.fail_json(msg="selector: must name at least one label, e.g. the pod_selector engine_manifests returns")
     for opt in ("max_restarts", "log_tail_lines"):
@@ -271,8 +284,8 @@ def main():
         module.fail_json(msg=missing_required_lib("kubernetes"), exception=K8S_IMPORT_ERROR)
     try:
         fetch = make_fetch(module.params)
-    except Exception as e:  # kubeconfig problems surface as many exception types
-        module.fail_json(msg="kubeconfig: cannot load a Kubernetes client configuration: %s" % e)
+    except _k8s_client.K8sClientError as e:
+        module.fail_json(msg=str(e))
     run(module, fetch)
 
 
