@@ -45,7 +45,7 @@ VERDICTS = ("differs", "cannot tell")
 #: Fewer successful requests than this in a round: its p95 is one of its two largest values.
 FEW_REQUESTS = 30
 #: Fewer successful requests than this in a cell: the percentile bootstrap of a p95 covers the truth less
-#: often than 95 % (measured on lognormal latencies: about 87 % at 80 requests, about 94 % at 200).
+#: often than 95 % (measured on lognormal latencies: about 87 % at 80 requests, 91-94 % at 200).
 CI_MIN_REQUESTS = 100
 #: Cold-start repetitions per state below this cannot show the spread of a start.
 COLDSTART_MIN_REPS = 3
@@ -363,6 +363,11 @@ def build(targets, cells, meta, comparisons=None, coldstart=None, stopped=None):
 # Markdown
 
 
+def _md(v):
+    """A value as Markdown table text: a ``|`` would end the cell, a line break the row."""
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
 def _f(v, fmt="%.1f"):
     return "n/a" if v is None else fmt % v
 
@@ -418,9 +423,9 @@ def markdown(report):
     lines += ["| | |", "|---|---|"]
     for k in ("started", "ended", "client_host", "client_same_host"):
         if meta.get(k) is not None:
-            lines.append("| %s | %s |" % (k.replace("_", " "), meta[k]))
+            lines.append("| %s | %s |" % (k.replace("_", " "), _md(meta[k])))
     for k, v in sorted((meta.get("protocol") or {}).items()):
-        lines.append("| %s | %s |" % (k.replace("_", " "), v))
+        lines.append("| %s | %s |" % (_md(k).replace("_", " "), _md(v)))
     lines += ["", "Targets:", ""]
     for t in report["targets"]:
         lines.append("- **%s**: %s%s" % (t["name"], t.get("url") or "", (" (model %s)" % t["model"]) if t.get("model") else ""))
@@ -446,6 +451,17 @@ def markdown(report):
             for r in c.get("unstable_reasons") or []:
                 notes.append("- C=%d %d/%d unstable: %s" % (c["concurrency"], c["input_len"], c["output_len"], r))
         lines += [""] + notes + ([""] if notes else [])
+    rows = [(c, r) for c in _sorted_cells(cells) for r in c.get("rounds") or []]
+    if rows:
+        lines += ["## Rounds", "", "Each measured round (warm-up rounds are not in the report); p95 in ms.", "",
+                  "| target | C | in/out | seed | rep | requests | failed | p95 TTFT | p95 TPOT | p95 E2EL | out tok/s |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for c, r in rows:
+            lines.append("| %s | %d | %d/%d | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                _md(c["target"]), c["concurrency"], c["input_len"], c["output_len"], r.get("seed"), r.get("rep"),
+                r.get("requests"), r.get("failed"), _f(r.get("p95_ttft_ms")), _f(r.get("p95_tpot_ms")),
+                _f(r.get("p95_e2el_ms")), _f(r.get("output_tok_s"))))
+        lines.append("")
     ev = [c for c in _sorted_cells(cells) if c.get("evidence_summary")]
     if ev:
         lines += ["## Transport evidence", "",
@@ -456,12 +472,12 @@ def markdown(report):
         for c in ev:
             es = c["evidence_summary"]
             lines.append("| %s | %d | %d/%d | %s | %s | %s | %s | %s | %s |" % (
-                c["target"], c["concurrency"], c["input_len"], c["output_len"], _bytes(es.get("kv_bytes")),
+                _md(c["target"]), c["concurrency"], c["input_len"], c["output_len"], _bytes(es.get("kv_bytes")),
                 _bytes(es.get("rdma_bytes")), _bytes(es.get("tcp_bytes")), _f(es.get("rdma_to_kv"), "%.2f×"),
-                _rate(es.get("kv_rate_bytes_s")), ", ".join(str(v) for v in es.get("verdicts") or []) or "n/a"))
+                _rate(es.get("kv_rate_bytes_s")), _md(", ".join(str(v) for v in es.get("verdicts") or []) or "n/a")))
         pairs = _transport_pairs(report)
         if pairs:
-            a, b = report["targets"][0]["name"], report["targets"][1]["name"]
+            a, b = _md(report["targets"][0]["name"]), _md(report["targets"][1]["name"])
             lines += ["", "| C | in/out | NIXL rate %s | NIXL rate %s | %s / %s |" % (a, b, b, a), "|---|---|---|---|---|"]
             for conc, i, o, ra, rb, ratio in pairs:
                 lines.append("| %d | %d/%d | %s | %s | %.1f× |" % (conc, i, o, _rate(ra), _rate(rb), ratio))
@@ -476,17 +492,17 @@ def markdown(report):
                                                x.get("concurrency") or 0, METRICS.index(x["metric"]))):
             lines.append("| %s | %s | %s/%s | %s | %s | %s | %s | %s %s | %s | **%s** |" % (
                 LABELS[cp["metric"]], cp.get("concurrency"), cp.get("input_len"), cp.get("output_len"),
-                cp.get("target_a"), _f(cp["a"]), cp.get("target_b"), _f(cp["b"]), _f(cp["delta_ms"], "%+.1f"),
+                _md(cp.get("target_a")), _f(cp["a"]), _md(cp.get("target_b")), _f(cp["b"]), _f(cp["delta_ms"], "%+.1f"),
                 _ci(cp["delta_ci95"]), _f(cp.get("ratio"), "%.2f"), cp["verdict"]))
         lines.append("")
     cs = report.get("coldstart")
     if cs and cs.get("states"):
         phases = _phase_names(cs)
         lines += ["## Cold start", "", "Seconds per phase of each start.", "",
-                  "| state | rep | %s | total |" % " | ".join(phases), "|---|---|%s---|" % ("---|" * len(phases))]
+                  "| state | rep | %s | total |" % " | ".join(_md(p) for p in phases), "|---|---|%s---|" % ("---|" * len(phases))]
         for st in cs["states"]:
             for j, rep in enumerate(st.get("reps") or []):
-                lines.append("| %s | %d | %s | %s |" % (st["state"], j + 1, " | ".join(
+                lines.append("| %s | %d | %s | %s |" % (_md(st["state"]), j + 1, " | ".join(
                     _f(rep["phases"].get(p)) for p in phases), _f(rep.get("total_s"))))
         lines.append("")
     cav = report.get("caveats")
@@ -596,25 +612,30 @@ def _figures(report):
 
     comps = [cp for cp in report.get("comparisons") or [] if cp.get("delta_ms") is not None]
     if comps:
-        comps = sorted(comps, key=lambda x: (METRICS.index(x["metric"]), x.get("input_len") or 0,
-                                             x.get("output_len") or 0, x.get("concurrency") or 0))
-        fig, ax = plt.subplots(figsize=(7, 0.9 + 0.35 * len(comps)))
-        ys = list(range(len(comps)))
-        for y, cp in zip(ys, comps):
-            ci = cp["delta_ci95"] or [cp["delta_ms"], cp["delta_ms"]]
-            color = "tab:red" if cp["verdict"] == "differs" else "tab:gray"
-            ax.errorbar([cp["delta_ms"]], [y], xerr=[[cp["delta_ms"] - ci[0]], [ci[1] - cp["delta_ms"]]],
-                        marker="o", capsize=4, color=color)
-        ax.axvline(0, color="black", linewidth=0.8)
-        ax.set_yticks(ys)
-        ax.set_yticklabels([_comparison_name(cp) for cp in comps], fontsize=8)
-        ax.invert_yaxis()
-        a, b = comps[0].get("target_a"), comps[0].get("target_b")
-        ax.set_xlabel("p95 %s − %s (ms), 95 %% interval; red: differs, gray: cannot tell" % (b, a))
-        ax.grid(True, axis="x", alpha=0.3)
+        metrics = [m for m in METRICS if any(cp["metric"] == m for cp in comps)]
+        rows = sorted({(cp.get("input_len") or 0, cp.get("output_len") or 0, cp.get("concurrency") or 0,
+                        cp.get("target_a"), cp.get("target_b")) for cp in comps})
+        fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics) + 1.5, 1.2 + 0.4 * len(rows)),
+                                 sharey=True, squeeze=False)
+        for ax, m in zip(axes[0], metrics):
+            for cp in comps:
+                if cp["metric"] != m:
+                    continue
+                y = rows.index((cp.get("input_len") or 0, cp.get("output_len") or 0, cp.get("concurrency") or 0,
+                                cp.get("target_a"), cp.get("target_b")))
+                ci = cp["delta_ci95"] or [cp["delta_ms"], cp["delta_ms"]]
+                color = "tab:red" if cp["verdict"] == "differs" else "tab:gray"
+                ax.errorbar([cp["delta_ms"]], [y], xerr=[[cp["delta_ms"] - ci[0]], [ci[1] - cp["delta_ms"]]],
+                            marker="o", capsize=4, color=color)
+            ax.axvline(0, color="black", linewidth=0.8)
+            ax.set_xlabel("p95 %s, B − A (ms)" % LABELS[m])
+            ax.grid(True, axis="x", alpha=0.3)
+        axes[0][0].set_yticks(range(len(rows)))
+        axes[0][0].set_yticklabels(["%s − %s C=%d %d/%d" % (b, a, conc, i, o) for i, o, conc, a, b in rows], fontsize=8)
+        axes[0][0].invert_yaxis()
+        fig.suptitle("A/B: difference of pooled p95 with 95 % interval (red: differs, gray: cannot tell)", fontsize=10)
         fig.tight_layout()
         figs.append(("ab_delta.png", fig))
-
     cs = report.get("coldstart")
     if cs and any(st.get("reps") for st in cs.get("states") or []):
         phases = _phase_names(cs)
@@ -630,11 +651,16 @@ def _figures(report):
             vals = [r[k] for r in rows]
             ax.bar(range(len(labels)), vals, bottom=bottom, label=p, color=cmap(k % 10))
             bottom = [b0 + v for b0, v in zip(bottom, vals)]
+        totals = [(x, rep.get("total_s")) for x, rep in enumerate(
+            rep for st in cs["states"] for rep in (st.get("reps") or [])) if rep.get("total_s") is not None]
+        if totals:
+            ax.plot([x for x, _t in totals], [t for _x, t in totals], linestyle="none", marker="_", markersize=28,
+                    color="black", label="total (measured)")
         ax.set_xticks(range(len(labels)))
         ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
         ax.set_ylabel("seconds")
         ax.set_title("engine cold start, phases per state and repetition")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         ax.grid(True, axis="y", alpha=0.3)
         fig.tight_layout()
         figs.append(("coldstart.png", fig))

@@ -104,7 +104,7 @@ def _check_sample(s, where):
         raise ValueError("%s.error: expected a string or null, got %s" % (where, type(err).__name__))
 
 
-def round_summary(samples, duration_s, where="samples"):
+def round_summary(samples, duration_s, where="samples", duration_where="duration_s"):
     """One round's figures from its per-request ``samples`` and its wall time ``duration_s``.
 
     Returns ``p50/p95/p99_<m>_ms`` for ttft, tpot, itl and e2el (successful requests only; ``None`` when
@@ -114,7 +114,8 @@ def round_summary(samples, duration_s, where="samples"):
     if not isinstance(samples, (list, tuple)):
         raise ValueError("%s: expected a list of per-request samples, got %s" % (where, type(samples).__name__))
     if not _is_number(duration_s) or duration_s < 0:
-        raise ValueError("%s duration_s: expected a non-negative number of seconds, got %r" % (where, duration_s))
+        raise ValueError("%s: expected the round's wall time, a non-negative number of seconds, got %r"
+                         % (duration_where, duration_s))
     for i, s in enumerate(samples):
         _check_sample(s, "%s[%d]" % (where, i))
     ok = [s for s in samples if s["ok"]]
@@ -215,7 +216,7 @@ def cell(target, concurrency, input_len, output_len, rounds, unstable_threshold=
     summaries, samples, evidence, strata = [], [], [], {m: [] for m in METRICS}
     for i, r in enumerate(rounds):
         where = "rounds[%d].samples" % i
-        rs = round_summary(r.get("samples"), r.get("duration_s"), where=where)
+        rs = round_summary(r.get("samples"), r.get("duration_s"), where=where, duration_where="rounds[%d].duration_s" % i)
         failed = max(rs["failed"], int(r.get("failed") or 0))
         unsampled = failed - rs["failed"]
         rs.update(seed=r.get("seed"), rep=r.get("rep"), failed=failed, requests=rs["completed"] + failed,

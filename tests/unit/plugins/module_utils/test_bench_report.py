@@ -188,3 +188,20 @@ def test_write_refuses_an_invalid_report_and_leaves_the_old_files(tmp_path):
     with pytest.raises(ValueError, match=r"cells\[0\]\.p95_ttft_ms_ci95"):
         br.write(bad, str(tmp_path))
     assert (tmp_path / "report.json").read_bytes() == before
+
+
+def test_transport_evidence_gives_the_nixl_rate_ratio_and_flags_a_failed_transport_check():
+    # the same KV volume moved in 1.1 s over TCP and 0.05 s over RDMA: RDMA moved 22x the NIXL rate
+    tcp_ev = {"kv_bytes": 1 << 30, "rdma_bytes": 0, "tcp_bytes": 1 << 30, "kv_xfer_s": 1.1,
+              "verdict": {"status": "pass", "summary": "expect tcp: PASS"}}
+    rdma_ev = {"kv_bytes": 1 << 30, "rdma_bytes": 1 << 30, "tcp_bytes": 0, "kv_xfer_s": 0.05, "verdict": "fail"}
+    targets = [{"name": "tcp|ucx", "url": "http://127.0.0.1:18100"}, {"name": "rdma", "url": "http://127.0.0.1:18101"}]
+    cells = [bs.cell(t, 8, 4096, 256, [_round(s, 12, 3.0, evidence=dict(ev)) for s in (1, 2)], n_boot=50)
+             for t, ev in (("tcp|ucx", tcp_ev), ("rdma", rdma_ev))]
+    rep = br.build(targets, cells, META)
+    md = br.markdown(rep)
+    assert "| 8 | 4096/256 | 930.9 MiB/s | 20.0 GiB/s | 22.0× |" in md  # 2 GiB in 2.2 s vs in 0.1 s
+    assert "| tcp\\|ucx | 8 | 4096/256 | 2.0 GiB | 0 B | 2.0 GiB | 0.00× |" in md  # a | in a name stays in its cell
+    assert "## Rounds" in md and md.count("| rdma | 8 | 4096/256 | ") == 2 + 1  # two rounds + the evidence row
+    cav = [c for c in rep["caveats"] if c["code"] == "transport_verdict"]
+    assert cav and "rdma C=8 4096/256" in cav[0]["text"] and "tcp|ucx C=8" not in cav[0]["text"]
