@@ -295,7 +295,7 @@ def caveats(report):
     if len(pairs) == 1:
         add("single_length", "Only one input/output length pair (%d/%d) was measured: long prompts, where "
             "prefill and KV transfer dominate, may behave differently." % pairs[0])
-    if protocol.get("warmup_rounds") == 0:
+    if protocol.get("warmup_rounds_run", protocol.get("warmup_rounds")) == 0:
         add("no_warmup", "No warm-up round was run: the first round includes connection set-up, compile and "
             "cache warm-up.")
     comps = report.get("comparisons") or []
@@ -314,6 +314,12 @@ def caveats(report):
     if bad:
         add("transport_verdict", "The transport check failed or could not decide in %d cell(s) (%s): their "
             "latency is not evidence about the intended transport." % (len(bad), _some(_cell_name(c) for c in bad)))
+    holes = [c for c in ev_cells if any(e.get("kv_bytes") is None or e.get("rdma_bytes") is None or e.get("errors")
+                                        for e in c["evidence"])]
+    if holes:
+        add("transport_incomplete", "Transport evidence is incomplete in %d cell(s) (%s): the engine's KV counters "
+            "or the RDMA port counters could not be read for some rounds, so those rounds do not show which "
+            "transport carried the KV." % (len(holes), _some(_cell_name(c) for c in holes)))
     if ev_cells:
         add("kv_metric_scope", "KV bytes and NIXL rates are the engine's own counters summed over its ranks "
             "(bytes / sum of transfer time), a framework-level figure for an A/B on one topology, not a NIC's line "
@@ -475,6 +481,16 @@ def markdown(report):
                 _md(c["target"]), c["concurrency"], c["input_len"], c["output_len"], _bytes(es.get("kv_bytes")),
                 _bytes(es.get("rdma_bytes")), _bytes(es.get("tcp_bytes")), _f(es.get("rdma_to_kv"), "%.2f×"),
                 _rate(es.get("kv_rate_bytes_s")), _md(", ".join(str(v) for v in es.get("verdicts") or []) or "n/a")))
+        notes = []
+        for c in ev:
+            for e in c.get("evidence") or []:
+                v = e.get("verdict")
+                if _verdict_status(v) in ("fail", "error"):
+                    summary = v.get("summary") if isinstance(v, dict) else None
+                    what = summary or _verdict_status(v)
+                    notes.append("- %s, seed %s rep %s: %s" % (_cell_name(c), e.get("seed"), e.get("rep"), what))
+        if notes:
+            lines += [""] + notes
         pairs = _transport_pairs(report)
         if pairs:
             a, b = _md(report["targets"][0]["name"]), _md(report["targets"][1]["name"])
@@ -696,7 +712,7 @@ def write(report, out_dir):
     validate(report)
     md = markdown(report)
     pngs = _render_pngs(report)
-    text = json.dumps(report, indent=1, sort_keys=True, allow_nan=False) + "\n"
+    text = json.dumps(report, sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n"
     os.makedirs(out_dir, exist_ok=True)
     paths = []
     for name, data in pngs:

@@ -270,6 +270,8 @@ def cell(target, concurrency, input_len, output_len, rounds, unstable_threshold=
     lo, hi, rel = _spread([rs["output_tok_s"] for rs in summaries])
     out.update(output_tok_s_mean=_mean([rs["output_tok_s"] for rs in summaries]), output_tok_s_min=lo,
                output_tok_s_max=hi, output_tok_s_spread=rel)
+    out["ci95_method"] = {"method": "percentile bootstrap of the pooled p95, requests resampled within each round",
+                          "n_boot": n_boot, "rng_seed": rng_seed}
     out["unstable"] = bool(reasons)
     out["unstable_reasons"] = reasons
     out["unstable_threshold"] = float(unstable_threshold)

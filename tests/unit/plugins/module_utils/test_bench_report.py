@@ -205,3 +205,8 @@ def test_transport_evidence_gives_the_nixl_rate_ratio_and_flags_a_failed_transpo
     assert "## Rounds" in md and md.count("| rdma | 8 | 4096/256 | ") == 2 + 1  # two rounds + the evidence row
     cav = [c for c in rep["caveats"] if c["code"] == "transport_verdict"]
     assert cav and "rdma C=8 4096/256" in cav[0]["text"] and "tcp|ucx C=8" not in cav[0]["text"]
+    assert "- rdma C=8 4096/256, seed 1 rep 0: fail" in md
+    # rounds without readable counters are called out
+    assert "transport_incomplete" not in {c["code"] for c in rep["caveats"]}
+    rep["cells"][1]["evidence"][0]["rdma_bytes"] = None
+    assert "transport_incomplete" in {c["code"] for c in br.caveats(rep)}
