@@ -289,8 +289,9 @@ def caveats(report):
         add("concurrency_not_users", "C is the client's maximum number of requests in flight, not a number of "
             "users and not the server's batch size; real users arrive independently (a request-rate ladder "
             "shows that).")
-    add("throughput_scope", "Output tok/s counts the round's generated tokens over its wall time, TTFT and "
-        "round trips included; it is not the steady decode rate (1000 / TPOT).")
+    if cells:
+        add("throughput_scope", "Output tok/s counts the round's generated tokens over its wall time, TTFT and "
+            "round trips included; it is not the steady decode rate (1000 / TPOT).")
     pairs = sorted({(c["input_len"], c["output_len"]) for c in cells})
     if len(pairs) == 1:
         add("single_length", "Only one input/output length pair (%d/%d) was measured: long prompts, where "
@@ -520,6 +521,11 @@ def markdown(report):
             for j, rep in enumerate(st.get("reps") or []):
                 lines.append("| %s | %d | %s | %s |" % (_md(st["state"]), j + 1, " | ".join(
                     _f(rep["phases"].get(p)) for p in phases), _f(rep.get("total_s"))))
+        lines += ["", "| state | starts | total s, mean (min..max) |", "|---|---|---|"]
+        for st in cs["states"]:
+            totals = [rep["total_s"] for rep in st.get("reps") or [] if rep.get("total_s") is not None]
+            lines.append("| %s | %d | %s |" % (_md(st["state"]), len(st.get("reps") or []), "%.1f (%.1f..%.1f)" % (
+                sum(totals) / len(totals), min(totals), max(totals)) if totals else "n/a"))
         lines.append("")
     cav = report.get("caveats")
     if cav is None:

@@ -210,3 +210,21 @@ def test_transport_evidence_gives_the_nixl_rate_ratio_and_flags_a_failed_transpo
     assert "transport_incomplete" not in {c["code"] for c in rep["caveats"]}
     rep["cells"][1]["evidence"][0]["rdma_bytes"] = None
     assert "transport_incomplete" in {c["code"] for c in br.caveats(rep)}
+
+
+def test_a_cold_start_report_without_load_cells(tmp_path):
+    cs = {"states": [{"state": "shared_fs", "reps": [{"phases": {"port": 2.0, "weights": 30.0, "compile": 9.0},
+                                                      "total_s": 41.0, "marks": {}},
+                                                     {"phases": {"port": 2.0, "weights": 26.0, "compile": 9.0},
+                                                      "total_s": 37.0, "marks": {}}]},
+                     {"state": "nvme", "reps": [{"phases": {"port": 2.0, "weights": 6.0, "compile": 9.0},
+                                                 "total_s": 17.0, "marks": {}}] * 3}]}
+    rep = br.build([{"name": "engine", "url": "http://127.0.0.1:8000", "model": "tiny"}], [],
+                   {"client_same_host": False}, coldstart=cs)
+    codes = [c["code"] for c in rep["caveats"]]
+    assert codes == ["coldstart_reps"] and "shared_fs (2)" in rep["caveats"][0]["text"]
+    md = br.markdown(rep)
+    assert "| shared_fs | 2 | 2.0 | 26.0 | 9.0 | 37.0 |" in md
+    assert "| shared_fs | 2 | 39.0 (37.0..41.0) |" in md and "| nvme | 3 | 17.0 (17.0..17.0) |" in md
+    paths = br.write(rep, str(tmp_path))
+    assert sorted(os.path.basename(p) for p in paths) == ["coldstart.png", "report.json", "report.md"]
