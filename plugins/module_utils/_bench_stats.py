@@ -206,6 +206,8 @@ def cell(target, concurrency, input_len, output_len, rounds, unstable_threshold=
     A round's failures are the larger of its ``failed`` and its samples with ``ok`` false: requests the
     client reported as failed without a sample still count. Raises ValueError naming the field.
     """
+    if not isinstance(target, str) or not target:
+        raise ValueError("target: expected the target's name, got %r" % (target,))
     for name, v in (("concurrency", concurrency), ("input_len", input_len), ("output_len", output_len)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError("%s: expected a positive integer, got %r" % (name, v))
