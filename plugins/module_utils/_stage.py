@@ -28,7 +28,10 @@ Code layout (one idea per file):
   deleting there (one rename, then ``rmtree``);
 * ``_stage_verify`` - reading src's headers and manifest before anything is written; a source file's identity;
 * ``_stage_plan`` - what a run does with each file: keep, upgrade, copy again, reuse from ``<dest>.partial``;
-* ``_stage_copy`` - the copy engine (read streams, fleet slots, O_DIRECT and its fallbacks, per-file checks);
+* ``_stage_copy`` - the copy engine (read streams, fleet slots, O_DIRECT and its fallbacks, per-file checks,
+  per-piece digests);
+* ``_stage_fanout`` - receiving pieces from peers instead (``peers``), verified against a seed's digests;
+  ``_stage_peer`` - the board a run keeps of what it holds, and the server that hands it on;
 * ``_stage_progress`` - the progress file;
 * ``_stage_publish`` - building ``<dest>.partial`` from reused, copied and linked files and publishing it;
 * ``_stage_prune`` - ``state: absent`` and ``keep_revisions``: pinned, in use, lock;
@@ -42,10 +45,12 @@ import time
 from ansible_collections.llmops.serving.plugins.module_utils import _fleet_slots
 from ansible_collections.llmops.serving.plugins.module_utils import _fsutil
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_copy
+from ansible_collections.llmops.serving.plugins.module_utils import _stage_fanout
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_layout
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_marker as _marker
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_plan as _plan
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_progress
+from ansible_collections.llmops.serving.plugins.module_utils import _stage_peer
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_publish as _publish
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_verify as _verify
 from ansible_collections.llmops.serving.plugins.module_utils._stage_lock import DestLock
@@ -61,6 +66,7 @@ LOCK_SUFFIX = _stage_layout.LOCK_SUFFIX
 VERIFY_MODES = _marker.VERIFY_MODES
 DIRECT_BUF = _stage_copy.DIRECT_BUF
 DIRECT_ALIGN = _stage_copy.DIRECT_ALIGN
+PIECE_SIZE = 64 * 1024 * 1024
 
 __all__ = ["DestLock", "StageError", "stage", "remove", "prune"]
 
@@ -68,8 +74,14 @@ __all__ = ["DestLock", "StageError", "stage", "remove", "prune"]
 def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slots_dir=None,
           fleet_read_streams=None, fleet_host_id=None, fleet_stale_seconds=60.0, min_free_bytes=0,
           progress_file=None, check_mode=False, diff=False, lock_timeout=3600, fsync=True,
-          keep_revisions=0, pinned=(), proc_root="/proc", direct_io=True):
-    """Stage ``src`` to ``dest`` (state=present); returns the module result dict."""
+          keep_revisions=0, pinned=(), proc_root="/proc", direct_io=True, record_pieces=False,
+          piece_size=PIECE_SIZE, peers=None, peer_token=None, peer_rate_limit=0, read_rate_limit=0):
+    """Stage ``src`` to ``dest`` (state=present); returns the module result dict.
+
+    ``record_pieces`` records per-piece digests (``piece_size``) so this host can seed peers; ``peers``
+    (``[{url, seed}]``, with ``peer_token``) receives the files from them instead of reading src (see
+    ``_stage_fanout``). ``read_rate_limit`` caps each read stream on src, in bytes/s.
+    """
     t0 = time.monotonic()
     if verify not in VERIFY_MODES:
         raise StageError("verify: must be one of %s, got %r" % (", ".join(VERIFY_MODES), verify))
@@ -77,6 +89,20 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
         raise StageError("read_streams: must be at least 1 (got %d)" % read_streams)
     if fleet_slots_dir and not fleet_read_streams:
         raise StageError("fleet_read_streams: required when fleet_slots_dir is set")
+    peers = list(peers or [])
+    pieces_on = bool(record_pieces or peers)
+    if pieces_on and not _marker.valid_piece_size(piece_size):
+        raise StageError("piece_size: must be a positive multiple of %d bytes (got %r); use e.g. %d (64 MiB)"
+                         % (_marker.PIECE_ALIGN, piece_size, PIECE_SIZE))
+    for i, peer in enumerate(peers):
+        if not _peer_url_ok(peer.get("url") if isinstance(peer, dict) else None):
+            raise StageError("peers[%d].url: must be http://<address>:<port>/r/<name>/<revision> (no credentials "
+                             "in it; the token goes in peer_token)" % i)
+    if peers and not peer_token:
+        raise StageError("peer_token: required with peers (the run's token the peers' servers expect)")
+    for what, v in (("peer_rate_limit", peer_rate_limit), ("read_rate_limit", read_rate_limit)):
+        if v < 0:
+            raise StageError("%s: must not be negative (got %d); 0 means no limit" % (what, v))
     src_real, lay = _stage_layout.resolve(src, dest)
     if checksums is None and verify == "sha256" and os.path.isfile(os.path.join(src_real, "SHA256SUMS")):
         checksums = os.path.join(src_real, "SHA256SUMS")
@@ -86,7 +112,8 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
               "files_skipped": 0, "bytes_total": 0, "bytes_copied": 0, "seconds": 0.0,
               "read_bytes_per_second": 0.0, "peak_read_streams": 0, "fleet_wait_seconds": 0.0,
               "direct_io_files": 0, "copied_files": [], "restaged_files": [], "reason": None,
-              "pruned": [], "kept_in_use": []}
+              "pruned": [], "kept_in_use": [], "bytes_from_source": 0, "bytes_from_peers": 0, "peers_used": [],
+              "bad_pieces_rejected": 0, "peers_dropped": [], "pieces_read_back": 0}
     protect = [src_real] + ([checksums] if checksums else []) + ([progress_file] if progress_file else [])
 
     def _finish():
@@ -106,6 +133,9 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
         plan = _plan.plan(files, src_real, lay, mstate, verify)
         if plan.clean:
             result["files_skipped"] = len(files)
+            if record_pieces:
+                _pieces_for_published(lay, src_real, mstate.marker, piece_size, read_streams, direct_io, fsync,
+                                      result)
             return _finish()
         by_path = dict((f["path"], f) for f in files)
 
@@ -118,7 +148,7 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
                 slots.open()
             except _fleet_slots.FleetSlotError as e:
                 raise StageError(str(e), file=e.file, reason=e.reason)
-        progress = copier = journal = None
+        progress = copier = journal = board = receiver = None
         t_copy = time.monotonic()
         try:
             # Reading src headers/manifests is a read stream too: it holds a fleet slot like a copy.
@@ -136,6 +166,8 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
             if not plan.copy and not plan.extras:
                 # every published file is intact and of this source: only the record changes
                 records = [_plan.kept_record(plan.keep[f["path"]], f, content) for f in files]
+                if record_pieces:
+                    _read_back_pieces(lay.real, lay.real, records, piece_size, read_streams, direct_io, result)
                 _marker.write_marker(lay.real, src_real, _marker.min_level(records), records, fsync)
                 result.update(changed=True, files_skipped=len(files))
                 if diff:
@@ -158,11 +190,43 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
             for rec in reuse.values():
                 journal.append(rec)
 
-            progress = _stage_progress.Progress(progress_file, lay.dest, need, len(todo)).start()
+            if pieces_on or read_rate_limit:
+                progress = _stage_fanout.SourcedProgress(progress_file, lay.dest, need, len(todo),
+                                                         read_rate_limit=read_rate_limit)
+            else:
+                progress = _stage_progress.Progress(progress_file, lay.dest, need, len(todo))
+            progress.start()
+            if pieces_on:
+                _read_back_pieces(lay.partial, lay.partial, list(records.values()), piece_size, read_streams,
+                                  direct_io, result)
+                board = _stage_peer.Board(lay.partial, piece_size)
+                for rec in records.values():
+                    if rec.has_pieces(piece_size):
+                        board.add(rec.path, by_path[rec.path], rec.header_sha256, rec.sha256, rec.pieces,
+                                  held=True, done=True)
+                board.start()
             t_copy = time.monotonic()
+            copy_journal = _PieceJournal(journal, board, by_path, piece_size) if pieces_on else journal
             copier = _stage_copy.Copier(src_real, lay.partial, verify, content, read_streams, slots, progress, fsync,
-                                        direct_io=direct_io, journal=journal)
-            copier.run(todo)
+                                        direct_io=direct_io, journal=copy_journal,
+                                        piece_size=piece_size if pieces_on else None)
+            if pieces_on:
+                copy_journal.copier = copier
+            if peers:
+                receiver = _stage_fanout.Receiver(
+                    src_real, lay.partial, verify, content, peers, peer_token, piece_size, read_streams, slots,
+                    progress, fsync, direct_io=direct_io, journal=journal, board=board,
+                    peer_rate_limit=peer_rate_limit, read_rate_limit=read_rate_limit)
+                try:
+                    receiver.run(todo)
+                finally:
+                    result.update(bytes_from_peers=receiver.bytes_from_peers, peers_used=receiver.peers_used,
+                                  bad_pieces_rejected=receiver.bad_pieces_rejected, peers_dropped=receiver.dropped)
+                records.update(receiver.records)
+                result["bytes_from_source"] += receiver.bytes_from_source
+            else:
+                copier.run(todo)
+                result["bytes_from_source"] += sum(f["size"] for f in todo)
             # Intact published files join the build as hard links only now: a copy that failed above has not
             # touched the published revision (a new link changes its inode's ctime).
             unlinked = _publish.link_kept(lay, plan.keep, records, by_path, content, journal)
@@ -171,14 +235,22 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
                 need += sum(f["size"] for f in unlinked)
                 progress.bytes_total, progress.files_total = need, len(todo)
                 copier.run(unlinked)
+                result["bytes_from_source"] += sum(f["size"] for f in unlinked)
             records.update(copier.records)
+            if record_pieces:
+                _read_back_pieces(lay.partial, lay.partial, list(records.values()), piece_size, read_streams,
+                                  direct_io, result)
         except _fleet_slots.FleetSlotError as e:  # no read slot within lock_timeout, or a broken lease dir
             if progress:
                 progress.finish("failed")
+            if board:
+                board.close("failed")
             raise StageError(str(e), file=e.file, reason=e.reason)
         except BaseException:
             if progress:
                 progress.finish("failed")
+            if board:
+                board.close("failed")
             raise
         finally:
             if journal:
@@ -188,6 +260,9 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
         copy_seconds = time.monotonic() - t_copy
         progress.state = "publishing"
         ordered = [records[f["path"]] for f in files]
+        if board:
+            board.close("done")
+            board.remove()  # the marker says the same once published; the server reads it from there
         _publish.publish(lay, src_real, ordered, fsync)
         progress.finish("done")
 
@@ -196,11 +271,70 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
             copied_files=[f["path"] for f in todo],
             read_bytes_per_second=round(need / copy_seconds, 1) if copy_seconds > 0 else 0.0,
             peak_read_streams=copier.peak_streams if copier else 0,
-            direct_io_files=copier.direct_files if copier else 0,
+            direct_io_files=(copier.direct_files if copier else 0) + (receiver.direct_files if receiver else 0),
             fleet_wait_seconds=round(slots.wait_seconds, 3) if slots else 0.0)
         if diff:
             result["diff"] = _diff(mstate.marker.records if mstate.marker else [], files, lay.dest)
         return _finish()
+
+
+def _peer_url_ok(url):
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        return False
+    netloc = url.split("/", 3)[2] if url.count("/") >= 2 else ""
+    return bool(netloc) and "@" not in netloc
+
+
+class _PieceJournal(object):
+    """The journal the copy engine appends to, giving each completed file its piece digests first and putting it
+    on the board, so the seed's server hands a file on as soon as its copy is complete."""
+
+    def __init__(self, journal, board, by_path, piece_size):
+        self.journal = journal
+        self.board = board
+        self.by_path = by_path
+        self.piece_size = piece_size
+        self.copier = None
+
+    def append(self, rec):
+        pieces = self.copier.piece_digests.get(rec.path) if self.copier else None
+        if pieces is not None:
+            rec.set_pieces(pieces, self.piece_size)
+        self.journal.append(rec)
+        if self.board and pieces is not None and rec.path in self.by_path:
+            self.board.add(rec.path, self.by_path[rec.path], rec.header_sha256, rec.sha256, pieces, held=True,
+                           done=True)
+
+
+def _read_back_pieces(root, copier_root, records, piece_size, streams, direct_io, result):
+    """Give the records without digests at ``piece_size`` their pieces, read back from the copies under ``root``.
+
+    Those copies are this module's own, proven intact and of today's source by the marker or journal (inode, size,
+    mtime, ctime, source identity), so they hold the bytes that were read from src; src is not read again.
+    """
+    missing = [r for r in records if not r.has_pieces(piece_size)]
+    if not missing:
+        return
+    reader = _stage_copy.Copier(copier_root, root, "size", _verify.SourceContent({}, {}, None), streams, None, None,
+                                False, direct_io=direct_io, piece_size=piece_size)
+    digests = reader.digest_copies([r.path for r in missing])
+    for r in missing:
+        why = r.damage(root)
+        if why:
+            raise StageError("dest: %s changed while its piece digests were read back (%s); run again"
+                             % (os.path.join(root, r.path), why))
+        r.set_pieces(digests[r.path], piece_size)
+    result["pieces_read_back"] += len(missing)
+
+
+def _pieces_for_published(lay, src_real, marker, piece_size, streams, direct_io, fsync, result):
+    """A clean revision staged without piece digests (or at another piece size) gets them, so it can seed."""
+    if all(r.has_pieces(piece_size) for r in marker.records):
+        return
+    _read_back_pieces(lay.real, lay.real, marker.records, piece_size, streams, direct_io, result)
+    _marker.write_marker(lay.real, src_real, _marker.min_level(marker.records), marker.records, fsync)
+    result["changed"] = True
+    result["reason"] = "piece digests read back from the staged copy (staged without them), so it can seed peers"
 
 
 def _scan_src_and_marker(src_real, lay, result):

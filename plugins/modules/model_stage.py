@@ -150,6 +150,60 @@ options:
     type: list
     elements: str
     default: []
+  read_rate_limit:
+    description:
+      - Most bytes per second each read stream takes from O(src) (the copy, and pieces read there during a
+        fan-out). With O(read_streams) and O(fleet_read_streams) it bounds the load on the shared filesystem.
+        V(0) does not limit.
+    type: int
+    default: 0
+  record_pieces:
+    description:
+      - Record the sha256 of every O(piece_size) piece of each file in the marker, computed from the bytes read
+        from O(src) during the copy, so that this host can seed a fan-out (M(llmops.serving.model_stage_peer)
+        serves them). Costs a sha256 of every byte copied.
+      - A staged file without piece digests (staged before, or at another O(piece_size)) gets them read back
+        from the staged copy, which the marker proves intact and of this source; O(src) is not read again
+        (RV(pieces_read_back)).
+    type: bool
+    default: false
+  piece_size:
+    description:
+      - Piece size of a fan-out in bytes, a multiple of 4096; the same on every host of the run.
+    type: int
+    default: 67108864
+  peers:
+    description:
+      - Receive the files to copy from these peers (their M(llmops.serving.model_stage_peer) servers) instead of
+        reading O(src), several pieces at once from the least loaded peers holding them. Each piece is accepted
+        only when its sha256 equals the digest a peer marked O(peers[].seed) recorded for it while reading
+        O(src), and a seed's digests for a file only when its entry has the identity this host sees in O(src)
+        (size, inode, mtime, ctime, safetensors header digest). Digests from other peers are never used.
+      - A piece is written in place with C(O_DIRECT) into C(<dest>.partial) and handed on at once by this host's
+        own server. A peer that stops answering or sends a bad piece is dropped (RV(peers_dropped),
+        RV(bad_pieces_rejected)) and the piece fetched elsewhere. A piece is read from O(src) (under the fleet
+        read slots and O(read_rate_limit)) only when no seed can provide it any more (every seed dropped,
+        failed, or silent for 15 s, or not seen within 120 s), or when no seed's entry matches the source.
+      - Files get the checks of a copy (size, headers, sha256 with O(verify=sha256)) before they get their
+        names; resume, publish, marker and pruning are those of a copy. Implies recording piece digests.
+    type: list
+    elements: dict
+    suboptions:
+      url:
+        description: The peer's revision URL, C(http://<address>:<port>/r/<name>/<revision>).
+        type: str
+        required: true
+      seed:
+        description: The peer stages this revision from O(src) itself; only seeds' piece digests are trusted.
+        type: bool
+        default: false
+  peer_token:
+    description: The run's token the peers' servers expect (C(Authorization Bearer)). Required with O(peers).
+    type: str
+  peer_rate_limit:
+    description: Most bytes per second each stream takes from one peer. V(0) does not limit.
+    type: int
+    default: 0
 extends_documentation_fragment:
   - llmops.serving.attributes
   - llmops.serving.node.proc_root
@@ -265,6 +319,32 @@ pruned:
   returned: state=present
   type: list
   elements: str
+bytes_from_source:
+  description: Bytes of file data this run read from O(src) (copies and pieces read there).
+  returned: state=present
+  type: int
+bytes_from_peers:
+  description: Bytes of verified pieces this run received from O(peers).
+  returned: state=present
+  type: int
+peers_used:
+  description: URLs of the peers that sent this run at least one verified piece.
+  returned: state=present
+  type: list
+  elements: str
+bad_pieces_rejected:
+  description: Pieces from peers whose sha256 differed from the seed's digest (discarded and fetched elsewhere).
+  returned: state=present
+  type: int
+peers_dropped:
+  description: Peers this run stopped using, each with C(url) and C(reason).
+  returned: state=present
+  type: list
+  elements: dict
+pieces_read_back:
+  description: Staged files whose piece digests were read back from their copy (O(record_pieces)).
+  returned: state=present
+  type: int
 kept_in_use:
   description:
     - Older revisions O(keep_revisions) would remove but kept because a process uses them, each with C(path),
@@ -303,6 +383,14 @@ def main():
             keep_revisions=dict(type="int", default=0),
             pinned=dict(type="list", elements="str", default=[]),
             proc_root=dict(type="path", default="/proc"),
+            read_rate_limit=dict(type="int", default=0),
+            record_pieces=dict(type="bool", default=False),
+            piece_size=dict(type="int", default=64 * 1024 * 1024),
+            peers=dict(type="list", elements="dict", options=dict(
+                url=dict(type="str", required=True),
+                seed=dict(type="bool", default=False))),
+            peer_token=dict(type="str", no_log=True),
+            peer_rate_limit=dict(type="int", default=0),
         ),
         required_by={"fleet_slots_dir": "fleet_read_streams"},
         supports_check_mode=True,
@@ -311,7 +399,7 @@ def main():
     for name in ("read_streams", "fleet_read_streams"):
         if p[name] is not None and p[name] < 1:
             module.fail_json(msg="%s: must be at least 1 (got %d)" % (name, p[name]))
-    for name in ("min_free_bytes", "keep_revisions", "lock_timeout"):
+    for name in ("min_free_bytes", "keep_revisions", "lock_timeout", "read_rate_limit", "peer_rate_limit"):
         if p[name] < 0:
             module.fail_json(msg="%s: must not be negative (got %d)" % (name, p[name]))
     try:
@@ -326,7 +414,9 @@ def main():
                 fleet_stale_seconds=p["fleet_stale_seconds"], min_free_bytes=p["min_free_bytes"],
                 progress_file=p["progress_file"], check_mode=module.check_mode, diff=module._diff,
                 lock_timeout=p["lock_timeout"], fsync=p["fsync"], keep_revisions=p["keep_revisions"],
-                pinned=p["pinned"], proc_root=p["proc_root"], direct_io=p["direct_io"])
+                pinned=p["pinned"], proc_root=p["proc_root"], direct_io=p["direct_io"],
+                read_rate_limit=p["read_rate_limit"], record_pieces=p["record_pieces"], piece_size=p["piece_size"],
+                peers=p["peers"], peer_token=p["peer_token"], peer_rate_limit=p["peer_rate_limit"])
     except _safetensors.CheckpointError as e:
         module.fail_json(msg="verify: %s: %s; dest %s was left untouched" % (e.path, e.reason, p["dest"]),
                          file=e.path, reason=e.reason)

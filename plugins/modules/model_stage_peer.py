@@ -1,0 +1,197 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: llmops.serving contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: model_stage_peer
+short_description: Serve the verified pieces of staged revisions to peers during a fan-out
+version_added: "0.1.0"
+description:
+  - Starts or stops a small read-only HTTP server on this node that hands the pieces of staged model revisions
+    to other nodes staging the same revisions with M(llmops.serving.model_stage) and
+    O(llmops.serving.model_stage#module:peers), so the shared filesystem serves each revision about once.
+  - It serves only the revisions in O(revisions), and of each only the files listed in its published marker
+    with piece digests at O(piece_size) and an intact copy, or listed in the board of the staging run still
+    building it (C(<dest>.partial/.llmops-staged.pieces.json)), there only the pieces verified and written. A
+    node so serves a piece onward as soon as it has verified it.
+  - Every request needs C(Authorization Bearer) with O(token), compared in constant time; anything else gets
+    403. Paths are relative, without C(..), never through a symlink, and must be listed. Only C(GET) is
+    answered; file data only for one byte range that lies in held pieces.
+  - The server is a daemon holding a lock on its pid file in O(state_dir) for its life; it exits on
+    O(state=stopped), on SIGTERM, or after O(lifetime) seconds, whichever comes first. The token is kept only
+    as its sha256 in the daemon's memory, never in a file, the environment or the command line.
+  - Starting it again with the same configuration (token included) changes nothing; another configuration
+    replaces the running server.
+options:
+  state:
+    description: V(started) starts (or keeps) the server, V(stopped) stops it.
+    type: str
+    choices: [started, stopped]
+    default: started
+  address:
+    description: Data-plane address of this node to listen on (IPv4 or IPv6). Peers connect to it.
+    type: str
+    required: true
+  port:
+    description: TCP port to listen on.
+    type: int
+    required: true
+  token:
+    description:
+      - Per-run secret the peers send as C(Authorization Bearer). At least 16 characters. Required with
+        O(state=started).
+    type: str
+  revisions:
+    description:
+      - The revisions served, each as C(http://<address>:<port>/r/<name>/<revision>).
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      name:
+        description: Model name (a directory name, no C(/)).
+        type: str
+        required: true
+      revision:
+        description: Revision (a directory name, no C(/)).
+        type: str
+        required: true
+      dest:
+        description: The staged revision directory on this node (O(llmops.serving.model_stage#module:dest)).
+        type: path
+        required: true
+  piece_size:
+    description: Piece size of the fan-out, in bytes (a multiple of 4096); the same on every node of the run.
+    type: int
+    default: 67108864
+  state_dir:
+    description: Directory of the pid files (one per address and port), created with mode 0700.
+    type: path
+    default: /var/tmp/llmops/stage-peer
+  lifetime:
+    description: Seconds after which the server exits by itself, should nothing stop it. V(0) never.
+    type: int
+    default: 86400
+extends_documentation_fragment:
+  - llmops.serving.attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reports whether the server would be started or stopped; starts and stops nothing.
+  diff_mode:
+    support: none
+author:
+  - LLMOps Serving maintainers (@llmops-serving)
+"""
+
+EXAMPLES = r"""
+- name: Serve this node's staged revision to its peers
+  llmops.serving.model_stage_peer:
+    address: "{{ model_stage_fanout_address }}"
+    port: 18700
+    token: "{{ stage_token }}"
+    revisions:
+      - name: glm-5.2-fp8
+        revision: 3f2a9c1d7e44
+        dest: /mnt/nvme/models/glm-5.2-fp8/3f2a9c1d7e44
+  no_log: true
+
+- name: Stop it
+  llmops.serving.model_stage_peer:
+    address: "{{ model_stage_fanout_address }}"
+    port: 18700
+    state: stopped
+"""
+
+RETURN = r"""
+pid:
+  description: Process id of the server (started), or of the one stopped; null when none ran.
+  returned: always
+  type: int
+url:
+  description: C(http://<address>:<port>), the base of every revision's URL.
+  returned: always
+  type: str
+revisions:
+  description: The revisions served, as C(<name>/<revision>).
+  returned: always
+  type: list
+  elements: str
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.llmops.serving.plugins.module_utils import _stage_marker
+from ansible_collections.llmops.serving.plugins.module_utils import _stage_peer
+
+
+def _url(address, port):
+    return "http://%s:%d" % ("[%s]" % address if ":" in address else address, port)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            state=dict(type="str", choices=["started", "stopped"], default="started"),
+            address=dict(type="str", required=True),
+            port=dict(type="int", required=True),
+            token=dict(type="str", no_log=True),
+            revisions=dict(type="list", elements="dict", default=[], options=dict(
+                name=dict(type="str", required=True),
+                revision=dict(type="str", required=True),
+                dest=dict(type="path", required=True))),
+            piece_size=dict(type="int", default=64 * 1024 * 1024),
+            state_dir=dict(type="path", default="/var/tmp/llmops/stage-peer"),
+            lifetime=dict(type="int", default=86400),
+        ),
+        required_if=[("state", "started", ("token",))],
+        supports_check_mode=True,
+    )
+    p = module.params
+    if not 0 < p["port"] < 65536:
+        module.fail_json(msg="port: must be 1-65535 (got %d)" % p["port"])
+    revisions = {}
+    for i, r in enumerate(p["revisions"]):
+        for key in ("name", "revision"):
+            v = r[key]
+            if not v or "/" in v or v in (".", "..") or "\x00" in v:
+                module.fail_json(msg="revisions[%d].%s: must be a directory name (no '/', not '.' or '..')" % (i, key))
+        revisions[_stage_peer.revision_id(r["name"], r["revision"])] = os.path.abspath(r["dest"])
+    url = _url(p["address"], p["port"])
+    result = dict(changed=False, pid=None, url=url, revisions=sorted(revisions))
+    cur = _stage_peer.running(p["state_dir"], p["address"], p["port"])
+    if p["state"] == "stopped":
+        if cur is not None:
+            result.update(changed=True, pid=cur["pid"])
+            if not module.check_mode:
+                _stage_peer.stop(p["state_dir"], p["address"], p["port"])
+        module.exit_json(**result)
+    if len(p["token"]) < 16:
+        module.fail_json(msg="token: must be at least 16 characters; generate one per run (the role does)")
+    if not _stage_marker.valid_piece_size(p["piece_size"]):
+        module.fail_json(msg="piece_size: must be a positive multiple of %d bytes (got %d); use e.g. 67108864 (64 MiB)"
+                         % (_stage_marker.PIECE_ALIGN, p["piece_size"]))
+    if p["lifetime"] < 0:
+        module.fail_json(msg="lifetime: must not be negative (got %d)" % p["lifetime"])
+    if module.check_mode:
+        digest = _stage_peer.config_digest(p["address"], p["port"], _stage_peer.token_digest(p["token"]), revisions,
+                                           p["piece_size"])
+        same = cur is not None and cur.get("config") == digest
+        result.update(changed=not same, pid=cur["pid"] if cur else None)
+        module.exit_json(**result)
+    try:
+        changed, rec = _stage_peer.start(p["state_dir"], p["address"], p["port"], p["token"], revisions,
+                                         p["piece_size"], p["lifetime"])
+    except (_stage_peer.PeerError, OSError) as e:
+        module.fail_json(msg=str(e), **result)
+    result.update(changed=changed, pid=rec.get("pid"))
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

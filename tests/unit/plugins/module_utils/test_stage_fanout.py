@@ -1,0 +1,212 @@
+"""Fan-out staging in one process: a seed records piece digests from src, receivers pull them from peers'
+servers, a bad piece is rejected and fetched elsewhere, a dead peer falls back, the token is required."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import threading
+import time
+
+import pytest
+
+from ansible_collections.llmops.serving.plugins.module_utils import _stage
+from ansible_collections.llmops.serving.plugins.module_utils import _stage_fanout
+from ansible_collections.llmops.serving.plugins.module_utils import _stage_marker as _marker
+from ansible_collections.llmops.serving.plugins.module_utils import _stage_peer
+from ansible_collections.llmops.serving.tests.lib import stage_synth
+
+PIECE = 256 * 1024
+TOKEN = "fanout-test-token-0123456789abcdef"
+
+
+@pytest.fixture
+def src(tmp_path):
+    root = str(tmp_path / "shared" / "m" / "r1")
+    stage_synth.write_checkpoint(root, 6 * 1024 * 1024, shards=3, seed=3)
+    return root
+
+
+def _sha(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _same_tree(a, b):
+    names = sorted(n for n in os.listdir(b) if n != _marker.MARKER)
+    assert names == sorted(os.listdir(a))
+    for n in names:
+        assert _sha(os.path.join(a, n)) == _sha(os.path.join(b, n)), n
+
+
+class Served(object):
+    def __init__(self, dest, token=TOKEN):
+        self.server = _stage_peer.PeerServer("127.0.0.1", 0, _stage_peer.token_digest(token),
+                                             {"m/r1": _stage_peer.Offer(dest, PIECE, ttl=0)})
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+        self.url = "http://127.0.0.1:%d/r/m/r1" % self.server.server_address[1]
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def servers():
+    made = []
+
+    def make(dest, token=TOKEN):
+        s = Served(dest, token)
+        made.append(s)
+        return s
+    yield make
+    for s in made:
+        s.close()
+
+
+def _seed(src, tmp_path):
+    dest = str(tmp_path / "seed" / "m" / "r1")
+    r = _stage.stage(src, dest, record_pieces=True, piece_size=PIECE)
+    assert r["bytes_from_source"] == r["bytes_total"]
+    return dest, r
+
+
+def test_seed_records_piece_digests_of_the_source(src, tmp_path):
+    dest, _r = _seed(src, tmp_path)
+    marker = _marker.read_marker(dest).marker
+    assert marker.piece_size == PIECE
+    for rec in marker.records:
+        data = open(os.path.join(src, rec.path), "rb").read()
+        assert rec.pieces == [hashlib.sha256(data[i:i + PIECE]).hexdigest() for i in range(0, len(data), PIECE)]
+
+
+def test_old_marker_gets_pieces_read_back_without_reading_src(src, tmp_path):
+    dest = str(tmp_path / "old" / "m" / "r1")
+    _stage.stage(src, dest)
+    assert all(r.pieces is None for r in _marker.read_marker(dest).marker.records)
+    r = _stage.stage(src, dest, record_pieces=True, piece_size=PIECE)
+    assert r["changed"] and r["pieces_read_back"] == r["files_total"] and r["bytes_from_source"] == 0
+    assert all(rec.has_pieces(PIECE) for rec in _marker.read_marker(dest).marker.records)
+    assert not _stage.stage(src, dest, record_pieces=True, piece_size=PIECE)["changed"]
+
+
+def test_receivers_pull_from_seed_and_each_other_without_reading_src(src, tmp_path, servers):
+    seed_dest, _r = _seed(src, tmp_path)
+    seed = servers(seed_dest)
+    d1 = str(tmp_path / "n1" / "m" / "r1")
+    r1 = _stage.stage(src, d1, peers=[{"url": seed.url, "seed": True}], peer_token=TOKEN, piece_size=PIECE,
+                      verify="sha256")
+    assert r1["bytes_from_source"] == 0 and r1["bytes_from_peers"] == r1["bytes_total"]
+    assert r1["peers_used"] == [seed.url] and r1["bad_pieces_rejected"] == 0
+    _same_tree(src, d1)
+    n1 = servers(d1)
+    d2 = str(tmp_path / "n2" / "m" / "r1")
+    r2 = _stage.stage(src, d2, peers=[{"url": seed.url, "seed": True}, {"url": n1.url}], peer_token=TOKEN,
+                      piece_size=PIECE)
+    assert r2["bytes_from_source"] == 0 and r2["bytes_from_peers"] == r2["bytes_total"]
+    _same_tree(src, d2)
+    recs = _marker.read_marker(d2).marker.records
+    assert [r.pieces for r in recs] == [r.pieces for r in _marker.read_marker(seed_dest).marker.records]
+
+
+def _liar(seed_dest, tmp_path, flip="model-00002-of-00003.safetensors", at=PIECE + 5):
+    """A peer whose board says it holds every piece verified, with one byte flipped on disk since."""
+    dest = str(tmp_path / "liar" / "m" / "r1")
+    partial = dest + ".partial"
+    shutil.copytree(seed_dest, partial)
+    os.unlink(os.path.join(partial, _marker.MARKER))
+    with open(os.path.join(partial, flip), "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0xFF]))
+    board = _stage_peer.Board(partial, PIECE)
+    for rec in _marker.read_marker(seed_dest).marker.records:
+        st = os.stat(os.path.join(partial, rec.path))
+        f = {"size": rec.size, "ino": rec.src[1], "mtime_ns": rec.src[2], "ctime_ns": rec.src[3], "mode": 0o644}
+        assert st.st_size == rec.size
+        board.add(rec.path, f, rec.header_sha256, rec.sha256, rec.pieces, held=True, done=True)
+    board.write()
+    return dest
+
+
+def test_bad_piece_is_rejected_the_liar_dropped_and_the_piece_refetched(src, tmp_path, servers, monkeypatch):
+    seed_dest, _r = _seed(src, tmp_path)
+    seed = servers(seed_dest)
+    liar = servers(_liar(seed_dest, tmp_path))
+    # the liar is preferred whenever it holds the piece, and nothing is picked before both piece lists are in,
+    # so its bad piece is certainly asked for
+    monkeypatch.setattr(_stage_fanout.random, "choice", lambda links: sorted(links, key=lambda p: p.seed)[0])
+    pick = _stage_fanout.Receiver._pick
+
+    def pick_once_both_seen(self):
+        while not all(link.seen_at for link in self.links):
+            time.sleep(0.01)
+        return pick(self)
+    monkeypatch.setattr(_stage_fanout.Receiver, "_pick", pick_once_both_seen)
+    d = str(tmp_path / "n1" / "m" / "r1")
+    r = _stage.stage(src, d, peers=[{"url": seed.url, "seed": True}, {"url": liar.url}], peer_token=TOKEN,
+                     piece_size=PIECE, read_streams=1)
+    assert r["bad_pieces_rejected"] == 1
+    assert r["peers_dropped"][0]["url"] == liar.url and "bad piece" in r["peers_dropped"][0]["reason"]
+    assert r["bytes_from_source"] == 0 and r["bytes_from_peers"] == r["bytes_total"]
+    _same_tree(src, d)
+
+
+def test_liar_claiming_to_be_the_only_seed_cannot_publish_wrong_bytes(src, tmp_path, servers):
+    seed_dest, _r = _seed(src, tmp_path)
+    liar = servers(_liar(seed_dest, tmp_path))
+    d = str(tmp_path / "n1" / "m" / "r1")
+    # a broken *non-seed* peer alone: its digests are never used, every piece comes from src
+    r = _stage.stage(src, d, peers=[{"url": liar.url}], peer_token=TOKEN, piece_size=PIECE)
+    assert r["bytes_from_peers"] == 0 and r["bytes_from_source"] == r["bytes_total"]
+    _same_tree(src, d)
+
+
+def test_dead_seed_falls_back_to_src_under_the_read_limit(src, tmp_path, servers):
+    seed_dest, _r = _seed(src, tmp_path)
+    seed = servers(seed_dest)
+    seed.close()
+    d = str(tmp_path / "n1" / "m" / "r1")
+    r = _stage.stage(src, d, peers=[{"url": seed.url, "seed": True}], peer_token=TOKEN, piece_size=PIECE,
+                     progress_file=str(tmp_path / "p.json"))
+    assert r["bytes_from_source"] == r["bytes_total"] and r["bytes_from_peers"] == 0
+    assert r["peers_dropped"] and r["peers_dropped"][0]["url"] == seed.url
+    _same_tree(src, d)
+    prog = json.load(open(str(tmp_path / "p.json")))
+    assert prog["bytes_from_source"] == r["bytes_total"] and "from the shared filesystem" in prog["message"]
+
+
+def test_wrong_token_drops_the_peer(src, tmp_path, servers):
+    seed_dest, _r = _seed(src, tmp_path)
+    seed = servers(seed_dest, token="another-runs-token-0123456789")
+    d = str(tmp_path / "n1" / "m" / "r1")
+    r = _stage.stage(src, d, peers=[{"url": seed.url, "seed": True}], peer_token=TOKEN, piece_size=PIECE)
+    assert "403" in r["peers_dropped"][0]["reason"] and r["bytes_from_source"] == r["bytes_total"]
+    assert TOKEN not in json.dumps(r)
+
+
+def test_throttle_keeps_the_rate():
+    now = [0.0]
+
+    def sleep(s):
+        now[0] += s
+    t = _stage_fanout.Throttle(1000, clock=lambda: now[0], sleep=sleep)
+    for _i in range(10):
+        t.consume(500)
+    assert now[0] == pytest.approx(5.0, abs=0.01)
+
+
+@pytest.mark.parametrize("bad", [{"peers": [{"url": "ftp://x/r/m/r1"}], "peer_token": TOKEN},
+                                 {"peers": [{"url": "http://u:p@h:1/r/m/r1"}], "peer_token": TOKEN},
+                                 {"peers": [{"url": "http://h:1/r/m/r1"}]},
+                                 {"record_pieces": True, "piece_size": 1000},
+                                 {"read_rate_limit": -1}])
+def test_bad_fanout_options_are_refused_before_anything_changes(src, tmp_path, bad):
+    d = str(tmp_path / "n1" / "m" / "r1")
+    with pytest.raises(_stage.StageError) as e:
+        _stage.stage(src, d, **bad)
+    assert TOKEN not in str(e.value) and "u:p" not in str(e.value)
+    assert not os.path.exists(os.path.dirname(d))
