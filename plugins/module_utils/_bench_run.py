@@ -53,6 +53,23 @@ add_cli_args(parser)
 main(parser.parse_args(sys.argv[1:]))
 '''
 
+#: In a Kubernetes Job: the same client, then its saved result on one marked line of the log.
+JOB_SOURCE = r'''
+import json, os, sys, tempfile
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+d = tempfile.mkdtemp()
+parser = FlexibleArgumentParser(prog="vllm bench serve", description="vllm bench serve")
+add_cli_args(parser)
+main(parser.parse_args(sys.argv[1:] + ["--save-result", "--save-detailed", "--result-dir", d,
+                                       "--result-filename", "result.json"]))
+with open(os.path.join(d, "result.json")) as f:
+    doc = json.load(f)
+doc.pop("generated_texts", None)
+print("\n%s%s" % ("LLMOPS_BENCH_RESULT ", json.dumps(doc)), flush=True)
+'''
+RESULT_MARKER = "LLMOPS_BENCH_RESULT "
+
 
 class BenchError(Exception):
     """Bad input or a target that cannot be measured; ``str()`` names the variable and the fix."""
@@ -540,7 +557,7 @@ def run_client(argv, log_path, timeout, env=None, child_cls=None):
 
 
 def run_round(out_dir, plan_doc, index, python, env=None, client_timeout=0, evidence_args=None, opener=None,
-              runner=run_client, now=time.time):
+              runner=run_client, now=time.time, client_output=None):
     """Run round ``index`` of the plan; returns ``(record, stopped)``.
 
     ``record`` is what ``rounds/NNN.json`` holds (``{schema, index, kind, target, concurrency, input_len,
@@ -559,7 +576,8 @@ def run_round(out_dir, plan_doc, index, python, env=None, client_timeout=0, evid
         return None, _stop(out_dir, rnd, "over_budget",
                            "benchmark_time_budget (%s) ran out before round %d of %d; raise it or shorten the ladder"
                            % (_units.human_seconds(budget), index, len(rounds)), now)
-    dead = target_alive(target, opener=opener)
+    # a Job's client reaches cluster addresses this host may not: only a local client's target is checked here
+    dead = target_alive(target, opener=opener) if client_output is None else None
     if dead:
         return None, _stop(out_dir, rnd, "target_down",
                            "target %s stopped answering before round %d of %d: %s"
@@ -573,9 +591,17 @@ def run_round(out_dir, plan_doc, index, python, env=None, client_timeout=0, evid
     if os.path.exists(raw_path):
         os.unlink(raw_path)
     log_path = os.path.join(out_dir, "logs", "%03d.log" % index)
-    argv = client_argv(python, target, rnd, plan_doc["tokenizer"], raw_dir, result_name,
-                       ready_timeout=plan_doc.get("ready_timeout_s", 30))
-    rc, seconds = runner(argv, log_path, client_timeout, env)
+    if client_output is not None:
+        # the client ran elsewhere (a Kubernetes Job): its log holds the result
+        _fsutil.atomic_write_text(log_path, client_output)
+        doc = result_from_output(client_output)
+        if doc is not None:
+            _fsutil.atomic_write_json(raw_path, doc, sort_keys=True, newline=True)
+        rc, seconds = (0 if doc is not None else 1), float((doc or {}).get("duration") or 0.0)
+    else:
+        argv = client_argv(python, target, rnd, plan_doc["tokenizer"], raw_dir, result_name,
+                           ready_timeout=plan_doc.get("ready_timeout_s", 30))
+        rc, seconds = runner(argv, log_path, client_timeout, env)
     doc = None
     if rc == 0 and os.path.exists(raw_path):
         try:
@@ -584,7 +610,7 @@ def run_round(out_dir, plan_doc, index, python, env=None, client_timeout=0, evid
         except (OSError, ValueError):
             doc = None
     if doc is None:
-        dead = target_alive(target, opener=opener)
+        dead = target_alive(target, opener=opener) if client_output is None else None
         why = ("target %s stopped answering during round %d of %d: %s" % (target["name"], index, len(rounds), dead)
                if dead else
                "the client (vllm bench serve) %s in round %d of %d; see %s: %s"
@@ -604,12 +630,63 @@ def run_round(out_dir, plan_doc, index, python, env=None, client_timeout=0, evid
                                       direction=evidence_args.get("direction", "both"))
     _fsutil.atomic_write_json(round_path(out_dir, index), record, sort_keys=True, newline=True)
     stopped = None
-    if record["failed"] == len(samples):
+    if record["failed"] == len(samples) and client_output is None:
         dead = target_alive(target, opener=opener)
         if dead:
             stopped = _stop(out_dir, rnd, "target_down", "target %s stopped answering during round %d of %d "
                             "(every request failed): %s" % (target["name"], index, len(rounds), dead), now)
     return record, stopped
+
+
+def result_from_output(text):
+    """The client result a Job printed (:data:`JOB_SOURCE`'s marked line), or None."""
+    for line in reversed((text or "").splitlines()):
+        if line.startswith(RESULT_MARKER):
+            try:
+                doc = json.loads(line[len(RESULT_MARKER):])
+            except ValueError:
+                return None
+            return doc if isinstance(doc, dict) else None
+    return None
+
+
+def job_name(plan_doc, rnd):
+    base = re.sub(r"[^a-z0-9-]+", "-", rnd["target"].lower()).strip("-")[:30] or "target"
+    return "bench-%03d-%s" % (rnd["index"], base)
+
+
+def job_manifest(plan_doc, rnd, namespace, image, python="python3", tokenizer_host_path="/mnt/nvme/models",
+                 tokenizer_mount="/models", node_selector=None, active_deadline=3600):
+    """The Kubernetes Job that runs round ``rnd`` in the cluster with :data:`JOB_SOURCE` (same flags as a local
+    round). The tokenizer comes from a read-only hostPath; a target's headers go in as arguments (a credential
+    header belongs in the gateway, not here)."""
+    target = next(t for t in plan_doc["targets"] if t["name"] == rnd["target"])
+    argv = client_argv(python, target, rnd, plan_doc["tokenizer"], "/tmp", "unused.json",
+                       ready_timeout=plan_doc.get("ready_timeout_s", 30))
+    # JOB_SOURCE adds the result flags itself
+    cut = argv.index("--save-result")
+    args = argv[3:cut] + argv[cut + 6:]
+    labels = {"app.kubernetes.io/name": "llmops-benchmark", "app.kubernetes.io/managed-by": "llmops.serving",
+              "llmops.serving/round": str(rnd["index"])}
+    spec = {
+        "backoffLimit": 0, "activeDeadlineSeconds": int(active_deadline), "ttlSecondsAfterFinished": 86400,
+        "template": {
+            "metadata": {"labels": labels},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [{
+                    "name": "client", "image": image, "command": [python, "-c", JOB_SOURCE], "args": args,
+                    "volumeMounts": [{"name": "tokenizer", "mountPath": tokenizer_mount, "readOnly": True}],
+                    "resources": {"requests": {"cpu": "2", "memory": "4Gi"}},
+                }],
+                "volumes": [{"name": "tokenizer", "hostPath": {"path": tokenizer_host_path, "type": "Directory"}}],
+            },
+        },
+    }
+    if node_selector:
+        spec["template"]["spec"]["nodeSelector"] = dict(node_selector)
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": job_name(plan_doc, rnd), "namespace": namespace, "labels": labels}, "spec": spec}
 
 
 def _stop(out_dir, rnd, reason, message, now, log=None):

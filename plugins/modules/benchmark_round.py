@@ -54,6 +54,11 @@ options:
     type: list
     elements: int
     default: []
+  client_output:
+    description:
+      - The log of a client that ran elsewhere (a Kubernetes Job from M(llmops.serving.benchmark_job)); its
+        C(LLMOPS_BENCH_RESULT) line is the round's result and no client is started here.
+    type: str
   direction:
     description: Which RDMA counters count toward the verdict (C(rx) on the decode host of a NIXL pull).
     type: str
@@ -125,6 +130,7 @@ def main():
             rdma_devices=dict(type="list", elements="str", default=[]),
             rdma_ports=dict(type="list", elements="int", default=[]),
             direction=dict(type="str", choices=["tx", "rx", "both"], default="both"),
+            client_output=dict(type="str"),
         ),
         supports_check_mode=False,
     )
@@ -143,7 +149,8 @@ def main():
         evidence_args = {"sysfs_root": p["sysfs_root"], "proc_root": p["proc_root"], "devices": p["rdma_devices"],
                          "ports": p["rdma_ports"], "direction": p["direction"]}
         record, stopped = _bench_run.run_round(p["out_dir"], plan, p["index"], p["python"], env=env,
-                                               client_timeout=p["client_timeout"], evidence_args=evidence_args)
+                                               client_timeout=p["client_timeout"], evidence_args=evidence_args,
+                                               client_output=p["client_output"])
         prog = _bench_run.progress(plan, _bench_run.done_rounds(p["out_dir"]), p["index"])
     except _bench_run.BenchError as e:
         module.fail_json(msg=str(e), reason=e.reason)

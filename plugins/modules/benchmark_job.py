@@ -1,0 +1,144 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: llmops.serving contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: benchmark_job
+short_description: Render a serving benchmark's rounds as Kubernetes Jobs running vllm bench serve in the cluster
+version_added: "0.1.0"
+description:
+  - Reads the plan that M(llmops.serving.benchmark_plan) wrote into O(out_dir) and returns one C(batch/v1) Job per
+    round, in plan order. Each runs the same client with the same flags as a local round (C(vllm bench serve) from
+    C(vllm.benchmarks.serve), random dataset, exact lengths, greedy, C(--max-concurrency) C) and prints its saved
+    result (per-request TTFT, ITL, latency, lengths, errors) on one C(LLMOPS_BENCH_RESULT) line of its log, which
+    M(llmops.serving.benchmark_round) reads with O(llmops.serving.benchmark_round#module:client_output).
+  - With O(render_dir) the Jobs are written there (C(NN-job-<name>.yaml) and a C(kustomization.yaml)); files of an
+    earlier render that are no longer produced are removed.
+options:
+  out_dir:
+    description: The directory holding C(plan.json).
+    type: path
+    required: true
+  namespace:
+    description: Namespace of the Jobs.
+    type: str
+    required: true
+  image:
+    description: Image with vllm installed.
+    type: str
+    required: true
+  python:
+    description: Interpreter in the image.
+    type: str
+    default: python3
+  tokenizer_host_path:
+    description: Node directory (hostPath, read-only) that holds the plan's tokenizer path under O(tokenizer_mount).
+    type: str
+    default: /mnt/nvme/models
+  tokenizer_mount:
+    description: Where the Job mounts O(tokenizer_host_path).
+    type: str
+    default: /models
+  node_selector:
+    description: Node selector of the Jobs (where the client runs).
+    type: dict
+    default: {}
+  active_deadline:
+    description: C(activeDeadlineSeconds) of each Job.
+    type: int
+    default: 3600
+extends_documentation_fragment:
+  - llmops.serving.attributes
+  - llmops.serving.render_dir
+attributes:
+  check_mode:
+    support: full
+    details: Reports the files a real run would write, writes none.
+  diff_mode:
+    support: full
+    details: Shows each rendered file before and after.
+author:
+  - LLMOps Serving maintainers (@llmops-serving)
+"""
+
+EXAMPLES = r"""
+- name: Render the rounds as Jobs for GitOps
+  llmops.serving.benchmark_job:
+    out_dir: /var/tmp/llmops/bench
+    namespace: llm
+    image: vllm/vllm-openai:v0.10.1
+    render_dir: /srv/gitops/bench
+"""
+
+RETURN = r"""
+objects:
+  description: The Jobs, in plan order.
+  returned: always
+  type: list
+  elements: dict
+names:
+  description: The Jobs' names, in plan order (C(bench-NNN-<target>)).
+  returned: always
+  type: list
+  elements: str
+files:
+  description: Files of the rendered directory (with O(render_dir)).
+  returned: always
+  type: list
+  elements: str
+changed_files:
+  description: Files written or to be written (with O(render_dir)).
+  returned: always
+  type: list
+  elements: str
+removed:
+  description: Files of an earlier render removed (with O(render_dir)).
+  returned: always
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.llmops.serving.plugins.module_utils import _bench_run, _render_dir
+
+
+class _SpecError(ValueError):
+    secret_values = ()
+
+
+def _render(params):
+    try:
+        plan = _bench_run.read_plan(params["out_dir"])
+    except _bench_run.BenchError as e:
+        raise _SpecError(str(e))
+    objects = [_bench_run.job_manifest(plan, r, params["namespace"], params["image"], python=params["python"],
+                                       tokenizer_host_path=params["tokenizer_host_path"],
+                                       tokenizer_mount=params["tokenizer_mount"], node_selector=params["node_selector"],
+                                       active_deadline=params["active_deadline"]) for r in plan["rounds"]]
+    return {"objects": objects, "names": [o["metadata"]["name"] for o in objects], "warnings": []}
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            out_dir=dict(type="path", required=True),
+            namespace=dict(type="str", required=True),
+            image=dict(type="str", required=True),
+            python=dict(type="str", default="python3"),
+            tokenizer_host_path=dict(type="str", default="/mnt/nvme/models"),
+            tokenizer_mount=dict(type="str", default="/models"),
+            node_selector=dict(type="dict", default={}),
+            active_deadline=dict(type="int", default=3600),
+            render_dir=dict(type="path"),
+        ),
+        supports_check_mode=True,
+    )
+    _render_dir.run_module(module, _render, _SpecError, (), always_list_files=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,312 @@
+"""benchmark_plan / benchmark_round / benchmark_report / benchmark_job / benchmark_coldstart against a stand-in
+OpenAI server (port chosen by the kernel) and a stand-in client interpreter that speaks vllm bench serve's
+command line and writes its --save-detailed result."""
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import stat
+import sys
+import threading
+
+import pytest
+
+from ansible_collections.llmops.serving.plugins.module_utils import _bench_coldstart, _bench_report, _bench_run
+from ansible_collections.llmops.serving.plugins.modules import (
+    benchmark_coldstart, benchmark_job, benchmark_plan, benchmark_report, benchmark_round,
+)
+
+# The stand-in client: argv is "-c CODE <vllm bench serve flags>"; it sends each prompt to the server (so a dead
+# server fails it) and writes the result file the real client writes with --save-result --save-detailed.
+FAKE_CLIENT = r'''
+import json, os, sys, time, urllib.request
+args = sys.argv[3:] if sys.argv[1] == "-c" else sys.argv[1:]
+opt = {}
+i = 0
+while i < len(args):
+    if args[i].startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--"):
+        opt[args[i]] = args[i + 1]; i += 2
+    else:
+        opt[args[i]] = True; i += 1
+n, out_len, seed = int(opt["--num-prompts"]), int(opt["--random-output-len"]), int(opt["--seed"])
+doc = {"ttfts": [], "itls": [], "latencies": [], "input_lens": [], "output_lens": [], "errors": []}
+t0 = time.time()
+for k in range(n):
+    try:
+        urllib.request.urlopen(urllib.request.Request(opt["--base-url"] + "/v1/completions", data=b"{}",
+                               headers={"Content-Type": "application/json"}), timeout=5).read()
+    except Exception as e:
+        sys.stderr.write("request failed: %s\n" % e)
+        sys.exit(1)
+    ttft = 0.010 * (1 + seed) + 0.001 * k
+    doc["ttfts"].append(ttft); doc["itls"].append([0.002] * (out_len - 1))
+    doc["latencies"].append(ttft + 0.002 * (out_len - 1))
+    doc["input_lens"].append(int(opt["--random-input-len"])); doc["output_lens"].append(out_len)
+    doc["errors"].append("")
+doc.update(duration=time.time() - t0, completed=n, failed=0, output_throughput=n * out_len / 1.0,
+           p95_ttft_ms=10.0, p95_tpot_ms=2.0, p95_e2el_ms=50.0)
+with open(os.path.join(opt["--result-dir"], opt["--result-filename"]), "w") as f:
+    json.dump(doc, f)
+'''
+
+
+class _Server(http.server.BaseHTTPRequestHandler):
+    models = ["tiny-llama"]
+    nixl_bytes = [0.0]
+    completions = [0]
+
+    def log_message(self, *a):
+        pass
+
+    def _send(self, status, body, ctype="application/json"):
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path.rstrip("/") == "/v1/models":
+            self._send(200, {"object": "list", "data": [{"id": m} for m in self.models]})
+        elif self.path == "/metrics":
+            self.nixl_bytes[0] += 65536.0
+            text = ("vllm:nixl_bytes_transferred_sum %s\nvllm:nixl_bytes_transferred_count 4\n"
+                    "vllm:nixl_xfer_time_seconds_sum 0.004\nvllm:nixl_xfer_time_seconds_count 4\n"
+                    "vllm:nixl_num_failed_transfers_total 0\n" % self.nixl_bytes[0])
+            self._send(200, text.encode(), "text/plain")
+        else:
+            self._send(404, {"error": "no"})
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.completions[0] += 1
+        self._send(200, {"choices": [{"text": "x"}]})
+
+
+@pytest.fixture
+def server():
+    handler = type("H", (_Server,), {"models": ["tiny-llama"], "nixl_bytes": [0.0], "completions": [0]})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield {"url": "http://127.0.0.1:%d" % srv.server_address[1], "srv": srv, "handler": handler}
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.fixture
+def fake_python(tmp_path):
+    path = tmp_path / "fake-python"
+    path.write_text("#!%s\n%s" % (sys.executable, FAKE_CLIENT))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+@pytest.fixture
+def tokenizer(tmp_path):
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "tokenizer.json").write_text("{}")
+    return str(d)
+
+
+def _plan_args(server, tokenizer, out_dir, **over):
+    args = {"targets": [{"name": "colocated", "url": server["url"], "model": "tiny-llama"}],
+            "concurrency": [1, 2], "seeds": [1, 2], "lengths": [[16, 4]], "requests_per_round": 3,
+            "warmup_rounds": 1, "tokenizer": tokenizer, "out_dir": str(out_dir)}
+    args.update(over)
+    return args
+
+
+def test_plan_warms_up_first_and_interleaves_a_and_b():
+    proto = _bench_run.check_inputs({
+        "targets": [{"name": "a", "url": "http://h:1", "model": "m"}, {"name": "b", "url": "http://h:2", "model": "m"}],
+        "concurrency": [1, 4], "seeds": [1, 2], "lengths": [[128, 64]], "requests_per_round": 8,
+        "requests_per_concurrency": 4, "warmup_rounds": 1, "repetitions": 1})
+    plan = _bench_run.make_plan(proto)
+    c1 = [(r["kind"], r["target"], r["seed"]) for r in plan if r["concurrency"] == 1]
+    assert c1[:2] == [("warmup", "a", _bench_run.WARMUP_SEED_BASE), ("warmup", "b", _bench_run.WARMUP_SEED_BASE)]
+    assert c1[2:] == [("measure", "a", 1), ("measure", "b", 1), ("measure", "a", 2), ("measure", "b", 2)]
+    assert [r["num_prompts"] for r in plan if r["kind"] == "measure" and r["concurrency"] == 4] == [16] * 4
+    assert [r["index"] for r in plan] == list(range(1, len(plan) + 1))
+    proto["interleave"] = False
+    seq = [r["target"] for r in _bench_run.make_plan(proto) if r["kind"] == "measure" and r["concurrency"] == 1]
+    assert seq == ["a", "a", "b", "b"]
+
+
+@pytest.mark.parametrize("case,expect", [
+    ("unreachable", "benchmark_targets[0].url: http://127.0.0.1:9 does not answer"),
+    ("wrong_model", "benchmark_targets[0].model: 'tiny-lama' is not served by"),
+    ("tokenizer", "does not exist; point benchmark_tokenizer at the model revision directory"),
+    ("budget", "benchmark_time_budget: the ladder cannot finish"),
+    ("lengths", "benchmark_lengths[0][1]: 1 is below 2"),
+    ("targets", "benchmark_targets: must list one or two targets (got 3)"),
+])
+def test_plan_refuses_bad_input_before_any_load(run_module, server, tokenizer, tmp_path, case, expect):
+    out = tmp_path / "out"
+    over = {}
+    if case == "unreachable":
+        over["targets"] = [{"name": "gone", "url": "http://127.0.0.1:9", "model": "tiny-llama"}]
+    elif case == "wrong_model":
+        over["targets"] = [{"name": "a", "url": server["url"], "model": "tiny-lama"}]
+    elif case == "tokenizer":
+        over["tokenizer"] = str(tmp_path / "missing")
+    elif case == "budget":
+        over.update(time_budget=1e-4, requests_per_round=50)
+    elif case == "lengths":
+        over["lengths"] = [[16, 1]]
+    else:
+        over["targets"] = [{"name": n, "url": server["url"], "model": "tiny-llama"} for n in "abc"]
+    args = _plan_args(server, tokenizer, out)
+    args.update(over)
+    res = run_module(benchmark_plan, args)
+    assert res.get("failed"), res
+    assert expect in res["msg"], res["msg"]
+    assert not (out / "plan.json").exists()
+    # only the probe of the budget case reached the server; nothing of a round
+    assert server["handler"].completions[0] <= (1 if case == "budget" else 0)
+
+
+def test_samples_keep_failed_requests_and_use_the_clients_tpot():
+    doc = {"ttfts": [0.1, 0.0], "itls": [[0.01, 0.03], []], "latencies": [0.14, 0.0], "input_lens": [16, 16],
+           "output_lens": [3, 0], "errors": ["", "Bad Request"]}
+    ok, bad = _bench_run.samples_from_result(doc, seed=7)
+    assert ok["ok"] and ok["seed"] == 7 and ok["ttft_ms"] == 100.0 and ok["e2el_ms"] == 140.0
+    assert ok["tpot_ms"] == pytest.approx(20.0) and ok["itl_ms"] == [10.0, 30.0]
+    assert not bad["ok"] and bad["error"] == "Bad Request" and bad["e2el_ms"] is None
+
+
+def _run_all(run_module, out, fake_python, n, **round_args):
+    results = []
+    for k in range(1, n + 1):
+        res = run_module(benchmark_round, dict({"out_dir": str(out), "index": k, "python": fake_python}, **round_args))
+        assert not res.get("failed"), res
+        results.append(res)
+        if res["stopped"]:
+            break
+    return results
+
+
+def test_rounds_and_report_follow_the_contract(run_module, server, tokenizer, fake_python, tmp_path):
+    out = tmp_path / "out"
+    plan = run_module(benchmark_plan, _plan_args(server, tokenizer, out))
+    assert plan["rounds"] == 6 and plan["measured_rounds"] == 4, plan
+    results = _run_all(run_module, out, fake_python, plan["rounds"])
+    assert "round 6 of 6" in results[-1]["msg"] and "ETA" in results[0]["msg"]
+    rep = run_module(benchmark_report, {"out_dir": str(out), "n_boot": 200})
+    assert not rep.get("failed"), rep
+    with open(out / "report.json") as f:
+        report = json.load(f)
+    _bench_report.validate(report)
+    cells = sorted(report["cells"], key=lambda c: c["concurrency"])
+    assert [(c["concurrency"], c["requests"], c["failed"]) for c in cells] == [(1, 6, 0), (2, 6, 0)]
+    c = cells[0]
+    # seed 2's stand-in TTFTs are 30-32 ms, seed 1's 20-22 ms: pooled p95 and mean of per-round p95 differ
+    assert c["p95_ttft_ms_pooled"] == pytest.approx(31.75, abs=0.01)  # rank 4.75 of 20,21,22,30,31,32
+    assert c["p95_ttft_ms_mean_of_seeds"] == pytest.approx((21.9 + 31.9) / 2, abs=0.01)
+    assert c["unstable"] is True  # 21.9 vs 31.9 ms is more than 20 % of their mean
+    assert {s["seed"] for s in c["samples"]} == {1, 2}
+    assert "What this does not prove" in (out / "report.md").read_text()
+    assert (out / "latency_p95.png").exists()
+
+
+def test_a_target_that_dies_stops_the_run_and_the_report_says_where(run_module, server, tokenizer, fake_python, tmp_path):
+    out = tmp_path / "out"
+    plan = run_module(benchmark_plan, _plan_args(server, tokenizer, out))
+    first = _run_all(run_module, out, fake_python, 2)
+    assert all(r["stopped"] is None for r in first)
+    server["srv"].shutdown()
+    server["srv"].server_close()
+    res = run_module(benchmark_round, {"out_dir": str(out), "index": 3, "python": fake_python})
+    assert res["stopped"]["reason"] == "target_down" and res["stopped"]["index"] == 3, res
+    assert "stopped answering" in res["msg"]
+    rep = run_module(benchmark_report, {"out_dir": str(out), "n_boot": 100})
+    assert rep["stopped"]["after_round"] == 2 and rep["stopped"]["of_rounds"] == plan["rounds"]
+    with open(out / "report.json") as f:
+        report = json.load(f)
+    assert [c["requests"] for c in report["cells"]] == [3]  # round 2 (C=1, seed 1) was kept
+    assert any(cv["code"] == "stopped_early" for cv in report["caveats"])
+
+
+def test_pd_round_carries_nixl_and_rdma_evidence(run_module, server, tokenizer, fake_python, tmp_path):
+    out = tmp_path / "out"
+    sysfs = tmp_path / "sys"
+    sysfs.mkdir()  # a host without RDMA devices: every KV byte went over another transport
+    target = {"name": "pd", "url": server["url"], "model": "tiny-llama",
+              "decode_metrics_url": server["url"] + "/metrics", "transport": "tcp"}
+    run_module(benchmark_plan, _plan_args(server, tokenizer, out, targets=[target], concurrency=[1], seeds=[1],
+                                          warmup_rounds=0))
+    res = run_module(benchmark_round, {"out_dir": str(out), "index": 1, "python": fake_python,
+                                       "sysfs_root": str(sysfs)})
+    ev = res["record"]["evidence"]
+    assert ev["kv_bytes"] == 65536.0 and ev["rdma_bytes"] == 0 and ev["tcp_bytes"] == 65536.0
+    assert ev["verdict"]["status"] == "pass" and ev["rdma_present"] is False
+    with open(out / "plan.json") as f:
+        doc = json.load(f)
+    doc["targets"][0]["transport"] = "rdma"
+    with open(out / "plan.json", "w") as f:
+        json.dump(doc, f)
+    res = run_module(benchmark_round, {"out_dir": str(out), "index": 1, "python": fake_python,
+                                       "sysfs_root": str(sysfs)})
+    assert res["record"]["evidence"]["verdict"]["status"] == "fail"
+
+
+def test_rounds_render_as_jobs_and_a_job_log_is_a_round(run_module, server, tokenizer, tmp_path):
+    out = tmp_path / "out"
+    run_module(benchmark_plan, _plan_args(server, tokenizer, out, check_targets=False))
+    res = run_module(benchmark_job, {"out_dir": str(out), "namespace": "llm", "image": "vllm/vllm-openai:v0.10.1",
+                                     "render_dir": str(tmp_path / "jobs")})
+    assert not res.get("failed"), res
+    assert res["names"][0] == "bench-001-colocated" and len(res["objects"]) == 6
+    job = res["objects"][1]  # warm-up C=1, then C=1 seed 1
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--max-concurrency") + 1] == "1" and args[args.index("--seed") + 1] == "1"
+    assert "--save-result" not in args  # the Job's own code adds them with its result directory
+    assert (tmp_path / "jobs" / "kustomization.yaml").exists()
+    log = "bench output\n" + _bench_run.RESULT_MARKER + json.dumps({
+        "ttfts": [0.02], "itls": [[0.001] * 3], "latencies": [0.03], "input_lens": [16], "output_lens": [4],
+        "errors": [""], "duration": 0.05})
+    rec = run_module(benchmark_round, {"out_dir": str(out), "index": 3, "python": "unused", "client_output": log})
+    assert rec["record"]["failed"] == 0 and rec["record"]["duration_s"] == 0.05
+
+
+LOG = """==== 2026-12-01T10:00:00Z starting: vllm serve
+(Worker pid=1) INFO [default_loader.py:501] Loading weights took 9.99 seconds
+==== 2026-12-01T10:05:00Z starting: vllm serve
+(Worker pid=2) INFO [default_loader.py:501] Loading weights took 4.50 seconds
+(EngineCore pid=3) INFO [core.py:402] init engine (profile, create kv cache, warmup model) took 30.00 s (compilation: 12.00 s)
+"""
+
+
+def test_coldstart_phases_add_up_to_the_first_correct_answer(run_module, tmp_path):
+    model = tmp_path / "rev"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"\0" * 4096)
+    prep = run_module(benchmark_coldstart, {"action": "prepare", "state": "nvme", "model_path": str(model),
+                                            "work_dir": str(tmp_path / "work")})
+    assert prep["evicted_bytes"] == 4096 and prep["env"]["VLLM_CACHE_ROOT"].startswith(prep["cache_dir"])
+    assert os.path.isdir(prep["env"]["TORCHINDUCTOR_CACHE_DIR"]) and not os.listdir(prep["env"]["VLLM_CACHE_ROOT"])
+    warm = run_module(benchmark_coldstart, {"action": "prepare", "state": "nvme_kernel_cache",
+                                            "model_path": str(model), "work_dir": str(tmp_path / "work")})
+    assert warm["env"] == {} and warm["cache_dir"] is None
+    log = tmp_path / "engine.log"
+    log.write_text(LOG)
+    timeline = {"port_open": 60.0, "health": 61.0, "models": 61.5, "first_correct": 62.0}
+    res = run_module(benchmark_coldstart, {"action": "record", "state": "nvme", "rep": 1, "timeline": timeline,
+                                           "log_file": str(log), "coldstart_file": str(tmp_path / "cs.json")})
+    ph = res["entry"]["phases"]
+    assert ph["weights_load"] == 4.5 and ph["compile"] == 12.0 and ph["engine_init"] == 18.0  # the last start only
+    assert ph["process_other"] == 25.5 and ph["first_correct"] == 0.5
+    assert sum(ph.values()) == pytest.approx(62.0)
+    with open(tmp_path / "cs.json") as f:
+        doc = json.load(f)
+    assert doc["states"][0]["state"] == "nvme" and doc["states"][0]["reps"][0]["total_s"] == 62.0
+    report = _bench_run.build_report(str(tmp_path / "none"), {"targets": [{"name": "engine", "url": "", "model": ""}]},
+                                     coldstart_file=str(tmp_path / "cs.json"))
+    assert report["coldstart"]["states"][0]["reps"][0]["phases"]["compile"] == 12.0
+    bad = run_module(benchmark_coldstart, {"action": "record", "state": "nvme", "timeline": {"health": 3},
+                                           "log_file": str(log), "coldstart_file": str(tmp_path / "cs.json")})
+    assert bad["failed"] and "timeline: no first correct answer" in bad["msg"]
+    assert _bench_coldstart.parse_log("nothing")["weights_load_s"] is None
