@@ -429,11 +429,14 @@ def markdown(report):
         lines += ["**The run stopped after round %d of %d: %s.** The tables hold the rounds measured until then."
                   % (stopped["after_round"], stopped["of_rounds"], stopped["reason"]), ""]
     lines += ["| | |", "|---|---|"]
-    for k in ("started", "ended", "client_host", "client_same_host"):
+    for k in ("started", "ended", "client", "client_host", "client_same_host", "load_generator", "tokenizer"):
         if meta.get(k) is not None:
             lines.append("| %s | %s |" % (k.replace("_", " "), _md(meta[k])))
     for k, v in sorted((meta.get("protocol") or {}).items()):
         lines.append("| %s | %s |" % (_md(k).replace("_", " "), _md(v)))
+    notes = meta.get("notes") if isinstance(meta.get("notes"), list) else []
+    if notes:
+        lines += ["", "Notes:", ""] + ["- %s" % n for n in notes]
     lines += ["", "Targets:", ""]
     for t in report["targets"]:
         lines.append("- **%s**: %s%s" % (t["name"], t.get("url") or "", (" (model %s)" % t["model"]) if t.get("model") else ""))

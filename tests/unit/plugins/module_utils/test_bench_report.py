@@ -135,7 +135,10 @@ def test_caveats_come_from_the_data():
 
 def test_markdown_has_the_tables_the_evidence_and_the_caveats():
     rep = _report(stopped={"reason": "pd: connection refused", "after_round": 5, "of_rounds": 8})
+    rep["meta"]["notes"] = ["repetitions of one seed send the same prompts"]
     md = br.markdown(rep)
+    assert "| client same host | True |" in md and "| warmup rounds | 1 |" in md
+    assert "- repetitions of one seed send the same prompts" in md
     assert "## colocated" in md and "## pd" in md
     c = next(x for x in rep["cells"] if x["target"] == "pd" and x["concurrency"] == 2)
     figures = (c["p50_ttft_ms_pooled"], c["p95_ttft_ms_pooled"], c["p95_ttft_ms_mean_of_seeds"]) + tuple(c["p95_ttft_ms_ci95"])
