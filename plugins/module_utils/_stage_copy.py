@@ -4,28 +4,39 @@
 """**PRIVATE** to llmops.serving: model_stage's copy engine.
 
 :class:`Copier` copies the files a run decided to copy into ``<dest>.partial`` with at most ``read_streams``
-files open on src at once (each holding a fleet read slot where ``fleet_slots_dir`` is set), biggest files
-first. One file goes to ``<name>.llmops-part``, is checked (source unchanged since it was listed, size,
-safetensors header byte for byte against the source's, sha256 against the manifest), gets the source's mode
-and mtime, is fsynced and renamed to its name, and is then recorded in the partial dir's journal. The first
-failure cancels the other streams at their next chunk and removes their in-flight files.
+read streams open on src at once (each holding a fleet read slot where ``fleet_slots_dir`` is set), biggest
+files first. A file bigger than ``RANGE`` is split into ranges that several streams copy at once (except in
+sha256 mode, where one stream reads the file in order to hash it), so a revision of a few big files keeps every
+stream busy. One file goes to ``<name>.llmops-part`` (a split one with its blocks reserved up front), is checked once its last
+range is in (source unchanged since it was listed, size, safetensors header byte for byte against the source's,
+sha256 against the manifest), gets the source's mode and mtime, is fsynced and renamed to its name, and is then
+recorded in the partial dir's journal. The first failure cancels the other streams at their next block and
+removes their in-flight files.
+
+Within a stream, reading and writing overlap: a reader thread fills the next of ``STREAM_BUFFERS`` aligned
+buffers from src while the stream hashes and writes the one before, so each stream keeps one read and one write
+in flight instead of alternating between them.
 
 With ``piece_size`` set, every copied file also gets the sha256 of each ``piece_size`` piece of the bytes read
-from the source (``piece_digests[path]``, hashed in the buffers the copy already holds, in every verify mode);
-:meth:`Copier.digest_copies` reads them back from the copies a previous run completed, for a resumed run.
+from the source (``piece_digests[path]``, hashed in the buffers the copy already holds, in every verify mode;
+ranges start on piece boundaries, so each stream hashes whole pieces); :meth:`Copier.digest_copies` reads them
+back from the copies a previous run completed, for a resumed run.
 
-The bytes move through :class:`RawFile`: O_DIRECT on both ends where the filesystem allows it (one aligned
-buffer per stream, hashed there in sha256 mode, no page-cache copy), buffered where it refuses O_DIRECT at
-open or later, or for an unaligned tail. Between two buffered files the kernel copies (``copy_file_range``,
-then ``sendfile``, then read/write where neither call works).
+The bytes move through :class:`RawFile`: O_DIRECT on both ends where the filesystem allows it (no page-cache
+copy), buffered where it refuses O_DIRECT at open or later, or for an unaligned tail. Between two buffered files
+with nothing to hash the kernel copies (``copy_file_range``, then ``sendfile``, then read/write where neither
+call works).
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
 import fcntl
 import hashlib
 import mmap
 import os
+import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -39,16 +50,19 @@ from ansible_collections.llmops.serving.plugins.module_utils._stage_marker impor
 from ansible_collections.llmops.serving.plugins.module_utils._stage_progress import human_bytes
 
 CHUNK = 64 * 1024 * 1024        # per copy_file_range/sendfile call (also the progress granularity)
-DIRECT_BUF = 16 * 1024 * 1024   # O_DIRECT request size: large, page-aligned, one buffer per stream
+DIRECT_BUF = 16 * 1024 * 1024   # request size: large, page-aligned (O_DIRECT needs it)
+STREAM_BUFFERS = 3              # buffers per stream: one being read, one being written, one spare
 DIRECT_ALIGN = 4096             # O_DIRECT needs block-aligned offsets and lengths; an unaligned tail is buffered
-HASH_BUF = _fsutil.HASH_BUF     # buffered reads in user space (the sha256 path without O_DIRECT)
+RANGE = 256 * 1024 * 1024       # files above this are split into ranges of it that streams copy in parallel
+HASH_BUF = _fsutil.HASH_BUF     # buffered reads when reading copies back (digest_copies without O_DIRECT)
+PREALLOCATE = True              # reserve a split file's blocks before its ranges are written, see _preallocate
 
 
 class Copier:
-    """Copies files with at most ``streams`` open on src, each stream holding a fleet slot if any.
+    """Copies files with at most ``streams`` read streams open on src, each holding a fleet slot if any.
 
     Every completed file is recorded (``records`` and the partial dir's journal) with the identity of the source
-    file it was read from, checked on the open descriptor before the first byte is read.
+    file it was read from, checked on each open descriptor before its first byte is read.
     """
 
     def __init__(self, src, partial, mode, content, streams, slots, progress, do_fsync, direct_io=True,
@@ -75,6 +89,8 @@ class Copier:
         self.records = {}
         self.cancel = threading.Event()
         self._lock = threading.Lock()
+        self._local = threading.local()
+        self._buffers = []
         self.open_streams = 0
         self.peak_streams = 0
 
@@ -87,15 +103,233 @@ class Copier:
         with self._lock:
             self.open_streams -= 1
 
+    def range_size(self):
+        """Bytes per range of a split file: ``RANGE`` rounded up to whole pieces (and direct I/O blocks)."""
+        unit = self.piece_size or DIRECT_ALIGN
+        return max(unit, -(-RANGE // unit) * unit)
+
+    def ranges(self, size):
+        """The ``(start, end)`` ranges streams copy ``size`` bytes in: one in sha256 mode (hashed in order)."""
+        step = self.range_size()
+        if self.mode == "sha256" or size <= step:
+            return [(0, size)]
+        return [(s, min(s + step, size)) for s in range(0, size, step)]
+
     def run(self, files):
         order = sorted(files, key=lambda f: -f["size"])  # big files first: better balance
+        jobs = []
+        for f in order:
+            job = _FileJob(self, f)
+            jobs.extend((job, start, end) for start, end in job.ranges)
         errors = []
-        with ThreadPoolExecutor(max_workers=max(1, min(self.streams, len(order) or 1))) as pool:
-            futures = [pool.submit(self._one_guarded, f, errors) for f in order]
-            for fut in futures:
-                fut.result()
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, min(self.streams, len(jobs) or 1))) as pool:
+                futures = [pool.submit(self._range_guarded, job, start, end, errors) for job, start, end in jobs]
+                for fut in futures:
+                    fut.result()
+        finally:
+            self._free_buffers()
         if errors:
             raise errors[0]
+
+    def _range_guarded(self, job, start, end, errors):
+        if self.cancel.is_set():
+            return
+        try:
+            if self._range(job, start, end):
+                self._finish(job)
+        except BaseException as e:  # first error wins; the others stop at their next block
+            self.cancel.set()
+            errors.append(e)
+            _stage_layout.try_unlink(job.tmp)
+
+    def _range(self, job, start, end):
+        """Copy bytes ``[start, end)`` of ``job``'s file; True when this was the file's last range to finish."""
+        lease = self.slots.acquire() if self.slots else None
+        try:
+            self._check_cancel()
+            job.create()
+            digest, pieces, direct = self._copy(job, start, end)
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                raise StageError("no space left on device while writing %s (%s); free space on the dest "
+                                 "filesystem or stage elsewhere" % (job.final, human_bytes(job.f["size"])))
+            raise StageError("copy of %s failed: %s" % (job.src_path, e))
+        finally:
+            if lease:
+                self.slots.release(lease)
+        return job.range_done(start, digest, pieces, direct)
+
+    def _finish(self, job):
+        """Check the complete copy of one file, make it durable, give it its name and record it."""
+        f, rel, tmp = job.f, job.rel, job.tmp
+        _verify.check_unchanged(job.src_path, os.stat(job.src_path), f, "while it was being copied")
+        size = os.path.getsize(tmp)
+        if size != f["size"]:
+            raise _safetensors.CheckpointError(tmp, "copy is %d bytes, source is %d" % (size, f["size"]))
+        if self.mode in ("headers", "sha256") and rel in self.headers:
+            _verify.check_copy_header(tmp, size, self.headers[rel])
+        digest = job.digest
+        if self.mode == "sha256" and rel in self.sums and digest != self.sums[rel]:
+            raise _safetensors.CheckpointError(
+                job.src_path, "checksum mismatch: sha256 %s, manifest says %s" % (digest, self.sums[rel]))
+        os.chmod(tmp, f["mode"] | 0o400)
+        os.utime(tmp, ns=(f["mtime_ns"], f["mtime_ns"]))
+        if self.do_fsync:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.rename(tmp, job.final)
+        rec = _marker.FileRecord(rel, f["size"], _verify.ident(f), _marker.copy_stat(os.lstat(job.final)),
+                                 self.content.level(rel, self.mode), self.content.header_digests.get(rel),
+                                 digest if self.mode == "sha256" else None)
+        with self._lock:
+            self.records[rel] = rec
+            if self.piece_size:
+                self.piece_digests[rel] = job.pieces()
+            if job.direct:
+                self.direct_files += 1
+        if self.journal:
+            self.journal.append(rec)
+        self.progress.add(files=1)
+
+    def _copy(self, job, start, end):
+        """Copy one range; returns ``(sha256 in sha256 mode, piece digests, both ends went direct)``.
+
+        With ``direct_io`` both ends use O_DIRECT where the filesystem allows it: the data goes from the
+        device into aligned buffers (hashed there) and back out without a page-cache copy, which keeps the
+        kernel's CPU time and the node's page cache out of a 700 GiB copy. Where neither end can and there is
+        nothing to hash, the kernel copies (``copy_file_range``).
+        """
+        fin = RawFile(job.src_path, os.O_RDONLY, self.direct_io)
+        self._enter()
+        try:
+            # what is read is the file that was listed (a symlink retargeted since cannot slip another in)
+            _verify.check_unchanged(job.src_path, os.fstat(fin.fd), job.f, "since it was listed")
+            fout = RawFile(job.tmp, os.O_WRONLY, self.direct_io)
+            try:
+                if not fin.direct:
+                    _fadvise(fin.fd, getattr(os, "POSIX_FADV_SEQUENTIAL", None), start, end - start)
+                h = hashlib.sha256() if self.mode == "sha256" else None
+                ph = PieceHasher(self.piece_size) if self.piece_size else None
+                sinks = [s for s in (h, ph) if s is not None]
+                if fin.direct or fout.direct or sinks:
+                    self._pipe(fin, fout, start, end, job.src_path, sinks)
+                else:
+                    self._copy_kernel(fin, fout, start, end, job.src_path)
+                direct = fin.went_direct and fout.went_direct
+            finally:
+                fout.close()
+            if not fin.direct:  # src pages are not needed again
+                _fadvise(fin.fd, getattr(os, "POSIX_FADV_DONTNEED", None), start, end - start)
+            return (h.hexdigest() if h is not None else None), (ph.finish() if ph is not None else None), direct
+        finally:
+            self._leave()
+            fin.close()
+
+    def _stream_buffers(self):
+        """This stream's ``STREAM_BUFFERS`` aligned buffers (anonymous mappings are page-aligned), reused."""
+        views = getattr(self._local, "views", None)
+        if views is None or len(views[0]) != DIRECT_BUF:
+            maps = [mmap.mmap(-1, DIRECT_BUF) for dummy in range(STREAM_BUFFERS)]
+            views = [memoryview(m) for m in maps]
+            self._local.views = views
+            with self._lock:
+                self._buffers.append((maps, views))
+        return views
+
+    def _free_buffers(self):
+        with self._lock:
+            held, self._buffers = self._buffers, []
+        for maps, views in held:
+            for v in views:
+                v.release()
+            for m in maps:
+                m.close()
+        self._local = threading.local()
+
+    def _pipe(self, fin, fout, start, end, src_path, sinks):
+        """Copy ``[start, end)``: a reader thread fills buffers from ``fin`` while this thread hashes and writes
+        the ones it filled before, in order."""
+        views = self._stream_buffers()
+        free, full = queue.Queue(), queue.Queue()
+        for i in range(len(views)):
+            free.put(i)
+        reader = threading.Thread(target=self._read_ahead, args=(fin, start, end, src_path, views, free, full),
+                                  name="stage-read", daemon=True)
+        reader.start()
+        try:
+            while True:
+                item = full.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                i, offset, n = item
+                self._check_cancel()
+                with views[i][:n] as chunk:
+                    for s in sinks:
+                        s.update(chunk)
+                    fout.write_at(chunk, offset)
+                self.progress.add(n)
+                free.put(i)
+        finally:
+            free.put(None)  # stops the reader at its next buffer
+            reader.join()
+
+    def _read_ahead(self, fin, offset, end, src_path, views, free, full):
+        try:
+            while offset < end:
+                i = free.get()
+                if i is None:
+                    return
+                if self.cancel.is_set():
+                    full.put(StageError("cancelled after another file failed"))
+                    return
+                want = min(len(views[i]), -(-(end - offset) // DIRECT_ALIGN) * DIRECT_ALIGN)
+                with views[i][:want] as target:
+                    n = min(fin.read_at(target, offset), end - offset)
+                if n <= 0:
+                    full.put(_safetensors.CheckpointError(src_path, "file ended early at byte %d of %d"
+                                                          % (offset, end)))
+                    return
+                full.put((i, offset, n))
+                offset += n
+            full.put(None)
+        except BaseException as e:  # handed to the writing side, which raises it
+            full.put(e)
+
+    def _check_cancel(self):
+        if self.cancel.is_set():
+            raise StageError("cancelled after another file failed")
+
+    def _copy_kernel(self, fin, fout, offset, end, src_path):
+        """In-kernel copy of two buffered files; where neither call works, the rest goes through _pipe."""
+        use = "copy_file_range" if hasattr(os, "copy_file_range") else "sendfile"
+        while offset < end:
+            self._check_cancel()
+            count = min(CHUNK, end - offset)
+            try:
+                if use == "copy_file_range":
+                    n = os.copy_file_range(fin.fd, fout.fd, count, offset, offset)
+                else:
+                    os.lseek(fout.fd, offset, os.SEEK_SET)
+                    n = os.sendfile(fout.fd, fin.fd, offset, count)
+            except OSError as e:
+                if use == "copy_file_range" and e.errno in (errno.EXDEV, errno.EINVAL, errno.ENOSYS,
+                                                            errno.EOPNOTSUPP, errno.EPERM):
+                    use = "sendfile"
+                    continue
+                if use == "sendfile" and e.errno in (errno.EINVAL, errno.ENOSYS):
+                    self._pipe(fin, fout, offset, end, src_path, [])
+                    return
+                raise
+            if n == 0:
+                raise _safetensors.CheckpointError(src_path, "file ended early at byte %d of %d" % (offset, end))
+            offset += n
+            self.progress.add(n)
 
     def digest_copies(self, rels):
         """Piece digests of files a previous run completed in the partial dir, which a resumed run reuses without
@@ -150,156 +384,53 @@ class Copier:
             fin.close()
         return ph.finish()
 
-    def _one_guarded(self, f, errors):
-        if self.cancel.is_set():
-            return
-        try:
-            self._one(f)
-        except BaseException as e:  # first error wins; the others stop at their next chunk
-            self.cancel.set()
-            errors.append(e)
 
-    def _one(self, f):
-        rel = f["path"]
-        src_path = os.path.join(self.src, rel)
-        final = _paths.contained(self.partial, rel, "src")
-        tmp = final + PART_SUFFIX
-        os.makedirs(os.path.dirname(final), exist_ok=True)
-        lease = self.slots.acquire() if self.slots else None
-        try:
-            digest, pieces = self._copy(src_path, tmp, f)
-        except OSError as e:
-            _stage_layout.try_unlink(tmp)
-            if e.errno == errno.ENOSPC:
-                raise StageError("no space left on device while writing %s (%s); free space on the dest "
-                                 "filesystem or stage elsewhere" % (final, human_bytes(f["size"])))
-            raise StageError("copy of %s failed: %s" % (src_path, e))
-        except BaseException:
-            _stage_layout.try_unlink(tmp)
-            raise
-        finally:
-            if lease:
-                self.slots.release(lease)
-        try:
-            _verify.check_unchanged(src_path, os.stat(src_path), f, "while it was being copied")
-            size = os.path.getsize(tmp)
-            if size != f["size"]:
-                raise _safetensors.CheckpointError(tmp, "copy is %d bytes, source is %d" % (size, f["size"]))
-            if self.mode in ("headers", "sha256") and rel in self.headers:
-                _verify.check_copy_header(tmp, size, self.headers[rel])
-            if self.mode == "sha256" and rel in self.sums and digest != self.sums[rel]:
-                raise _safetensors.CheckpointError(
-                    src_path, "checksum mismatch: sha256 %s, manifest says %s" % (digest, self.sums[rel]))
-            os.chmod(tmp, f["mode"] | 0o400)
-            os.utime(tmp, ns=(f["mtime_ns"], f["mtime_ns"]))
-            os.rename(tmp, final)
-        except BaseException:
-            _stage_layout.try_unlink(tmp)
-            raise
-        rec = _marker.FileRecord(rel, f["size"], _verify.ident(f), _marker.copy_stat(os.lstat(final)),
-                                 self.content.level(rel, self.mode), self.content.header_digests.get(rel),
-                                 digest if self.mode == "sha256" else None)
+class _FileJob(object):
+    """One file being copied, possibly by several streams at once (one per range)."""
+
+    def __init__(self, copier, f):
+        self.f = f
+        self.rel = f["path"]
+        self.src_path = os.path.join(copier.src, self.rel)
+        self.final = _paths.contained(copier.partial, self.rel, "src")
+        self.tmp = self.final + PART_SUFFIX
+        self.ranges = copier.ranges(f["size"])
+        self.left = len(self.ranges)
+        self.created = False
+        self.direct = True
+        self.digest = None
+        self._pieces = {}
+        self._lock = threading.Lock()
+
+    def create(self):
+        """Create ``<name>.llmops-part`` (truncated, blocks reserved) before the first range writes to it."""
         with self._lock:
-            self.records[rel] = rec
-            if pieces is not None:
-                self.piece_digests[rel] = pieces
-        if self.journal:
-            self.journal.append(rec)
-        self.progress.add(files=1)
-
-    def _copy(self, src_path, tmp, f):
-        """Copy one file; returns ``(sha256 in sha256 mode, piece digests with piece_size)`` from the single read.
-
-        With ``direct_io`` both ends use O_DIRECT where the filesystem allows it: the data goes from the
-        device into one aligned buffer (hashed there in sha256 mode) and back out without a page-cache copy,
-        which keeps the kernel's CPU time and the node's page cache out of a 700 GiB copy. Where neither
-        end can, the kernel copies (``copy_file_range``); sha256 mode then reads through a small buffer.
-        """
-        size = f["size"]
-        fin = RawFile(src_path, os.O_RDONLY, self.direct_io)
-        self._enter()
-        try:
-            # what is read is the file that was listed (a symlink retargeted since cannot slip another in)
-            _verify.check_unchanged(src_path, os.fstat(fin.fd), f, "since it was listed")
-            fout = RawFile(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.direct_io)
+            if self.created:
+                return
+            os.makedirs(os.path.dirname(self.final), exist_ok=True)
+            fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                if not fin.direct:
-                    _fadvise(fin.fd, getattr(os, "POSIX_FADV_SEQUENTIAL", None))
-                if fin.direct or fout.direct or self.mode == "sha256" or self.piece_size:
-                    digest, pieces = self._copy_user(fin, fout, size, src_path)
-                else:
-                    digest, pieces = None, None
-                    self._copy_kernel(fin, fout, size, src_path)
-                if fin.went_direct and fout.went_direct:
-                    with self._lock:
-                        self.direct_files += 1
-                if self.do_fsync:
-                    os.fsync(fout.fd)
+                if PREALLOCATE and len(self.ranges) > 1:
+                    _preallocate(fd, self.f["size"])
             finally:
-                fout.close()
-            if not fin.direct:
-                _fadvise(fin.fd, getattr(os, "POSIX_FADV_DONTNEED", None))  # src pages are not needed again
-            return digest, pieces
-        finally:
-            self._leave()
-            fin.close()
+                os.close(fd)
+            self.created = True
 
-    def _copy_user(self, fin, fout, size, src_path, offset=0):
-        """Read into one aligned buffer, hash it in sha256 mode, write it out (from ``offset`` on)."""
-        h = hashlib.sha256() if self.mode == "sha256" else None
-        ph = PieceHasher(self.piece_size) if self.piece_size else None
-        buf = mmap.mmap(-1, DIRECT_BUF)  # anonymous mappings are page-aligned, as O_DIRECT needs
-        try:
-            with memoryview(buf) as mv:
-                while offset < size:
-                    self._check_cancel()
-                    with mv[:DIRECT_BUF if fin.direct else HASH_BUF] as target:
-                        n = min(fin.read_at(target, offset), size - offset)
-                    if n <= 0:
-                        raise _safetensors.CheckpointError(src_path, "file ended early at byte %d of %d"
-                                                           % (offset, size))
-                    with mv[:n] as chunk:
-                        if h is not None:
-                            h.update(chunk)
-                        if ph is not None:
-                            ph.update(chunk)
-                        fout.write_at(chunk, offset)
-                    offset += n
-                    self.progress.add(n)
-        finally:
-            buf.close()
-        return (h.hexdigest() if h is not None else None), (ph.finish() if ph is not None else None)
+    def range_done(self, start, digest, pieces, direct):
+        with self._lock:
+            self.left -= 1
+            self.direct = self.direct and direct
+            if digest is not None:
+                self.digest = digest
+            if pieces is not None:
+                self._pieces[start] = pieces
+            return self.left == 0
 
-    def _check_cancel(self):
-        if self.cancel.is_set():
-            raise StageError("cancelled after another file failed")
-
-    def _copy_kernel(self, fin, fout, size, src_path):
-        """In-kernel copy of two buffered files; where neither call works, the rest goes through _copy_user."""
-        offset = 0
-        use = "copy_file_range" if hasattr(os, "copy_file_range") else "sendfile"
-        while offset < size:
-            self._check_cancel()
-            count = min(CHUNK, size - offset)
-            try:
-                if use == "copy_file_range":
-                    n = os.copy_file_range(fin.fd, fout.fd, count, offset, offset)
-                else:
-                    os.lseek(fout.fd, offset, os.SEEK_SET)
-                    n = os.sendfile(fout.fd, fin.fd, offset, count)
-            except OSError as e:
-                if use == "copy_file_range" and e.errno in (errno.EXDEV, errno.EINVAL, errno.ENOSYS,
-                                                            errno.EOPNOTSUPP, errno.EPERM):
-                    use = "sendfile"
-                    continue
-                if use == "sendfile" and e.errno in (errno.EINVAL, errno.ENOSYS):
-                    self._copy_user(fin, fout, size, src_path, offset)
-                    return
-                raise
-            if n == 0:
-                raise _safetensors.CheckpointError(src_path, "file ended early at byte %d of %d" % (offset, size))
-            offset += n
-            self.progress.add(n)
+    def pieces(self):
+        out = []
+        for start in sorted(self._pieces):
+            out.extend(self._pieces[start])
+        return out
 
 
 class PieceHasher:
@@ -400,10 +531,45 @@ class RawFile:
         os.close(self.fd)
 
 
-def _fadvise(fd, advice):
+def _fadvise(fd, advice, offset=0, length=0):
     if advice is None or not hasattr(os, "posix_fadvise"):
         return
     try:
-        os.posix_fadvise(fd, 0, 0, advice)
+        os.posix_fadvise(fd, offset, length, advice)
     except OSError:
         pass
+
+
+_FALLOCATE = []
+
+
+def _fallocate():
+    """libc's ``fallocate``, or None where there is none."""
+    if not _FALLOCATE:
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            fn = libc.fallocate
+            fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+            fn.restype = ctypes.c_int
+        except (OSError, AttributeError):
+            fn = None
+        _FALLOCATE.append(fn)
+    return _FALLOCATE[0]
+
+
+def _preallocate(fd, size):
+    """Reserve the blocks of a ``size``-byte file (``fallocate(2)``, mode 0) where the filesystem can.
+
+    A full disk then fails here, before a byte is copied, and the writes that follow overwrite allocated blocks
+    inside the file instead of extending it: filesystems such as ext4 and XFS run aligned direct overwrites of one
+    file in parallel (the ranges of a split file) but extend a file one write at a time. Where the filesystem
+    cannot (EOPNOTSUPP), the file is written as before. Not ``posix_fallocate``: glibc emulates that by writing
+    every block.
+    """
+    fn = _fallocate() if size > 0 else None
+    if fn is None or fn(fd, 0, 0, size) == 0:
+        return
+    err = ctypes.get_errno()
+    if err in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return
+    raise OSError(err, os.strerror(err))
