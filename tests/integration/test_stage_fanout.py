@@ -63,11 +63,19 @@ def revision(tmp_path_factory):
     return {"shared": str(shared), "src": src, "sums": sums}
 
 
+def _addr(hosts, host):
+    return "127.0.0.%d" % (hosts.index(host) + 2)
+
+
 def _inventory(tmp_path, hosts, port):
     lines = ["fleet:", "  hosts:"]
     for i, name in enumerate(hosts):
-        lines += ["    %s:" % name, "      ansible_host: 127.0.0.%d" % (i + 2), "      ansible_connection: local",
-                  "      ansible_python_interpreter: %s" % sys.executable,
+        if name == "dead":  # nothing answers there: unreachable at the play's first connection
+            lines += ["    dead:", "      ansible_host: 127.0.0.%d" % (i + 2), "      ansible_connection: ssh",
+                      "      ansible_port: 1", "      ansible_ssh_common_args: -o ConnectTimeout=3"]
+        else:
+            lines += ["    %s:" % name, "      ansible_host: 127.0.0.%d" % (i + 2), "      ansible_connection: local"]
+        lines += ["      ansible_python_interpreter: %s" % sys.executable,
                   "      model_stage_dest_root: %s" % (tmp_path / name / "nvme"),
                   "      model_stage_progress_dir: %s" % (tmp_path / name / "progress"),
                   "      model_stage_fanout_state_dir: %s" % (tmp_path / name / "peer")]
@@ -130,10 +138,12 @@ def _no_token_shown(out):
 
 
 def _servers_gone(tmp_path, hosts, port):
-    for i, host in enumerate(hosts):
-        assert _stage_peer.running(str(tmp_path / host / "peer"), "127.0.0.%d" % (i + 2), port) is None
+    for host in hosts:
+        if host == "dead":
+            continue
+        assert _stage_peer.running(str(tmp_path / host / "peer"), _addr(hosts, host), port) is None
         with pytest.raises(OSError):
-            socket.create_connection(("127.0.0.%d" % (i + 2), port), timeout=2).close()
+            socket.create_connection((_addr(hosts, host), port), timeout=2).close()
 
 
 def _liar_board(tmp_path, revision, host):
@@ -211,15 +221,17 @@ def test_fleet_is_byte_identical_shared_fs_serves_one_copy_and_a_lying_peer_is_c
     _servers_gone(tmp_path, hosts, port)
 
 
-def test_a_peer_killed_mid_transfer_does_not_fail_the_play(tmp_path, collections, revision):
-    hosts = ["n1", "n2", "n3"]
+def test_a_peer_killed_mid_transfer_and_an_unreachable_host_do_not_fail_the_others(tmp_path, collections,
+                                                                                    revision):
+    # "dead" comes first in the inventory: it would be the seed if seeds were chosen before it was found out
+    hosts = ["dead", "n1", "n2", "n3"]
     # slow enough (4 MiB/s per stream) that the seed's server dies while the others still need pieces
     proc, port = _start_play(tmp_path, collections, revision, hosts, model_stage_read_rate_limit=4 << 20,
                              model_stage_fanout_rate_limit=4 << 20)
     killed = None
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None and killed is None:
-        rec = _stage_peer.running(str(tmp_path / "n1" / "peer"), "127.0.0.2", port)
+        rec = _stage_peer.running(str(tmp_path / "n1" / "peer"), _addr(hosts, "n1"), port)
         partial = _dest(tmp_path, "n2") + ".partial"
         if rec and os.path.isfile(os.path.join(partial, _stage_peer.BOARD)):
             board = json.load(open(os.path.join(partial, _stage_peer.BOARD)))
@@ -229,12 +241,15 @@ def test_a_peer_killed_mid_transfer_does_not_fail_the_play(tmp_path, collections
         time.sleep(0.05)
     rc, out = _finish(proc)
     assert killed, "the seed's server was never seen serving: " + out[-3000:]
-    assert rc == 0, out[-5000:]
-    for host in hosts:
+    assert rc == 4, out[-5000:]  # 4: a host was unreachable; nothing failed
+    assert re.search(r"dead\s*:.*unreachable=1", out) and not re.search(r"n\d\s*:.*failed=[1-9]", out), out[-3000:]
+    for host in hosts[1:]:
         _assert_identical(revision, _dest(tmp_path, host))
     summary = _summary(tmp_path)
+    assert summary["hosts_without_report"] == ["dead"]
+    assert [h["host"] for h in summary["hosts"] if h["seed"]] == ["n1"]
     dropped = [d["url"] for h in summary["hosts"] for d in h["peers_dropped"]]
-    assert any("127.0.0.2" in u for u in dropped), summary
+    assert any(_addr(hosts, "n1") in u for u in dropped), summary
     _servers_gone(tmp_path, hosts, port)
 
 
