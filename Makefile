@@ -84,8 +84,10 @@ fuzz: venv
 	LLMOPS_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) LLMOPS_FUZZ_STEPS=16 LLMOPS_FUZZ_SHRINK=1 \
 	  $(VPY) -m pytest -q -p no:cacheprovider tests/property
 
+# Every scenario (molecule/<role>/) runs even when one fails; the last line is "N passed, N failed".
+# One scenario: molecule test -s <name>.
 molecule: install
-	cd $(CURDIR) && molecule test --all
+	cd $(CURDIR) && $(VPY) tests/molecule_summary.py
 
 stop:
 	ansible-playbook playbooks/stop.yml -i inventories/local
