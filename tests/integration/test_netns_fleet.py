@@ -45,6 +45,12 @@ c.sendall(b"x" * int(sys.argv[3])); c.shutdown(socket.SHUT_WR); c.recv(1); c.clo
 """
 
 
+CONNECT = r"""
+import socket, sys
+print(socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10).recv(64).decode())
+"""
+
+
 def names_of(fleet):
     return set(fleet.state["namespaces"]), set(fleet.state["links"])
 
@@ -73,6 +79,8 @@ def test_two_nodes_are_ssh_hosts_that_ansible_pings_and_teardown_removes_them(tm
             assert out.stdout.split()[0] == node.name
             assert node.address + "/24" in out.stdout
             assert fleet.exec(node, ["ip", "route", "get", other.address]).stdout.split()[2] == "eth0"
+            reach = fleet.exec(node, [sys.executable, "-c", CONNECT, other.address, "22"], check=False)
+            assert reach.stdout.startswith("SSH"), "%s cannot reach %s:22: %s" % (node.name, other.address, reach.stderr)
         assert len({n.nvme for n in fleet.nodes}) == 2 and all(os.path.isdir(n.nvme) for n in fleet.nodes)
         sshd_pids = [n.sshd.pid for n in fleet.nodes]
     assert_gone(namespaces, links, root)

@@ -4,21 +4,27 @@
 """A fleet of N simulated nodes on one machine: network namespaces that Ansible reaches over SSH as real hosts.
 
 Each node is a network namespace (``lfo<fid>-<i>``) with its own UTS namespace (hostname ``node<i>``), one
-veth link to a bridge in the root namespace (``lfo<fid>-br``, 10.231.<fid>.1/24; node i is 10.231.<fid>.<10+i>)
-and one sshd bound to that address with a generated host key and an authorized generated client key. The
-controller (this process, root namespace) reaches every node at ``ansible_host`` with ``ansible_user: root``.
+veth link to a bridge (``br0``) in a switch namespace of its own (``lfo<fid>-sw``; node i is
+10.231.<fid>.<10+i>/24) and one sshd bound to that address with a generated host key and an authorized generated
+client key. The controller (this process, root namespace) is on the same bridge through one more veth
+(``lfo<fid>-c``, 10.231.<fid>.1) and reaches every node at ``ansible_host`` with ``ansible_user: root``. The
+bridge is not in the root namespace so that the root namespace's firewall (a FORWARD policy of DROP with
+bridge netfilter, as Docker sets it) never sees the traffic between nodes.
 
 Shaping: with ``rate_mbit`` every node's link is shaped with ``tbf`` to that rate in both directions (the
-node's egress inside its namespace, and the bridge side's egress towards the node), so a node sends and
+node's egress inside its namespace, and the switch side's egress towards the node), so a node sends and
 receives at most ``rate_mbit`` like a full-duplex NIC; traffic between two nodes crosses both shapers.
 
 Storage: every node gets its own "NVMe" directory (``<root>/node<i>/nvme``); the namespaces share the
 filesystem, so the "shared filesystem" is one directory (``<root>/shared``) every node reads. With
 ``shared_device_mib`` it is an ext4 filesystem on its own loop device, and :meth:`Fleet.shared_read_bytes`
-counts the bytes read from that device (an independent count of what the shared filesystem served).
+counts the bytes read from that device (an independent count of what the shared filesystem served). With
+``shared_read_mbit`` as well, every process the nodes' sshd starts runs in one blkio cgroup whose reads of that
+device are throttled to that rate in total: the shared filesystem is one pipe of that bandwidth for the whole
+fleet, whatever the readers do (cgroup v1 ``blkio.throttle.read_bps_device``).
 
 Teardown is a context manager: every process in the namespaces is killed (sshd and whatever the sessions
-left), the namespaces (and their veths), the bridge, the loop device and the fleet directory are removed, also
+left), the namespaces (their veths and the bridge with them), the controller's veth, the loop device and the fleet directory are removed, also
 after a failure. A fleet whose owner was killed is removed by :func:`cleanup_stale` (called by every new
 fleet): state files live in ``/run/llmops-netns``, and names with the ``lfo<digits>-`` prefix that no live
 owner claims are deleted.
@@ -45,6 +51,7 @@ STATE_DIR = "/run/llmops-netns"
 BASE_DIR = os.environ.get("LLMOPS_NETNS_ROOT", "/var/tmp/llmops-netns")
 SUBNET = "10.231.%d"
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+BLKIO = "/sys/fs/cgroup/blkio"
 _NAME_RE = re.compile(r"^%s(\d+)-" % PREFIX)
 
 
@@ -144,9 +151,30 @@ def _remove(state):
     loop = state.get("loop")
     if loop:
         _run(["losetup", "-d", loop], check=False)
+    cgroup = state.get("cgroup")
+    if cgroup and os.path.isdir(cgroup):
+        _rmdir_cgroup(cgroup)
     root = state.get("root")
     if root and os.path.realpath(root).startswith(os.path.realpath(BASE_DIR) + os.sep):
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _rmdir_cgroup(path):
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as f:
+                for pid in f.read().split():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except OSError:
+                        pass
+            os.rmdir(path)
+            return
+        except OSError:
+            if time.monotonic() > deadline or not os.path.isdir(path):
+                return
+            time.sleep(0.05)
 
 
 class _Lock:
@@ -205,6 +233,11 @@ def cleanup_stale():
                 m = re.match(r"^%s(\d+)$" % PREFIX, name)
                 if m and int(m.group(1)) not in live:
                     _remove({"root": os.path.join(BASE_DIR, name), "mount": os.path.join(BASE_DIR, name, "shared")})
+        if os.path.isdir(BLKIO):
+            for name in os.listdir(BLKIO):
+                m = re.match(r"^%s(\d+)$" % PREFIX, name)
+                if m and int(m.group(1)) not in live:
+                    _rmdir_cgroup(os.path.join(BLKIO, name))
     return sorted(set(removed))
 
 
@@ -227,9 +260,13 @@ class Node:
 class Fleet:
     """``with Fleet(3, rate_mbit=200) as fleet:`` — N nodes reachable over SSH; see the module docstring."""
 
-    def __init__(self, n, rate_mbit=None, shared_device_mib=None, python=None, ssh_timeout=20.0):
+    def __init__(self, n, rate_mbit=None, shared_device_mib=None, shared_read_mbit=None, python=None, ssh_timeout=20.0):
         if n < 1:
             raise ValueError("n must be >= 1")
+        if shared_read_mbit and not shared_device_mib:
+            raise ValueError("shared_read_mbit throttles the shared device: pass shared_device_mib too")
+        self.shared_read_mbit = shared_read_mbit
+        self.cgroup = None
         self.n = n
         self.rate_mbit = rate_mbit
         self.shared_device_mib = shared_device_mib
@@ -286,11 +323,13 @@ class Fleet:
             self.fid = free[0]
             self.root = os.path.join(BASE_DIR, "%s%d" % (PREFIX, self.fid))
             self.nodes = [Node(self, i) for i in range(1, self.n + 1)]
-            self.bridge = "%s%d-br" % (PREFIX, self.fid)
+            self.switch = "%s%d-sw" % (PREFIX, self.fid)
+            self.uplink = "%s%d-c" % (PREFIX, self.fid)
             self.state = {"fid": self.fid, "pid": os.getpid(), "start_time": _start_time(os.getpid()),
-                          "root": self.root, "namespaces": [nd.ns for nd in self.nodes],
-                          "links": [nd.veth for nd in self.nodes] + [self.bridge],
-                          "mount": os.path.join(self.root, "shared"), "loop": None}
+                          "root": self.root, "namespaces": [nd.ns for nd in self.nodes] + [self.switch],
+                          "links": [nd.veth for nd in self.nodes] + [nd.peer for nd in self.nodes]
+                          + [self.uplink, self.uplink + "s"],
+                          "mount": os.path.join(self.root, "shared"), "loop": None, "cgroup": None}
             self._save()
 
     def _save(self):
@@ -312,9 +351,16 @@ class Fleet:
         self.control_dir = os.path.join(self.root, "cp")
         os.makedirs(self.control_dir)
         os.makedirs("/run/sshd", exist_ok=True)
-        _run(["ip", "link", "add", self.bridge, "type", "bridge"])
-        _run(["ip", "addr", "add", (SUBNET % self.fid) + ".1/24", "dev", self.bridge])
-        _run(["ip", "link", "set", self.bridge, "up"])
+        _run(["ip", "netns", "add", self.switch])
+        self._sw(["ip", "link", "set", "lo", "up"])
+        self._sw(["ip", "link", "add", "br0", "type", "bridge"])
+        self._sw(["ip", "link", "set", "br0", "up"])
+        _run(["ip", "link", "add", self.uplink, "type", "veth", "peer", "name", self.uplink + "s"])
+        _run(["ip", "link", "set", self.uplink + "s", "netns", self.switch])
+        self._sw(["ip", "link", "set", self.uplink + "s", "master", "br0"])
+        self._sw(["ip", "link", "set", self.uplink + "s", "up"])
+        _run(["ip", "addr", "add", (SUBNET % self.fid) + ".1/24", "dev", self.uplink])
+        _run(["ip", "link", "set", self.uplink, "up"])
         for node in self.nodes:
             self._make_node(node)
         for node in self.nodes:
@@ -330,14 +376,23 @@ class Fleet:
         self._save()
         _run(["mount", self.loop, self.shared])
         os.chmod(self.shared, 0o755)
+        if self.shared_read_mbit:
+            if not os.path.isfile(os.path.join(BLKIO, "blkio.throttle.read_bps_device")):
+                raise RuntimeError("shared_read_mbit needs the cgroup v1 blkio controller at %s" % BLKIO)
+            self.cgroup = os.path.join(BLKIO, "%s%d" % (PREFIX, self.fid))
+            self.state["cgroup"] = self.cgroup
+            self._save()
+            os.mkdir(self.cgroup)
+            self.set_shared_rate(self.shared_read_mbit)
 
     def _make_node(self, node):
         os.makedirs(node.nvme)
         _run(["ip", "netns", "add", node.ns])
         _run(["ip", "link", "add", node.veth, "type", "veth", "peer", "name", node.peer])
         _run(["ip", "link", "set", node.peer, "netns", node.ns])
-        _run(["ip", "link", "set", node.veth, "master", self.bridge])
-        _run(["ip", "link", "set", node.veth, "up"])
+        _run(["ip", "link", "set", node.veth, "netns", self.switch])
+        self._sw(["ip", "link", "set", node.veth, "master", "br0"])
+        self._sw(["ip", "link", "set", node.veth, "up"])
         self.exec(node, ["ip", "link", "set", "lo", "up"])
         self.exec(node, ["ip", "link", "set", node.peer, "name", "eth0"])
         self.exec(node, ["ip", "addr", "add", node.address + "/24", "dev", "eth0"])
@@ -362,6 +417,12 @@ class Fleet:
              'hostname "$1" && exec "$2" -D -e -f "$3"', "sh", node.name, SSHD, cfg],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
+        if self.cgroup:
+            # from here: `ip netns exec` mounts its own /sys, without the cgroup tree. The pid stays the same
+            # through the execs (ip -> unshare -> sh -> sshd), and sshd forks only for connections, which come
+            # after _wait_ssh.
+            with open(os.path.join(self.cgroup, "cgroup.procs"), "w") as f:
+                f.write("%d\n" % node.sshd.pid)
 
     def _wait_ssh(self, node):
         deadline = time.monotonic() + self.ssh_timeout
@@ -381,6 +442,9 @@ class Fleet:
                                    % (node.name, node.address, self.ssh_timeout))
             time.sleep(0.1)
 
+    def _sw(self, argv):
+        return _run(["ip", "netns", "exec", self.switch] + list(argv))
+
     # ---- using the fleet ------------------------------------------------------------------------
     def exec(self, node, argv, check=True, timeout=60, **kw):
         """Run ``argv`` inside the node's network namespace (subprocess.run; text output)."""
@@ -392,11 +456,19 @@ class Fleet:
     def set_rate(self, node, mbit):
         """Shape the node's link to ``mbit`` Mbit/s each way (tbf); None removes the shaping."""
         burst = max(256 * 1024, int(mbit * 1e6 / 8 / 100))  # >= one 64 KiB GSO packet, ~10 ms at the rate
-        for prefix, dev in ((["ip", "netns", "exec", node.ns], "eth0"), ([], node.veth)):
+        for prefix, dev in ((["ip", "netns", "exec", node.ns], "eth0"), (["ip", "netns", "exec", self.switch], node.veth)):
             _run(prefix + ["tc", "qdisc", "del", "dev", dev, "root"], check=False)
             if mbit:
                 _run(prefix + ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", "%dkbit" % int(mbit * 1000),
                                "burst", str(burst), "latency", "200ms"])
+
+    def set_shared_rate(self, mbit):
+        """Throttle all the nodes' reads of the shared device to ``mbit`` Mbit/s in total (0: unthrottled)."""
+        if not self.cgroup:
+            raise RuntimeError("the fleet has no shared-device throttle (pass shared_read_mbit)")
+        rdev = os.stat(self.loop).st_rdev
+        with open(os.path.join(self.cgroup, "blkio.throttle.read_bps_device"), "w") as f:
+            f.write("%d:%d %d\n" % (os.major(rdev), os.minor(rdev), int(mbit * 1e6 / 8)))
 
     def shared_read_bytes(self):
         """Bytes read from the shared filesystem's loop device so far (needs ``shared_device_mib``)."""
@@ -448,6 +520,95 @@ class Fleet:
         argv = ["ssh", "-i", self.client_key, "-o", "BatchMode=yes"] + self.ssh_args().split() + [
             "root@%s" % node.address, command]
         return _run(argv, check=False, timeout=timeout)
+
+
+# ---- the model_stage role over the fleet ----------------------------------------------------------
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+STAGE_PLAYBOOK = """---
+- name: Stage the revision on every node of the fleet
+  hosts: fleet
+  gather_facts: false
+  roles:
+    - role: llmops.serving.model_stage
+  post_tasks:
+    - name: Keep this node's results where the controller reads them
+      ansible.builtin.copy:
+        content: "{{ model_stage_results | to_json }}"
+        dest: "{{ netns_result_file }}"
+        mode: "0644"
+"""
+
+
+def collections_path():
+    """An ansible_collections tree whose llmops.serving is this working tree (as the root conftest makes it)."""
+    tree = os.path.join(REPO, ".build", "pycoll")
+    link = os.path.join(tree, "ansible_collections", "llmops", "serving")
+    if not os.path.islink(link):
+        os.makedirs(os.path.dirname(link), exist_ok=True)
+        try:
+            os.symlink(REPO, link)
+        except FileExistsError:
+            pass
+    return tree
+
+
+def run_stage_play(fleet, nodes, group_vars, extra_args=(), timeout=900, tag="play", on_line=None):
+    """Run the model_stage role on ``nodes`` of ``fleet`` over SSH; returns rc, output, wall seconds, results.
+
+    Each node stages into its own NVMe directory (``model_stage_dest_root``) with its own progress directory;
+    ``group_vars`` gives everything else (src root, models, fan-out settings). ``results`` maps node name to
+    that node's ``model_stage_results`` (None where the play did not get that far). ``on_line`` is called with
+    each output line as it comes (progress).
+    """
+    work = os.path.join(fleet.root, tag)
+    os.makedirs(work, exist_ok=True)
+    playbook = os.path.join(work, "stage.yml")
+    with open(playbook, "w") as f:
+        f.write(STAGE_PLAYBOOK)
+    for node in nodes:
+        try:
+            os.unlink(os.path.join(node.dir, "%s-result.json" % tag))
+        except OSError:
+            pass
+
+    def hostvars(node):
+        return {"model_stage_dest_root": node.nvme, "model_stage_progress_dir": os.path.join(node.dir, "progress"),
+                "model_stage_fanout_state_dir": os.path.join(node.dir, "peer"),
+                "netns_result_file": os.path.join(node.dir, "%s-result.json" % tag)}
+
+    inventory = fleet.write_inventory(os.path.join(work, "inventory.yml"), hostvars=hostvars, groupvars=group_vars)
+    env = fleet.ansible_env()
+    env.update({"ANSIBLE_CONFIG": os.path.join(REPO, "ansible.cfg"), "ANSIBLE_COLLECTIONS_PATH": collections_path(),
+                "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1", "PYTHONUNBUFFERED": "1"})
+    argv = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", inventory, playbook,
+            "--limit", ",".join(n.name for n in nodes)] + list(extra_args)
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    deadline = t0 + timeout
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if on_line:
+                on_line(line)
+            if time.monotonic() > deadline:
+                proc.kill()
+                lines.append("netns: ansible-playbook killed after %d s\n" % timeout)
+        proc.wait(max(1, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    wall = time.monotonic() - t0
+    results = {}
+    for node in nodes:
+        try:
+            with open(os.path.join(node.dir, "%s-result.json" % tag)) as f:
+                results[node.name] = json.load(f)
+        except (OSError, ValueError):
+            results[node.name] = None
+    return {"rc": proc.returncode, "output": "".join(lines), "wall": wall, "results": results}
 
 
 def _main(argv):
