@@ -145,9 +145,8 @@ def main():
     except _bench_coldstart.ColdstartError as e:
         module.fail_json(msg=str(e), **({"file": e.file} if e.file else {}))
     shown = ", ".join("%s %.1fs" % (k, v) for k, v in entry["phases"].items() if v is not None)
-    module.exit_json(changed=True, entry=entry, env={}, cache_dir=None, evicted_bytes=0,
-                     msg="%s #%d: first correct answer after %.1fs (%s)" % (p["state"], p["rep"], entry["total_s"],
-                                                                           shown))
+    msg = "%s #%d: first correct answer after %.1fs (%s)" % (p["state"], p["rep"], entry["total_s"], shown)
+    module.exit_json(changed=True, entry=entry, env={}, cache_dir=None, evicted_bytes=0, msg=msg)
 
 
 if __name__ == "__main__":
