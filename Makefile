@@ -92,5 +92,12 @@ molecule: install
 stop:
 	ansible-playbook playbooks/stop.yml -i inventories/local
 
+# Opt-in, not part of `make test`: build the AWX execution environment (execution-environment.yml) with docker from
+# a debootstrap base and local wheels, then run one stage job through AWX's route (ansible-runner transmit |
+# docker run EE ansible-runner worker | ansible-runner process). Needs root, debootstrap and a Docker daemon.
+.PHONY: ee
+ee: venv
+	bash $(CURDIR)/awx/ee/build.sh
+
 clean:
 	rm -rf $(BUILD)

@@ -133,3 +133,38 @@ def test_bindep_names_packages_for_the_debian_base_and_rpm():
     rpm = [e.split()[0] for e in entries if "platform:rpm" in e]
     assert {"git", "openssh-client"} <= set(dpkg)
     assert {"git", "openssh-clients"} <= set(rpm)
+
+
+def test_definition_installs_nothing_from_a_package_repository():
+    """The base carries the system packages (awx/ee/build.sh debootstraps what bindep.txt names for dpkg):
+    the build's package manager is a no-op, so no RUN step needs an apt/dnf repository."""
+    ee = _load("execution-environment.yml")
+    assert ee["options"]["package_manager_path"] == "/usr/bin/true"
+    with open(os.path.join(ROOT, "awx", "ee", "build.sh"), encoding="utf-8") as f:
+        script = f.read()
+    assert "platform:dpkg" in script and "bindep.txt" in script and "--variant=minbase" in script
+
+
+def test_job_summary_reads_status_events_failures_and_artifacts(tmp_path):
+    """`make ee` judges the job from what ansible-runner process wrote, as AWX does: status, rc, failed events
+    (an ignored failure does not count) and the set_stats artifacts of playbook_on_stats."""
+    import json
+
+    sys.path.insert(0, os.path.join(ROOT, "awx", "ee"))
+    try:
+        import job_summary
+    finally:
+        sys.path.pop(0)
+    art = tmp_path / "artifacts"
+    (art / "job_events").mkdir(parents=True)
+    (art / "status").write_text("successful\n")
+    (art / "rc").write_text("0")
+    events = [("playbook_on_start", {}), ("runner_on_ok", {}), ("runner_on_failed", {"ignore_errors": True}),
+              ("playbook_on_stats", {"artifact_data": {"llmops_staged_revision": "r1"}})]
+    for n, (event, data) in enumerate(events, 1):
+        (art / "job_events" / ("%d-x.json" % n)).write_text(json.dumps({"event": event, "event_data": data}))
+    assert job_summary.summary(str(art)) == 'successful 0 4 0 {"llmops_staged_revision":"r1"}'
+    (art / "job_events" / "5-x.json").write_text(json.dumps({"event": "runner_on_failed", "event_data": {}}))
+    (art / "status").write_text("failed")
+    (art / "rc").unlink()
+    assert job_summary.summary(str(art)).split()[:4] == ["failed", "missing", "5", "1"]
