@@ -8,8 +8,9 @@ passes each job's set_stats artifacts to the next node as extra vars (awx/main/m
 WorkflowJobNode.get_job_kwargs).
 
 The stage template runs for real with its survey defaults on inventories/local (the generated tiny model, a
-real copy). Deploy and verify transport run as AWX "Check" jobs (job_type: check): for real they start three
-vLLM CPU engines, several minutes on this machine.
+real copy). Every template also runs as an AWX "Check" job (job_type: check, --check): deploy and verify transport
+only that way here (for real they start three vLLM CPU engines, several minutes on this machine), each from the
+inventory and extra vars alone, deploy also with job tags that pick one play.
 """
 from __future__ import annotations
 
@@ -146,10 +147,7 @@ def test_the_workflow_hands_the_stage_artifacts_to_the_deploy_node(workflow_jobs
     assert not any("tiny-llama@" in t for t in tasks), tasks
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 2: site.yml and verify_transport.yml do not yet run as standalone "
-                   "Check jobs (the engine probe reads engine_proc.started_at of an engine check mode never started; "
-                   "verify needs the staged path from an earlier play); strict, so it fails the day they do")
-def test_the_workflow_runs_deploy_and_verify_as_check_jobs(workflow_jobs):
+def test_the_workflow_runs_deploy_and_verify_as_check_jobs(controller, workflow_jobs):
     jobs = workflow_jobs
     assert list(jobs) == ["stage", "deploy", "verify"], "\n".join("%s: %s" % (k, j.summary(800)) for k, j in jobs.items())
     for job in jobs.values():
@@ -157,11 +155,60 @@ def test_the_workflow_runs_deploy_and_verify_as_check_jobs(workflow_jobs):
     deploy, verify = jobs["deploy"], jobs["verify"]
     assert deploy.artifacts["llmops_engine_url"].startswith("http://127.0.0.1:")
     assert deploy.artifacts["llmops_engine_name"] == "vllm"
+    # check mode started nothing and said why it waited for no answer
+    assert "check mode: engine_process would start engine (nothing was started)" in deploy.stdout
+    assert not os.path.exists(os.path.join(controller.llmops_root, "run", "engine", "state.json"))
     # the verify node received both ancestors' artifacts
     text = _extravars(verify)
     assert "llmops_staged_revision" in text and "!unsafe 'llmops_engine_url'" in text
     verdict = verify.artifacts["llmops_transport_verdict"]
     assert verdict["measured"] is False and verdict["transport"] in ("rdma", "tcp")
+    # the P/D pair would serve the revision the stage node staged, found from the inventory and extra vars alone
+    staged = jobs["stage"].artifacts["llmops_staged_path"]
+    assert staged.endswith(os.path.join("served-by-workflow", "r2")) and os.path.isdir(staged)
+    assert "check mode: no load is sent (pd_load has no check mode)" in verify.stdout
+    assert not os.path.exists(os.path.join(controller.llmops_root, "run", "pd", "pd-decode", "state.json"))
+    assert not os.path.exists(os.path.join(controller.llmops_root, "evidence"))
+
+
+def _tasks(job):
+    return [e["event_data"].get("task", "") for e in job.events if e.get("event") == "playbook_on_task_start"]
+
+
+def test_the_stage_template_as_a_check_job_copies_nothing(controller, staged):
+    _copy_revision(controller, staged, "checked-only", "c1")
+    spec = controller.template("llmops stage model")["survey_spec"]
+    job = controller.launch("llmops stage model", prompts={"job_type": "check"},
+                            answers=dict(awx.ui_answers(spec), stage_model_name="checked-only", stage_model_revision="c1"))
+    _assert_ok(job)
+    assert job.cmdline.startswith("--check ")
+    dest = os.path.join(controller.llmops_root, "nvme", "models", "checked-only", "c1")
+    assert job.artifacts["llmops_staged_path"] == dest and job.artifacts["llmops_staged_revision"] == "c1"
+    assert not os.path.exists(dest)
+
+
+def test_the_deploy_template_runs_only_the_tagged_engine_step_as_a_check_job(controller, staged):
+    """job tags on launch: the engine play (and the kernel-cache checkout it starts with) names the staged revision
+    itself, with no stage play before it in the run."""
+    job = controller.launch("llmops deploy", prompts={"job_type": "check", "job_tags": "engine"})
+    _assert_ok(job)
+    assert job.cmdline.startswith("--check ") and job.cmdline.endswith("-t engine")
+    tasks = _tasks(job)
+    assert "Serve the staged revision and wait for one correct answer" in tasks
+    assert "Verify the cache directory before the engine starts" in tasks
+    assert not {"Gather GPU, disk, RDMA and engine runtime facts", "Stage each model"} & set(tasks), tasks
+    # the demo model's revision, computed in check mode by the engine play, is the one the stage job staged
+    assert "engine_model_path=%s has no config.json" % staged.artifacts["llmops_staged_path"] not in job.stdout
+    assert "check mode: engine_process would start engine (nothing was started)" in job.stdout
+    assert job.artifacts["llmops_engine_url"] == "http://127.0.0.1:%s" % controller.task_env["LLMOPS_ENGINE_PORT"]
+    assert not os.path.exists(os.path.join(controller.llmops_root, "run", "engine", "state.json"))
+
+
+def test_the_diagnose_template_runs_as_a_check_job(controller):
+    job = controller.launch("llmops diagnose", prompts={"job_type": "check"}, answers={"diagnose_fail_on_error": "false"})
+    _assert_ok(job)
+    assert job.cmdline.startswith("--check ")
+    assert "not_running" in job.stdout
 
 
 class _Gateway(http.server.BaseHTTPRequestHandler):
