@@ -348,6 +348,13 @@ class Receiver(object):
 
     # ---- choosing work -----------------------------------------------------------------------------
     def _pick(self):
+        """The next ``(file, piece, peer)`` to move (``peer`` None: from src), or None when nothing is left.
+
+        Among the first pieces still missing (a window of ``8 * streams``, in file order, so files complete one
+        after another) the one the fewest live peers hold is taken (ties at random), from its least loaded
+        holder: receivers starting together pull different pieces from a seed and then trade them.
+        """
+        window = 8 * self.streams
         with self._cond:
             while True:
                 if self._errors or self._stop.is_set():
@@ -356,7 +363,10 @@ class Receiver(object):
                 if not open_files:
                     return None
                 waiting = False
+                best, best_n, seen = [], None, 0
                 for fs in open_files:
+                    if seen >= window:
+                        break
                     seeds_on = self._seed_can_provide(fs.rel)
                     for i in range(fs.n):
                         if fs.held[i] or i in fs.inflight:
@@ -365,15 +375,25 @@ class Receiver(object):
                             holders = [p for p in self.links if p.alive and p.holds(fs.rel, i)
                                        and p not in fs.excluded[i]]
                             if holders:
-                                low = min(p.load + p.inflight for p in holders)
-                                link = random.choice([p for p in holders if p.load + p.inflight == low])
-                                link.inflight += 1
-                                fs.inflight.add(i)
-                                return fs, i, link
-                        if fs.source_only or not seeds_on:
+                                seen += 1
+                                if best_n is None or len(holders) < best_n:
+                                    best, best_n = [(fs, i, holders)], len(holders)
+                                elif len(holders) == best_n:
+                                    best.append((fs, i, holders))
+                                if seen >= window:
+                                    break
+                                continue
+                        if not best and (fs.source_only or not seeds_on):
                             fs.inflight.add(i)
                             return fs, i, None
                         waiting = True
+                if best:
+                    fs, i, holders = random.choice(best)
+                    low = min(p.load + p.inflight for p in holders)
+                    link = random.choice([p for p in holders if p.load + p.inflight == low])
+                    link.inflight += 1
+                    fs.inflight.add(i)
+                    return fs, i, link
                 if not waiting:
                     return None  # everything left is in flight
                 self._cond.wait(self.poll)

@@ -209,6 +209,8 @@ class Offer(object):
         self._lock = threading.Lock()
         self._at = None
         self._snap = None
+        self._marker_key = None
+        self._marker = None
 
     def snapshot(self):
         with self._lock:
@@ -220,7 +222,7 @@ class Offer(object):
 
     def _build(self):
         files, state, age = {}, "idle", None
-        ms = _marker.read_marker(self.lay.real) if os.path.isdir(self.lay.real) else None
+        ms = self._read_marker()
         if ms is not None and ms.kind == "ok" and not os.path.islink(self.lay.real):
             state = "complete"
             for r in ms.marker.records:
@@ -234,6 +236,19 @@ class Offer(object):
                 age = max(0.0, time.time() - mtime)
                 files.update(board["files"])
         return {"state": state, "board_age": age, "files": files}
+
+    def _read_marker(self):
+        """The published marker, parsed again only when its file changed (the copies are checked every time)."""
+        try:
+            st = os.lstat(os.path.join(self.lay.real, _marker.MARKER))
+            key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        except OSError:
+            self._marker_key = self._marker = None
+            return None
+        if key != self._marker_key:
+            self._marker = _marker.read_marker(self.lay.real)
+            self._marker_key = key
+        return self._marker
 
     def public(self, load):
         snap = self.snapshot()

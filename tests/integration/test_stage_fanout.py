@@ -221,8 +221,7 @@ def test_fleet_is_byte_identical_shared_fs_serves_one_copy_and_a_lying_peer_is_c
     _servers_gone(tmp_path, hosts, port)
 
 
-def test_a_peer_killed_mid_transfer_and_an_unreachable_host_do_not_fail_the_others(tmp_path, collections,
-                                                                                    revision):
+def test_a_peer_killed_mid_transfer_and_an_unreachable_host_do_not_fail_the_others(tmp_path, collections, revision):
     # "dead" comes first in the inventory: it would be the seed if seeds were chosen before it was found out
     hosts = ["dead", "n1", "n2", "n3"]
     # slow enough (4 MiB/s per stream) that the seed's server dies while the others still need pieces

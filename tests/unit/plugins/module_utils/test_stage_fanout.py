@@ -138,7 +138,13 @@ def test_bad_piece_is_rejected_the_liar_dropped_and_the_piece_refetched(src, tmp
     liar = servers(_liar(seed_dest, tmp_path))
     # the liar is preferred whenever it holds the piece, and nothing is picked before both piece lists are in,
     # so its bad piece is certainly asked for
-    monkeypatch.setattr(_stage_fanout.random, "choice", lambda links: sorted(links, key=lambda p: p.seed)[0])
+    choice = _stage_fanout.random.choice
+
+    def liar_first(items):
+        if all(isinstance(p, _stage_fanout.PeerLink) for p in items):
+            return sorted(items, key=lambda p: p.seed)[0]
+        return choice(items)
+    monkeypatch.setattr(_stage_fanout.random, "choice", liar_first)
     pick = _stage_fanout.Receiver._pick
 
     def pick_once_both_seen(self):
@@ -146,10 +152,15 @@ def test_bad_piece_is_rejected_the_liar_dropped_and_the_piece_refetched(src, tmp
             time.sleep(0.01)
         return pick(self)
     monkeypatch.setattr(_stage_fanout.Receiver, "_pick", pick_once_both_seen)
+    absorb = _stage_fanout.Receiver._absorb
+
+    def absorb_without_load(self, link, doc):  # a load the liar reported during our own transfer is no reason
+        absorb(self, link, dict(doc, load=0))
+    monkeypatch.setattr(_stage_fanout.Receiver, "_absorb", absorb_without_load)
     d = str(tmp_path / "n1" / "m" / "r1")
     r = _stage.stage(src, d, peers=[{"url": seed.url, "seed": True}, {"url": liar.url}], peer_token=TOKEN,
                      piece_size=PIECE, read_streams=1)
-    assert r["bad_pieces_rejected"] == 1
+    assert r["bad_pieces_rejected"] == 1, r
     assert r["peers_dropped"][0]["url"] == liar.url and "bad piece" in r["peers_dropped"][0]["reason"]
     assert r["bytes_from_source"] == 0 and r["bytes_from_peers"] == r["bytes_total"]
     _same_tree(src, d)
@@ -210,3 +221,14 @@ def test_bad_fanout_options_are_refused_before_anything_changes(src, tmp_path, b
         _stage.stage(src, d, **bad)
     assert TOKEN not in str(e.value) and "u:p" not in str(e.value)
     assert not os.path.exists(os.path.dirname(d))
+
+
+def test_read_rate_limit_caps_each_stream_without_fanout(tmp_path):
+    src = str(tmp_path / "shared" / "m" / "r1")
+    stage_synth.write_checkpoint(src, 3 * 1024 * 1024, shards=2, seed=5, extra_files=False)
+    rate = 2 * 1024 * 1024
+    d = str(tmp_path / "n1" / "m" / "r1")
+    r = _stage.stage(src, d, read_streams=1, read_rate_limit=rate, fsync=False)
+    assert r["bytes_from_source"] == r["bytes_total"] and r["bytes_from_peers"] == 0
+    assert r["seconds"] >= 0.8 * r["bytes_total"] / rate
+    _same_tree(src, d)
