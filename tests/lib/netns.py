@@ -553,13 +553,14 @@ def collections_path():
     return tree
 
 
-def run_stage_play(fleet, nodes, group_vars, extra_args=(), timeout=900, tag="play", on_line=None):
+def run_stage_play(fleet, nodes, group_vars, extra_args=(), timeout=900, tag="play", on_line=None, collections=None):
     """Run the model_stage role on ``nodes`` of ``fleet`` over SSH; returns rc, output, wall seconds, results.
 
     Each node stages into its own NVMe directory (``model_stage_dest_root``) with its own progress directory;
     ``group_vars`` gives everything else (src root, models, fan-out settings). ``results`` maps node name to
     that node's ``model_stage_results`` (None where the play did not get that far). ``on_line`` is called with
-    each output line as it comes (progress).
+    each output line as it comes (progress). ``collections``: the ansible_collections tree to use (default:
+    this working tree).
     """
     work = os.path.join(fleet.root, tag)
     os.makedirs(work, exist_ok=True)
@@ -579,7 +580,7 @@ def run_stage_play(fleet, nodes, group_vars, extra_args=(), timeout=900, tag="pl
 
     inventory = fleet.write_inventory(os.path.join(work, "inventory.yml"), hostvars=hostvars, groupvars=group_vars)
     env = fleet.ansible_env()
-    env.update({"ANSIBLE_CONFIG": os.path.join(REPO, "ansible.cfg"), "ANSIBLE_COLLECTIONS_PATH": collections_path(),
+    env.update({"ANSIBLE_CONFIG": os.path.join(REPO, "ansible.cfg"), "ANSIBLE_COLLECTIONS_PATH": collections or collections_path(),
                 "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1", "PYTHONUNBUFFERED": "1"})
     argv = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", inventory, playbook,
             "--limit", ",".join(n.name for n in nodes)] + list(extra_args)

@@ -1,0 +1,417 @@
+# -*- coding: utf-8 -*-
+# Copyright: llmops.serving contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Fleet staging time and shared-filesystem bytes against fleet size, with peer fan-out off and on.
+
+N nodes are network namespaces on this machine (tests/lib/netns.py): one sshd each, so ansible-playbook
+reaches them over SSH as real hosts and runs the model_stage role on all of them at once. Each node's link
+is shaped with tc to ``--rate-mbit`` each way; the shared filesystem is an ext4 loop device whose reads
+are throttled to the same rate for the whole fleet together (a blkio cgroup holding every process the nodes
+run), and model_stage's own fleet cap (lease directory) and ``read_rate_limit`` (where the module has it) are
+set to that rate as well. The bytes read from the shared filesystem are counted at its block device.
+
+    sudo .venv/bin/python benchmarks/fanout_bench.py --size-mib 256 --rate-mbit 200 --nodes 1,2,4,8 --runs 2
+
+Modes: ``off`` is today's behaviour (every node reads the whole revision from the shared filesystem, under
+the cap); ``on`` is ``model_stage_fanout: true`` with ``model_stage_fanout_seeds`` seeds. Runs alternate
+the modes (off, on, on, off, ...) so a noisy period of the shared machine hits both. Writes
+``<out>.json``, ``<out>.png`` and ``<out>.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the working tree as ansible_collections.llmops.serving (the same tree the root conftest makes)
+_PYCOLL = os.path.join(ROOT, ".build", "pycoll")
+if not os.path.islink(os.path.join(_PYCOLL, "ansible_collections", "llmops", "serving")):
+    os.makedirs(os.path.join(_PYCOLL, "ansible_collections", "llmops"), exist_ok=True)
+    os.symlink(ROOT, os.path.join(_PYCOLL, "ansible_collections", "llmops", "serving"))
+sys.path.insert(0, _PYCOLL)
+
+from ansible_collections.llmops.serving.tests.lib import netns  # noqa: E402
+from ansible_collections.llmops.serving.tests.lib import stage_synth  # noqa: E402
+
+MIB = 1 << 20
+MODEL, REVISION = "synth", "rev-1"
+MARKER = ".llmops-staged.json"
+
+
+def capabilities():
+    """What the model_stage role and module of this tree support (fan-out, read_rate_limit)."""
+    with open(os.path.join(ROOT, "roles", "model_stage", "defaults", "main.yml")) as f:
+        defaults = f.read()
+    with open(os.path.join(ROOT, "plugins", "modules", "model_stage.py")) as f:
+        module = f.read()
+    return {"fanout": bool(re.search(r"^model_stage_fanout:", defaults, re.M)),
+            "read_rate_limit": bool(re.search(r"^model_stage_read_rate_limit:", defaults, re.M)) and "read_rate_limit" in module}
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(8 * MIB), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_copies(nodes, src, sums):
+    """Every node's copy is byte-identical to the source (sha256 of every file); returns the problems."""
+    problems = []
+    for node in nodes:
+        dest = os.path.join(node.nvme, MODEL, REVISION)
+        if not os.path.isdir(dest):
+            problems.append("%s: no staged revision at %s" % (node.name, dest))
+            continue
+        names = sorted(n for n in os.listdir(dest) if n != MARKER)
+        if names != sorted(os.listdir(src)):
+            problems.append("%s: files differ from the source" % node.name)
+            continue
+        for name, digest in sums.items():
+            if sha256_file(os.path.join(dest, name)) != digest:
+                problems.append("%s: %s differs from the source" % (node.name, name))
+    return problems
+
+
+def reset(fleet, nodes):
+    for node in fleet.nodes:
+        for sub in ("nvme", "progress"):
+            shutil.rmtree(os.path.join(node.dir, sub), ignore_errors=True)
+        os.makedirs(node.nvme)
+    shutil.rmtree(os.path.join(fleet.root, "slots"), ignore_errors=True)
+    os.makedirs(os.path.join(fleet.root, "slots"))
+    fleet.remount_shared()  # cold: the page cache of the shared filesystem is dropped
+
+
+def group_vars(fleet, args, mode, caps):
+    rate_bps = int(args.rate_mbit * 1e6 / 8)
+    gv = {"model_stage_src_root": fleet.shared, "model_stage_models": [{"name": MODEL, "revision": REVISION}],
+          "model_stage_fleet_slots_dir": os.path.join(fleet.root, "slots"),
+          "model_stage_fleet_read_streams": args.streams, "model_stage_read_streams": args.streams,
+          "model_stage_poll_interval": 2, "model_stage_keep_revisions": 1, "model_stage_verify": args.verify}
+    if caps["read_rate_limit"]:
+        gv["model_stage_read_rate_limit"] = rate_bps // args.streams
+    if mode == "on":
+        gv.update({"model_stage_fanout": True, "model_stage_fanout_seeds": args.seeds,
+                   "model_stage_fanout_port": args.port, "model_stage_fanout_piece_size": args.piece_kib * 1024,
+                   "model_stage_fanout_summary_file": os.path.join(fleet.root, "fanout-summary.json")})
+    elif caps["fanout"]:
+        gv["model_stage_fanout"] = False
+    return gv
+
+
+def one_run(fleet, args, mode, n, caps, sums, tag):
+    nodes = fleet.nodes[:n]
+    reset(fleet, nodes)
+    before = fleet.shared_read_bytes()
+    play = netns.run_stage_play(fleet, nodes, group_vars(fleet, args, mode, caps), timeout=args.timeout, tag=tag,
+                                collections=args.collections)
+    shared = fleet.shared_read_bytes() - before
+    entry = {"mode": mode, "nodes": n, "rc": play["rc"], "fleet_seconds": round(play["wall"], 2),
+             "shared_bytes": shared, "hosts": {}}
+    for name, results in sorted(play["results"].items()):
+        res = (results or [{}])[0].get("result", {}) if results else {}
+        entry["hosts"][name] = {k: res.get(k) for k in (
+            "seconds", "bytes_copied", "bytes_from_source", "bytes_from_peers", "peers_used", "bad_pieces_rejected")}
+    copy_secs = [h["seconds"] for h in entry["hosts"].values() if h.get("seconds") is not None]
+    entry["copy_seconds_max"] = max(copy_secs) if len(copy_secs) == n else None
+    entry["copy_span_seconds"] = copy_span(nodes, entry["hosts"]) if len(copy_secs) == n else None
+    entry["problems"] = check_copies(nodes, os.path.join(fleet.shared, MODEL, REVISION), sums) if play["rc"] == 0 else [
+        "ansible-playbook rc %s: %s" % (play["rc"], play["output"][-3000:])]
+    return entry
+
+
+def copy_span(nodes, hosts):
+    """Seconds from the first node's copy start to the last node's end (progress file's last write, minus the
+    module's own seconds for the start): the fleet time without Ansible's connection and task start-up."""
+    starts, ends = [], []
+    for node in nodes:
+        try:
+            with open(os.path.join(node.dir, "progress", MODEL + ".json")) as f:
+                end = json.load(f)["updated"]
+        except (OSError, ValueError, KeyError):
+            return None
+        ends.append(end)
+        starts.append(end - hosts[node.name]["seconds"])
+    return round(max(ends) - min(starts), 2)
+
+
+def machine():
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[0]
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"host": "%s, %d CPUs, %s" % (platform.machine(), os.cpu_count(), cpu), "kernel": platform.release(),
+            "python": platform.python_version(), "load_start": load}
+
+
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def summarize(runs, size, seeds):
+    table = {}
+    for r in runs:
+        table.setdefault((r["mode"], r["nodes"]), []).append(r)
+    rows = []
+    for (mode, n), rs in sorted(table.items()):
+        ok = [r for r in rs if not r["problems"]]
+        rows.append({"mode": mode, "nodes": n, "runs": len(rs), "ok": len(ok),
+                     "fleet_seconds": [r["fleet_seconds"] for r in rs],
+                     "fleet_seconds_median": median([r["fleet_seconds"] for r in ok]),
+                     "copy_seconds_median": median([r["copy_seconds_max"] for r in ok]),
+                     "copy_span": [r["copy_span_seconds"] for r in rs],
+                     "copy_span_median": median([r["copy_span_seconds"] for r in ok]),
+                     "shared_bytes": [r["shared_bytes"] for r in rs],
+                     "shared_copies_max": max(r["shared_bytes"] for r in rs) / size})
+    # the single-node time is the one node staging alone from the shared filesystem (fan-out off, N=1)
+    single = {key: next((r[key] for r in rows if r["mode"] == "off" and r["nodes"] == 1), None)
+              for key in ("fleet_seconds_median", "copy_span_median")}
+    for r in rows:
+        for key, out in (("fleet_seconds_median", "vs_single"), ("copy_span_median", "span_vs_single")):
+            base = single.get(key)
+            r[out] = round(r[key] / base, 2) if base and r[key] else None
+    return rows, single
+
+
+def plot(rows, size, seeds, path, title):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11.5, 4.4))
+    styles = {"off": ("tab:red", "fan-out off (today)"), "on": ("tab:blue", "fan-out on, %d seed(s)" % seeds)}
+    single = None
+    for mode, (color, label) in styles.items():
+        rs = [r for r in rows if r["mode"] == mode and r["copy_span_median"]]
+        if not rs:
+            continue
+        ns = [r["nodes"] for r in rs]
+        ax1.plot(ns, [r["copy_span_median"] for r in rs], "o-", color=color, label=label + ": staging (median)")
+        for r in rs:
+            pts = [v for v in r["copy_span"] if v is not None]
+            ax1.scatter([r["nodes"]] * len(pts), pts, color=color, alpha=0.35, s=14)
+        ax1.plot(ns, [r["fleet_seconds_median"] for r in rs], "s:", color=color, alpha=0.5, ms=4,
+                 label=label + ": whole playbook")
+        ax2.plot(ns, [max(r["shared_bytes"]) / MIB for r in rs], "o-", color=color, label=label)
+        if mode == "off" and 1 in ns:
+            single = rs[ns.index(1)]["copy_span_median"]
+    allns = sorted({r["nodes"] for r in rows})
+    if single:
+        ax1.plot(allns, [single * n for n in allns], "--", color="gray", lw=0.8, label="N × single-node staging")
+        ax1.axhline(1.5 * single, ls="--", color="tab:green", lw=0.8, label="target: 1.5 × single-node staging")
+    ax1.set_xlabel("nodes")
+    ax1.set_ylabel("seconds")
+    ax1.set_title("fleet time (first copy start to last copy end; playbook wall dotted)", fontsize=9)
+    ax1.set_xticks(allns)
+    ax1.legend(fontsize=7)
+    ax1.grid(alpha=0.3)
+    ax2.axhline(1.05 * size * seeds / MIB, ls="--", color="tab:green", lw=0.8, label="target: 1.05 × revision × seeds")
+    ax2.set_xlabel("nodes")
+    ax2.set_ylabel("MiB")
+    ax2.set_title("bytes read from the shared filesystem (block device count, max of runs)", fontsize=9)
+    ax2.set_xticks(allns)
+    ax2.legend(fontsize=7)
+    ax2.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _fmt(v, spec="%.1f"):
+    return spec % v if v is not None else "-"
+
+
+def write_markdown(path, doc):
+    a = doc["args"]
+    size = doc["revision_bytes"]
+    caps = doc["capabilities"]
+    lines = ["# Peer fan-out benchmark", "",
+             "Fleet staging time and bytes read from the shared filesystem against the number of nodes, with "
+             "`model_stage_fanout` off (today: every node reads the whole revision from the shared filesystem under "
+             "the fleet cap) and on (`model_stage_fanout_seeds: %d`)." % a["seeds"], "",
+             "Command (from the collection root, as root):", "", "```", doc["command"], "```", ""]
+    if doc.get("note"):
+        lines += [doc["note"], ""]
+    lines += [
+        "- Revision: synthetic safetensors checkpoint, %.0f MiB in %d shards + index, config and `SHA256SUMS` "
+        "(`tests/lib/stage_synth.py`); `model_stage_verify: %s`; fan-out piece size %d KiB. After every run each "
+        "node's copy is compared with `SHA256SUMS` (sha256 of every file)."
+        % (size / MIB, a["shards"], a["verify"], a["piece_kib"]),
+        "- Nodes: network namespaces (`tests/lib/netns.py`) on one bridge, one sshd each; `ansible-playbook` runs "
+        "the `model_stage` role on all of them over SSH (forks ≥ N). Each node's link is shaped with `tc tbf` to "
+        "%d Mbit/s in each direction." % a["rate_mbit"],
+        "- Shared filesystem: ext4 on a loop device. Reads from it are throttled to %d Mbit/s for the whole fleet "
+        "together (one blkio cgroup holds every process the nodes' sshd start); model_stage's fleet cap is %d "
+        "streams%s. Bytes read are counted at the loop device (`/sys/block/loopN/stat`); the filesystem is "
+        "remounted (its page cache dropped) before every run."
+        % (a["rate_mbit"], a["streams"], " with `model_stage_read_rate_limit` %d B/s per stream (the same %d Mbit/s "
+           "in all)" % (a["rate_mbit"] * 1e6 / 8 // a["streams"], a["rate_mbit"]) if caps["read_rate_limit"] else ""),
+        "- Fleet time: from the first node's copy start to the last node's copy end (each node's progress file "
+        "and the module's own `seconds`): the staging itself. The whole `ansible-playbook` wall time is shown "
+        "beside it; on this loaded machine it is dominated by Ansible's per-task cost over SSH (tens of seconds "
+        "for the role's ~20 tasks), which does not grow with the revision size.",
+        "- Machine: %s; kernel %s; Python %s; load average (1 min) %s at the start and %s at the end, most of it "
+        "from other work on the machine. Runs alternate the modes (off, on, on, off, ...)." % (
+            doc["machine"]["host"], doc["machine"]["kernel"], doc["machine"]["python"],
+            doc["machine"]["load_start"], doc["machine"]["load_end"]), ""]
+    if not caps["fanout"]:
+        lines += ["This tree's `model_stage` role has no `model_stage_fanout` yet: only the `off` curve is measured.", ""]
+    lines += ["| mode | nodes | staging, runs (s) | staging, median (s) | × single node | playbook wall, median (s) | "
+              "shared-FS MiB (max) | × revision | from peers (MiB, max) |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        lines.append("| %s | %d | %s | %s | %s | %s | %.0f | %.2f | %s |" % (
+            r["mode"], r["nodes"], " / ".join(_fmt(v) for v in r["copy_span"]), _fmt(r["copy_span_median"]),
+            _fmt(r["span_vs_single"], "%.2f×"), _fmt(r["fleet_seconds_median"]),
+            max(r["shared_bytes"]) / MIB, r["shared_copies_max"], _fmt(r.get("peer_mib_max"), "%.0f")))
+    lines += [""]
+    failed = [r for r in doc["runs"] if r["problems"]]
+    if failed:
+        lines += ["Failed runs: " + "; ".join("%s N=%d: %s" % (r["mode"], r["nodes"], r["problems"][0][:300].replace("\n", " "))
+                                              for r in failed), ""]
+    lines += ["| target | measured | met |", "|---|---|---|"]
+    for t in doc["targets"]:
+        lines.append("| %s | %s | %s |" % (t["target"], t["measured"], t["met"]))
+    lines += ["", "![fleet time and shared-filesystem bytes against nodes](%s)" % os.path.basename(doc["png"]), "",
+              "What this does not show: all nodes share one kernel, one page cache, one disk and %d CPUs (with other "
+              "work running), so the peers' HTTP serving, hashing and O_DIRECT writes compete for the same cores "
+              "and the same device, where a real node has its own; the links are veth pairs through one bridge, "
+              "shaped by tc, not NICs and switches (no real latency, loss, MTU or oversubscription of a fabric); "
+              "the shared filesystem is a throttled local loop device, not NFS/Lustre with its own caching, "
+              "metadata load and per-client behaviour; and %.0f MiB at %d Mbit/s stands in for hundreds of GiB at "
+              "tens of Gbit/s, so fixed costs (SSH, task start-up, polling, the seed's first piece) weigh more "
+              "here than on a real fleet." % (os.cpu_count(), size / MIB, a["rate_mbit"]), ""]
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+
+
+def targets(rows, size, seeds, caps):
+    out = []
+    on = [r for r in rows if r["mode"] == "on"]
+    off = {r["nodes"]: r for r in rows if r["mode"] == "off"}
+    single = off.get(1, {}).get("copy_span_median")
+    if on:
+        worst = max(r["shared_copies_max"] for r in on)
+        out.append({"target": "fan-out: shared-FS bytes ≤ 1.05 × revision × seeds (every N)",
+                    "measured": "%.3f × revision (worst N, worst run), seeds %d" % (worst, seeds),
+                    "met": "yes" if worst <= 1.05 * seeds else "no"})
+        biggest = max(on, key=lambda r: r["nodes"])
+        if single and biggest["copy_span_median"]:
+            ratio = biggest["copy_span_median"] / single
+            out.append({"target": "fan-out: fleet staging time at N=%d ≤ 1.5 × single-node time" % biggest["nodes"],
+                        "measured": "%.2f× (%.1f s vs %.1f s)" % (ratio, biggest["copy_span_median"], single),
+                        "met": "yes" if ratio <= 1.5 else "no"})
+    if single and off:
+        n = max(off)
+        if off[n]["copy_span_median"]:
+            out.append({"target": "fan-out off: fleet time at N=%d ≈ N × single node (for comparison)" % n,
+                        "measured": "%.2f×" % (off[n]["copy_span_median"] / single), "met": "-"})
+    return out
+
+
+def report(doc, out):
+    """Tables, targets, PNG and Markdown from the runs in ``doc``."""
+    size = doc["revision_bytes"]
+    doc["rows"], doc["single_node_seconds"] = summarize(doc["runs"], size, doc["args"]["seeds"])
+    for r in doc["rows"]:
+        peers = [sum((h.get("bytes_from_peers") or 0) for h in run["hosts"].values())
+                 for run in doc["runs"] if run["mode"] == r["mode"] and run["nodes"] == r["nodes"]]
+        r["peer_mib_max"] = max(peers) / MIB if peers else None
+    doc["targets"] = targets(doc["rows"], size, doc["args"]["seeds"], doc["capabilities"])
+    doc["png"] = out + ".png"
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out + ".json", "w") as f:
+        json.dump(doc, f, indent=2, sort_keys=True)
+    plot(doc["rows"], size, doc["args"]["seeds"], doc["png"],
+         "%d MiB revision; node links and shared FS at %d Mbit/s; %s"
+         % (size // MIB, doc["args"]["rate_mbit"], doc["machine"]["host"]))
+    write_markdown(out + ".md", doc)
+    for t in doc["targets"]:
+        print("%s: %s (%s)" % (t["target"], t["measured"], t["met"]))
+    print("wrote %s.json, %s.png, %s.md" % (out, out, out))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size-mib", type=int, default=256, help="revision size (MiB)")
+    ap.add_argument("--shards", type=int, default=8)
+    ap.add_argument("--rate-mbit", type=int, default=200, help="each node link and the shared filesystem (Mbit/s)")
+    ap.add_argument("--nodes", default="1,2,4,8", help="fleet sizes, comma separated")
+    ap.add_argument("--runs", type=int, default=2, help="runs of each mode and fleet size")
+    ap.add_argument("--modes", default=None, help="off,on (default: both where the role supports fan-out)")
+    ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--streams", type=int, default=4, help="read streams per host and fleet-wide cap")
+    ap.add_argument("--verify", default="headers", choices=["size", "headers", "sha256"])
+    ap.add_argument("--piece-kib", type=int, default=4096, help="model_stage_fanout_piece_size (KiB)")
+    ap.add_argument("--port", type=int, default=18780, help="model_stage_fanout_port")
+    ap.add_argument("--timeout", type=int, default=900, help="per playbook run (s)")
+    ap.add_argument("--on-single", action="store_true", help="also run fan-out on at N=1")
+    ap.add_argument("--collections", default=None,
+                    help="ansible_collections tree holding llmops.serving (default: this working tree)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks", "fanout"), help="output path without extension")
+    ap.add_argument("--report", metavar="JSON", help="only rebuild the PNG and Markdown (next to --out) from a JSON of runs")
+    ap.add_argument("--note", default="", help="a paragraph for the Markdown (with --report)")
+    args = ap.parse_args(argv)
+    if args.report:
+        with open(args.report) as f:
+            doc = json.load(f)
+        if args.note:
+            doc["note"] = args.note
+        report(doc, args.out)
+        return 0
+    reason = netns.unavailable()
+    if reason:
+        sys.exit("fanout_bench: cannot build the namespace fleet: %s" % reason)
+    caps = capabilities()
+    modes = args.modes.split(",") if args.modes else (["off", "on"] if caps["fanout"] else ["off"])
+    if "on" in modes and not caps["fanout"]:
+        sys.exit("fanout_bench: roles/model_stage has no model_stage_fanout in this tree; run with --modes off")
+    sizes = sorted(int(n) for n in args.nodes.split(","))
+    order = []
+    for k in range(args.runs):
+        ms = modes if k % 2 == 0 else list(reversed(modes))
+        for mode in ms:
+            # one node with fan-out is the seed alone: the single-node time is fan-out off at N=1
+            order += [(k, mode, n) for n in sizes if not (mode == "on" and n == 1 and not args.on_single)]
+    doc = {"command": " ".join([".venv/bin/python", "benchmarks/fanout_bench.py"] + (argv if argv is not None else sys.argv[1:])),
+           "args": vars(args), "capabilities": caps, "machine": machine(), "runs": []}
+    with netns.Fleet(max(sizes), rate_mbit=args.rate_mbit, shared_device_mib=args.size_mib + max(64, args.size_mib // 4),
+                     shared_read_mbit=args.rate_mbit) as fleet:
+        src = os.path.join(fleet.shared, MODEL, REVISION)
+        info = stage_synth.write_checkpoint(src, args.size_mib * MIB, shards=args.shards, seed=11)
+        os.sync()
+        with open(os.path.join(src, "SHA256SUMS")) as f:
+            sums = {ln.split()[1]: ln.split()[0] for ln in f if ln.strip()}
+        doc["revision_bytes"] = size = info["bytes"]
+        t_start = time.monotonic()
+        for i, (k, mode, n) in enumerate(order, 1):
+            entry = one_run(fleet, args, mode, n, caps, sums, "run%d" % i)
+            entry["round"] = k + 1
+            doc["runs"].append(entry)
+            elapsed = time.monotonic() - t_start
+            eta = elapsed / i * (len(order) - i)
+            print("[%d/%d] fan-out %-3s N=%d  fleet %6.1f s  shared %7.1f MiB (%.2f× revision)  %s  ETA %.0f s" % (
+                i, len(order), mode, n, entry["fleet_seconds"], entry["shared_bytes"] / MIB, entry["shared_bytes"] / size,
+                "ok" if not entry["problems"] else "FAILED: " + entry["problems"][0][:400], eta), flush=True)
+        for node in fleet.nodes:
+            shutil.rmtree(node.nvme, ignore_errors=True)
+    doc["machine"]["load_end"] = machine()["load_start"]
+    report(doc, args.out)
+    return 0 if not any(r["problems"] for r in doc["runs"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
