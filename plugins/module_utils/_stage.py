@@ -329,10 +329,15 @@ def _read_back_pieces(root, copier_root, records, piece_size, streams, direct_io
 
 def _pieces_for_published(lay, src_real, marker, piece_size, streams, direct_io, fsync, result):
     """A clean revision staged without piece digests (or at another piece size) gets them, so it can seed."""
-    if all(r.has_pieces(piece_size) for r in marker.records):
+    missing = [r for r in marker.records if not r.has_pieces(piece_size)]
+    if not missing:
         return
-    _read_back_pieces(lay.real, lay.real, marker.records, piece_size, streams, direct_io, result)
-    _marker.write_marker(lay.real, src_real, _marker.min_level(marker.records), marker.records, fsync)
+    # a few files at a time, the marker rewritten after each batch: the server lists them as they are done
+    for start in range(0, len(missing), max(1, streams)):
+        _read_back_pieces(lay.real, lay.real, missing[start:start + max(1, streams)], piece_size, streams,
+                          direct_io, result)
+        _marker.write_marker(lay.real, src_real, _marker.min_level(marker.records), marker.records, fsync,
+                             piece_size=piece_size)
     result["changed"] = True
     result["reason"] = "piece digests read back from the staged copy (staged without them), so it can seed peers"
 

@@ -340,6 +340,9 @@ class Receiver(object):
                 continue
             if link.state in ("complete", "done") and rel in link.have:
                 return True
+            # a published seed still reading back the digests of a copy staged without them lists it later
+            if link.state == "complete" and now - self._t0 < self.seed_wait:
+                return True
             if link.state == "copying" and (link.board_age is None or link.board_age < self.seed_stale):
                 return True
             if link.state in (None, "idle") and now - self._t0 < self.seed_wait:

@@ -343,9 +343,10 @@ def marker_piece_size(records):
     return max(set(sizes), key=sizes.count) if sizes else None
 
 
-def write_marker(directory, source, verify, records, fsync=True):
-    """Write the marker into ``directory`` atomically (``_fsutil.atomic_write_json``)."""
-    piece_size = marker_piece_size(records)
+def write_marker(directory, source, verify, records, fsync=True, piece_size=None):
+    """Write the marker into ``directory`` atomically (``_fsutil.atomic_write_json``); ``piece_size`` (default:
+    the one most records carry) is the piece size whose digests it keeps."""
+    piece_size = piece_size or marker_piece_size(records)
     files = []
     for r in records:
         d = r.to_json()
