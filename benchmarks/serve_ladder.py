@@ -16,7 +16,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import conftest  # noqa: E402,F401  pylint: disable=unused-import  (the tree as ansible_collections.llmops.serving)
+import conftest  # noqa: E402,F401  pylint: disable=unused-import
 
 from ansible_collections.llmops.serving.plugins.module_utils import _bench_report, _bench_run  # noqa: E402
 

@@ -17,13 +17,14 @@ description:
     target and length pair must complete. The probe times give a lower bound of what the ladder needs (every
     round's requests in waves of C at the time one request took alone); above O(time_budget) the module fails.
   - Moves the files of a previous run in O(out_dir) under C(previous/<UTC time>/) (never deletes them) and writes
-    C(plan.json): the targets, the protocol and the ordered rounds. Per length pair and concurrency the warm-up
+    C(plan.json) with the targets, the protocol and the ordered rounds. Per length pair and concurrency the warm-up
     rounds of every target come first, then the measured rounds rep by rep and seed by seed; with two targets and
     O(interleave) they alternate A, B, A, B so that a noisy period hits both.
 options:
   targets:
     description:
-      - One or two targets (two make an A/B run). Each is C({name, url, model}) plus optional C(headers) (for
+      - >-
+        One or two targets (two make an A/B run). Each is C({name, url, model}) plus optional C(headers) (for
         example C({model: glm}) for the AIBrix gateway, C({routing-strategy: pd})), C(decode_metrics_url) and
         C(prefill_metrics_url) (a P/D target's engines' C(/metrics), for the transport evidence) and C(transport)
         (C(any), C(rdma) or C(tcp): what the evidence verdict checks).

@@ -12,13 +12,14 @@ version_added: "0.1.0"
 description:
   - Runs round O(index) of the plan that M(llmops.serving.benchmark_plan) wrote into O(out_dir), with the real
     client, C(vllm bench serve) (its parser and C(main) from C(vllm.benchmarks.serve), run by O(python) as a child
-    process, so a wheel whose C(vllm) console script is broken still works): random dataset with exact lengths,
-    temperature 0, C(--ignore-eos), unlimited arrival rate, C(--max-concurrency) C, C(--save-result --save-detailed).
+    process, so a wheel whose C(vllm) console script is broken still works) with the random dataset at exact
+    lengths, temperature 0, C(--ignore-eos), unlimited arrival rate, C(--max-concurrency) C and
+    C(--save-result --save-detailed).
   - Writes C(<out_dir>/rounds/NNN.json) with one sample per request (TTFT, TPOT, ITLs, E2EL, tokens, seed, ok,
     error; failed requests are kept), the client's raw result under C(raw/) and its output under C(logs/).
   - For a target with C(decode_metrics_url), snapshots the decode engine's NIXL counters and the RDMA port
-    counters (as M(llmops.serving.rdma_counters) does) before and after the round and records RV(record.evidence):
-    KV bytes, RDMA bytes, the KV bytes the RDMA ports did not carry (C(tcp_bytes)) and the verdict for the target's
+    counters (as M(llmops.serving.rdma_counters) does) before and after the round and records RV(record.evidence)
+    with the KV bytes, RDMA bytes, the KV bytes the RDMA ports did not carry (C(tcp_bytes)) and the verdict for the target's
     C(transport).
   - When the target stops answering, the client fails, or the plan's time budget has run out, the round is not
     recorded and RV(stopped) (also written to C(<out_dir>/stopped.json)) says where and why; the module does not
