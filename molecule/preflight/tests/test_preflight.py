@@ -23,18 +23,22 @@ def test_gpu_facts_match_nvidia_smi(host, node):
 
 
 def test_disk_facts_are_the_filesystems_of_the_paths(host, node, root):
-    disk = {d["path"]: d for d in node["disk"]}
+    disk = dict((d["path"], d) for d in node["disk"])
     assert sorted(disk) == [root + "/nvme/models", root + "/shared"]
     assert disk[root + "/shared"]["measured_at"] == root + "/shared"
     # a path that does not exist yet is measured at its nearest existing parent
     assert not host.file(root + "/nvme").exists
     assert disk[root + "/nvme/models"]["measured_at"] == root
     for d in disk.values():
-        size, avail = (int(v) for v in host.check_output("df -B1 --output=size,avail %s | tail -n 1",
-                                                         d["measured_at"]).split())
-        assert d["total_bytes"] == size
-        # other writers move the free space between converge and verify: allow 1 % of the filesystem
-        assert abs(d["free_bytes"] - avail) <= size // 100, (d, avail)
+        # blocks, free blocks, blocks available to unprivileged users, block size
+        blocks, bfree, bavail, bsize = (int(v) for v in host.check_output(
+            "stat -f -c '%%b %%f %%a %%S' %s", d["measured_at"]).split())
+        assert d["total_bytes"] == blocks * bsize
+        # the space the engine's user can write, not counting reserved blocks; other writers move it meanwhile,
+        # so it is compared as "nearer to available than to free" plus a bound of 5 % of the filesystem
+        free, avail = bfree * bsize, bavail * bsize
+        assert abs(d["free_bytes"] - avail) <= blocks * bsize // 20, (d, avail)
+        assert abs(d["free_bytes"] - avail) <= abs(d["free_bytes"] - free), (d, avail, free)
         assert d["free_bytes"] >= 10485760  # preflight_min_free_bytes passed
 
 
