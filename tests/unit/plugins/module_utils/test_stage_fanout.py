@@ -232,3 +232,67 @@ def test_read_rate_limit_caps_each_stream_without_fanout(tmp_path):
     assert r["bytes_from_source"] == r["bytes_total"] and r["bytes_from_peers"] == 0
     assert r["seconds"] >= 0.8 * r["bytes_total"] / rate
     _same_tree(src, d)
+
+
+def _rewrite_marker(dest, edit):
+    path = os.path.join(dest, _marker.MARKER)
+    doc = json.load(open(path))
+    edit(doc)
+    with open(path, "w") as f:
+        json.dump(doc, f)
+
+
+def test_format_2_marker_is_still_a_staged_revision(src, tmp_path):
+    dest, _r = _seed(src, tmp_path)
+
+    def to_format_2(doc):
+        doc["format"] = 2
+        doc.pop("piece_size")
+        for e in doc["files"]:
+            e.pop("pieces")
+    _rewrite_marker(dest, to_format_2)
+    ms = _marker.read_marker(dest)
+    assert ms.kind == "ok" and all(r.pieces is None for r in ms.marker.records)
+    assert not _stage.stage(src, dest)["changed"]  # nothing restaged for want of digests
+
+
+@pytest.mark.parametrize("edit", [
+    lambda doc: doc["files"][0]["pieces"].pop(),                        # one digest short
+    lambda doc: doc["files"][0]["pieces"].__setitem__(0, "zz" * 32),    # not hex
+    lambda doc: doc.__setitem__("piece_size", 1000),                    # not 4096-aligned
+    lambda doc: doc.pop("piece_size"),                                  # pieces without a size
+    lambda doc: doc.__setitem__("format", 2),                           # pieces in a format 2 marker
+])
+def test_malformed_piece_digests_mean_not_staged(src, tmp_path, edit):
+    dest, _r = _seed(src, tmp_path)
+    _rewrite_marker(dest, edit)
+    assert _marker.read_marker(dest).kind == "bad"
+    r = _stage.stage(src, dest, record_pieces=True, piece_size=PIECE)
+    assert r["changed"] and r["reason"].startswith("not staged")
+    assert all(rec.has_pieces(PIECE) for rec in _marker.read_marker(dest).marker.records)
+    _same_tree(src, dest)
+
+
+def test_resume_keeps_the_pieces_of_files_completed_before_the_kill(src, tmp_path):
+    dest, _r = _seed(src, tmp_path)
+    partial = dest + ".partial"
+    os.rename(dest, partial)   # as a run killed just before publishing leaves it: marker written, not renamed
+    prev = _marker.partial_records(partial)
+    assert prev and all(rec.has_pieces(PIECE) for rec, _source in prev.values())
+    r = _stage.stage(src, dest, record_pieces=True, piece_size=PIECE)
+    assert r["files_copied"] == 0 and r["bytes_from_source"] == 0 and r["pieces_read_back"] == 0
+    _same_tree(src, dest)
+
+
+def test_journal_lines_carry_the_pieces(tmp_path):
+    partial = str(tmp_path / "r1.partial")
+    os.makedirs(partial)
+    rec = _marker.FileRecord("a.bin", 5000, (1, 2, 3, 4), (5, 5000, 6, 7), "headers", None, None,
+                             ["ab" * 32, "cd" * 32], 4096)
+    j = _marker.Journal(partial, "/shared/m/r1")
+    j.append(rec)
+    j.close()
+    got, source = _marker.partial_records(partial)["a.bin"]
+    assert source == "/shared/m/r1" and got.pieces == rec.pieces and got.piece_size == 4096
+    with pytest.raises(ValueError):
+        rec.set_pieces(["ab" * 32], 4096)   # 5000 bytes are two 4096-byte pieces
