@@ -1,12 +1,15 @@
 # -*- coding: utf-8 -*-
 # Copyright: llmops.serving contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Benchmark model_stage against cp -r and rsync -a on one synthetic multi-GB checkpoint.
+"""Benchmark model_stage against the device's limit, cp -r and rsync -a on one synthetic multi-GB checkpoint.
 
-Every copy is timed up to and including ``sync`` (so the page cache cannot hide the writes) and the page
-cache is dropped before each run when the kernel allows it. Results go to a Markdown file and a PNG.
+The device limit is measured in the same rounds: parallel ``dd oflag=direct`` writes of as many bytes, parallel
+reads of the revision, and both at once. Every run is timed up to and including an fsync of every file it wrote
+(so the page cache cannot hide the writes; not a global ``sync``, which would wait for other tenants' writeback)
+and the page cache is dropped before each run when the kernel allows it. Results go to
+a Markdown file, a JSON file and a PNG.
 
-    .venv/bin/python benchmarks/stage_bench.py --bytes 3GiB --shards 12 --repeat 2
+    .venv/bin/python benchmarks/stage_bench.py --bytes 3GiB --shards 24 --repeat 5
 """
 from __future__ import annotations
 
@@ -22,7 +25,6 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODULE = os.path.join(ROOT, "plugins", "modules", "model_stage.py")
 # A private ansible_collections tree pointing at this checkout (the module runs as a subprocess).
 PYCOLL = tempfile.mkdtemp(prefix="llmops-bench-pycoll-")
 os.makedirs(os.path.join(PYCOLL, "ansible_collections", "llmops"))
@@ -62,13 +64,14 @@ def cpu_steal():
         return 0.0
 
 
-def run_module(args):
-    env = dict(os.environ, PYTHONPATH=PYCOLL)
+def run_module(args, pycoll=PYCOLL):
+    env = dict(os.environ, PYTHONPATH=pycoll)
+    module = os.path.join(pycoll, "ansible_collections", "llmops", "serving", "plugins", "modules", "model_stage.py")
     path = os.path.join(os.path.dirname(args["dest"]), ".bench-args.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump({"ANSIBLE_MODULE_ARGS": args}, f)
-    proc = subprocess.run([sys.executable, MODULE, path], capture_output=True, text=True, check=False, env=env)
+    proc = subprocess.run([sys.executable, module, path], capture_output=True, text=True, check=False, env=env)
     out = proc.stdout
     if "{" not in out:
         raise SystemExit("model_stage printed no result (rc %d): %s" % (proc.returncode, proc.stderr[-3000:]))
@@ -78,71 +81,186 @@ def run_module(args):
     return result
 
 
-def timed(fn):
+def pycoll_at(commit):
+    """An ansible_collections tree holding this repository's plugins/ and tests/lib as of ``commit`` (git archive;
+    nothing in the checkout changes)."""
+    d = tempfile.mkdtemp(prefix="llmops-bench-base-")
+    tree = os.path.join(d, "ansible_collections", "llmops", "serving")
+    os.makedirs(tree)
+    archive = subprocess.run(["git", "-C", ROOT, "archive", commit, "plugins", "tests/lib"], capture_output=True,
+                             check=True).stdout
+    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    return d
+
+
+def flush_tree(d):
+    """fsync every file under ``d`` and the directories: what the method wrote is on disk, and only that (a global
+    ``sync`` would also wait for the writeback of whatever else runs on the host)."""
+    for dirpath, dummy, names in os.walk(d):
+        for n in names + ["."]:
+            path = os.path.join(dirpath, n)
+            if os.path.islink(path):
+                continue
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def timed(fn, d):
     t0 = time.monotonic()
     extra = fn()
-    subprocess.run(["sync"], check=True)
+    if os.path.isdir(d):
+        flush_tree(d)
     return time.monotonic() - t0, extra
+
+
+def parallel(cmds):
+    """Run the commands at once (output discarded); raise if one fails."""
+    procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL) for c in cmds]
+    for c, p in zip(cmds, procs):
+        if p.wait():
+            raise SystemExit("%s failed (rc %d)" % (" ".join(c), p.returncode))
+
+
+def device_write_cmds(d, total, writers):
+    """``writers`` dd processes writing ``total`` bytes of zeros with O_DIRECT, 16 MiB per request."""
+    os.makedirs(d, exist_ok=True)
+    count = max(1, int(round(total / writers / DD_BS)))
+    return [["dd", "if=/dev/zero", "of=%s" % os.path.join(d, "w%d" % i), "bs=%d" % DD_BS, "count=%d" % count,
+             "oflag=direct", "status=none"] for i in range(writers)], count * DD_BS * writers
+
+
+def device_read_cmds(src, direct=False):
+    """One reader per file of the revision, all at once: ``cat`` (buffered, with the kernel's readahead), or
+    ``dd iflag=direct`` with 16 MiB requests."""
+    out = []
+    for dirpath, dummy, names in os.walk(src):
+        for n in sorted(names):
+            path = os.path.join(dirpath, n)
+            out.append(["dd", "if=%s" % path, "of=/dev/null", "bs=%d" % DD_BS, "iflag=direct", "status=none"]
+                       if direct else ["cat", path])
+    return out
+
+
+DD_BS = 16 << 20
+END = "<!-- end of the part stage_bench.py writes -->"
+DEVICE = ("device: write", "device: read, cat", "device: read, O_DIRECT", "device: read + write at once")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", default="/var/tmp/llmops-bench/stage")
     ap.add_argument("--bytes", default="3GiB", help="checkpoint size (e.g. 3GiB)")
-    ap.add_argument("--shards", type=int, default=12)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--shards", type=int, default=24)
+    ap.add_argument("--repeat", type=int, default=3, help="rounds; every method runs once per round")
     ap.add_argument("--read-streams", type=int, default=4)
+    ap.add_argument("--writers", type=int, default=4, help="parallel dd writers measuring the write limit")
+    ap.add_argument("--buffered", action="store_true", help="also run model_stage with direct_io off")
+    ap.add_argument("--ram-src", default="", help="a tmpfs directory (e.g. /dev/shm/llmops-bench): also stage "
+                    "from a copy of the revision there, so reads do not compete with writes for the disk")
+    ap.add_argument("--base", default="", help="also run model_stage headers as of this commit (A/B in the same "
+                    "rounds)")
+    ap.add_argument("--keep-src", action="store_true", help="keep the generated revision for the next run")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks", "model_stage.md"))
     ap.add_argument("--png", default=os.path.join(ROOT, "docs", "benchmarks", "model_stage.png"))
+    ap.add_argument("--json", default=os.path.join(ROOT, "docs", "benchmarks", "model_stage.json"))
     a = ap.parse_args()
 
     total = parse_size(a.bytes)
     src = os.path.join(a.root, "shared", "bench", "rev")
     many = os.path.join(a.root, "shared", "bench141", "rev")
     dest_root = os.path.join(a.root, "nvme")
-    if not os.path.isfile(os.path.join(src, "SHA256SUMS")):
+    stamp = os.path.join(a.root, "shared", "bench", "shape.json")
+    shape = {"bytes": total, "shards": a.shards}
+    try:
+        with open(stamp) as f:
+            fresh = json.load(f) == shape and os.path.isfile(os.path.join(src, "SHA256SUMS"))
+    except (OSError, ValueError):
+        fresh = False
+    if not fresh:
         print("generating %d bytes in %d shards under %s" % (total, a.shards, src), flush=True)
         shutil.rmtree(src, ignore_errors=True)
         _stage_synth.write_checkpoint(src, total, shards=a.shards, seed=3)
+        with open(stamp, "w") as f:
+            json.dump(shape, f)
     if not os.path.isfile(os.path.join(many, "SHA256SUMS")):
         shutil.rmtree(many, ignore_errors=True)
         _stage_synth.write_checkpoint(many, 141 * (1 << 20), shards=141, tensors_per_shard=2, seed=4)
     size = sum(os.path.getsize(os.path.join(src, n)) for n in os.listdir(src))
+    nfiles = len(os.listdir(src))
+    ram_src = None
+    if a.ram_src:
+        ram_src = os.path.join(a.ram_src, "rev")
+        shutil.rmtree(a.ram_src, ignore_errors=True)
+        shutil.copytree(src, ram_src)
 
     def dest(name):
         return os.path.join(dest_root, name, "rev")
 
+    def stage(mode, source=src, pycoll=PYCOLL, **extra):
+        return lambda d: run_module(dict({"src": source, "dest": d, "verify": mode, "read_streams": a.read_streams},
+                                         **extra), pycoll)
+
+    write_bytes = [0]
+
+    def dev_write(d):
+        cmds, write_bytes[0] = device_write_cmds(d, size, a.writers)
+        parallel(cmds)
+
+    def dev_both(d):
+        cmds, dummy = device_write_cmds(d, size, a.writers)
+        parallel(cmds + device_read_cmds(src, direct=True))
+
     methods = {
+        DEVICE[0]: dev_write,
+        DEVICE[1]: lambda d: parallel(device_read_cmds(src)),
+        DEVICE[2]: lambda d: parallel(device_read_cmds(src, direct=True)),
+        DEVICE[3]: dev_both,
         "cp -r": lambda d: subprocess.run(["cp", "-r", src, d], check=True),
         "rsync -a": lambda d: subprocess.run(["rsync", "-a", src + "/", d + "/"], check=True),
-        "model_stage headers": lambda d: run_module({"src": src, "dest": d, "verify": "headers",
-                                                     "read_streams": a.read_streams}),
-        "model_stage sha256": lambda d: run_module({"src": src, "dest": d, "verify": "sha256",
-                                                    "read_streams": a.read_streams}),
-        # the same two modes with direct_io off: what O_DIRECT contributes
-        "model_stage headers, buffered": lambda d: run_module({"src": src, "dest": d, "verify": "headers",
-                                                               "read_streams": a.read_streams, "direct_io": False}),
-        "model_stage sha256, buffered": lambda d: run_module({"src": src, "dest": d, "verify": "sha256",
-                                                              "read_streams": a.read_streams, "direct_io": False}),
+        "model_stage headers": stage("headers"),
+        "model_stage sha256": stage("sha256"),
     }
+    if a.buffered:
+        methods["model_stage headers, buffered"] = stage("headers", direct_io=False)
+        methods["model_stage sha256, buffered"] = stage("sha256", direct_io=False)
+    if ram_src:
+        methods["model_stage headers, src in RAM"] = stage("headers", source=ram_src)
+    base_pycoll = None
+    if a.base:
+        base_pycoll = pycoll_at(a.base)
+        methods["model_stage headers @%s" % a.base] = stage("headers", pycoll=base_pycoll)
     if not shutil.which("rsync"):
         del methods["rsync -a"]
+    names = list(methods)
     load_before = os.getloadavg()[0]
     times = {m: [] for m in methods}
     steal = {m: [] for m in methods}
+    module_secs = {}  # model_stage's own time (its result's seconds): the process less Python start-up
     dropped = []
     for rep in range(a.repeat):
-        for name, fn in methods.items():
-            d = dest(name.replace(" ", "_").replace(",", ""))
+        # a different order every round, so no method always runs right after the same other one
+        k = rep % len(names)
+        for name in names[k:] + names[:k]:
+            d = dest(name.replace(" ", "_").replace(",", "").replace(":", "").replace("+", "and"))
             shutil.rmtree(os.path.dirname(d), ignore_errors=True)
             os.makedirs(os.path.dirname(d), exist_ok=True)
             dropped.append(drop_caches())
             steal0 = cpu_steal()
-            secs = timed(lambda: fn(d))[0]
+            secs, res = timed(lambda: methods[name](d), os.path.dirname(d))
             times[name].append(secs)
+            if isinstance(res, dict) and "seconds" in res:
+                module_secs.setdefault(name, []).append(res["seconds"])
             steal[name].append(cpu_steal() - steal0)
-            print("run %d %-30s %7.2f s  %6.0f MiB/s  steal %.2f s" % (
-                rep + 1, name, secs, size / secs / 2 ** 20, steal[name][-1]), flush=True)
+            shutil.rmtree(os.path.dirname(d), ignore_errors=True)  # only one copy on disk at a time
+            print("round %d/%d %-34s %7.2f s  %6.0f MiB/s  steal %.2f s" % (
+                rep + 1, a.repeat, name, secs, size / secs / 2 ** 20, steal[name][-1]), flush=True)
+    if ram_src:
+        shutil.rmtree(a.ram_src, ignore_errors=True)
+    if base_pycoll:
+        shutil.rmtree(base_pycoll, ignore_errors=True)
 
     # Re-run on a published revision: the 141-shard tree, marker compare only.
     d141 = dest("rerun141")
@@ -155,16 +273,37 @@ def main():
         r = run_module({"src": many, "dest": d141})
         rerun.append((time.monotonic() - t0, r["seconds"], r["changed"]))
     assert not any(r[2] for r in rerun), "re-run reported changed"
+    shutil.rmtree(dest_root, ignore_errors=True)
+    if not a.keep_src:
+        shutil.rmtree(os.path.join(a.root, "shared"), ignore_errors=True)
 
     load_after = os.getloadavg()[0]
     med = {m: statistics.median(v) for m, v in times.items()}
+    # the device limit of each round: the slower of writing and reading the same bytes (the issue's yardstick),
+    # and reading and writing them at once (what a copy within one disk has to do)
+    limit = [max(w, min(rc, rd)) for w, rc, rd in zip(times[DEVICE[0]], times[DEVICE[1]], times[DEVICE[2]])]
+    both = times[DEVICE[3]]
+    ratio = {m: [t / lim for t, lim in zip(times[m], limit)] for m in methods if m not in DEVICE}
+    ratio_both = {m: [t / b for t, b in zip(times[m], both)] for m in methods if m not in DEVICE}
     cp = med["cp -r"]
+
+    def spread(v):
+        return "%.2f (%.2f-%.2f)" % (statistics.median(v), min(v), max(v))
+
     rows = []
     for m in methods:
-        rows.append("| %s | %s | %.2f | %.0f | %.2f× | %.2f |" % (
-            m, " / ".join("%.2f" % t for t in times[m]), med[m], size / med[m] / 2 ** 20, med[m] / cp,
+        rows.append("| %s | %s | %.2f | %s | %.0f | %s | %s | %s | %.2f |" % (
+            m, " / ".join("%.2f" % t for t in times[m]), med[m],
+            "%.2f" % statistics.median(module_secs[m]) if m in module_secs else "", size / med[m] / 2 ** 20,
+            "%.2f×" % (med[m] / cp) if m not in DEVICE else "",
+            spread(ratio[m]) if m in ratio else "", spread(ratio_both[m]) if m in ratio_both else "",
             statistics.median(steal[m])))
+    r_h, r_s = statistics.median(ratio["model_stage headers"]), statistics.median(ratio["model_stage sha256"])
     checks = [
+        ("headers ≤ 1.3× device limit (slower of parallel write, parallel read)", r_h, r_h <= 1.3),
+        ("sha256 ≤ 1.3× device limit", r_s, r_s <= 1.3),
+        ("headers ≤ 1.3× read + write at once", statistics.median(ratio_both["model_stage headers"]),
+         statistics.median(ratio_both["model_stage headers"]) <= 1.3),
         ("headers ≤ 1.05× cp", med["model_stage headers"] / cp, med["model_stage headers"] <= 1.05 * cp),
         ("sha256 ≤ 1.3× cp", med["model_stage sha256"] / cp, med["model_stage sha256"] <= 1.3 * cp),
     ]
@@ -172,25 +311,30 @@ def main():
         for mode in ("headers", "sha256"):
             m = "model_stage " + mode
             checks.append(("%s ≥ 2× faster than rsync" % mode, med["rsync -a"] / med[m], med["rsync -a"] >= 2 * med[m]))
+    ram = "model_stage headers, src in RAM"
+    if ram in times:
+        r_ram = [t / w for t, w in zip(times[ram], times[DEVICE[0]])]
+        checks.append(("headers, src in RAM ≤ 1.3× parallel write", statistics.median(r_ram),
+                       statistics.median(r_ram) <= 1.3))
+    if a.base:
+        ab = [t / b for t, b in zip(times["model_stage headers"], times["model_stage headers @%s" % a.base])]
+        checks.append(("headers: this version / %s, per round" % a.base, statistics.median(ab),
+                       statistics.median(ab) < 1.0))
     rerun_max_module = max(r[1] for r in rerun)
     rerun_max_proc = max(r[0] for r in rerun)
     checks.append(("re-run < 1 s (141 shards, module time)", rerun_max_module, rerun_max_module < 1.0))
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 4.2))
-    names = list(methods)
-    ax.barh(names, [med[n] for n in names], color=["#888", "#b55", "#3a7", "#37a", "#9c9", "#9bd"][:len(names)])
-    for i, n in enumerate(names):
-        ax.text(med[n], i, " %.1f s (%.0f MiB/s)" % (med[n], size / med[n] / 2 ** 20), va="center")
-    ax.set_xlabel("seconds, copy + sync, page cache dropped (median of %d)" % a.repeat)
-    ax.set_title("Staging %.1f GiB in %d shards to local disk" % (size / 2 ** 30, a.shards))
-    ax.set_xlim(0, max(med.values()) * 1.45)
-    ax.invert_yaxis()
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(a.png), exist_ok=True)
-    fig.savefig(a.png, dpi=110)
+    with open(a.json, "w") as f:
+        json.dump({"bytes": size, "files": nfiles, "shards": a.shards, "read_streams": a.read_streams,
+                   "writers": a.writers, "rounds": a.repeat, "seconds": times, "cpu_steal_seconds": steal,
+                   "module_seconds": module_secs,
+                   "ratio_to_device_limit": ratio, "ratio_to_read_and_write_at_once": ratio_both,
+                   "rerun": [{"process_seconds": p, "module_seconds": s} for p, s, dummy in rerun],
+                   "load_1min": [load_before, load_after], "caches_dropped": all(dropped),
+                   "checks": [{"target": n, "measured": v, "met": ok} for n, v, ok in checks]},
+                  f, indent=1, sort_keys=True)
+        f.write("\n")
+    plot(a.png, names, times, ratio, size, a.shards, a.repeat)
 
     cache_note = ("dropped before every run (`sync; echo 3 > /proc/sys/vm/drop_caches` succeeded)" if all(dropped)
                   else "NOT dropped: the kernel refused `echo 3 > /proc/sys/vm/drop_caches`, so reads may be "
@@ -201,32 +345,38 @@ def main():
         "Command (from the collection root):",
         "",
         "```",
-        "%s benchmarks/stage_bench.py --bytes %s --shards %d --repeat %d --read-streams %d"
+        "%s benchmarks/stage_bench.py --bytes %s --shards %d --repeat %d --read-streams %d%s"
         % (os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(ROOT) else sys.executable,
-           a.bytes, a.shards, a.repeat, a.read_streams),
+           a.bytes, a.shards, a.repeat, a.read_streams,
+           (" --ram-src %s" % a.ram_src if a.ram_src else "") + (" --base %s" % a.base if a.base else "")),
         "```",
         "",
         "- Tree: synthetic safetensors checkpoint, %.2f GiB in %d shards + index, config and `SHA256SUMS` "
-        "(`tests/lib/stage_synth.py`). Source and destination on the same filesystem here." % (
-            size / 2 ** 30, a.shards),
-        "- Each run is timed up to and including `sync`, so written data is on disk for every method "
-        "(model_stage also fsyncs each file before publishing). Page cache: %s." % cache_note,
+        "(%d files, `tests/lib/stage_synth.py`). Source and destination on the same filesystem here."
+        % (size / 2 ** 30, a.shards, nfiles),
+        "- Device limit, measured in the same rounds as the copies: **write** = %d parallel `dd if=/dev/zero "
+        "oflag=direct bs=16M` writing %.2f GiB in all; **read** = one reader per file of the revision, all %d at "
+        "once, either `cat` or `dd iflag=direct bs=16M`; **read + write at once** = the direct readers and the "
+        "writers together, which is what any copy within one disk has to do. Per round, the device limit is the "
+        "slower of write and read (read: the faster of the two readers); the ratio columns are per round "
+        "(median, min-max)." % (a.writers, write_bytes[0] / 2 ** 30, nfiles),
+        "- Each run is timed up to and including an fsync of every file and directory it wrote, so written data "
+        "is on disk for every method (model_stage fsyncs each file before publishing anyway); not a global "
+        "`sync`, which would also wait for the writeback of other work on the host. Page cache: %s." % cache_note,
         "- Host: %s, %d CPUs, Python %s, kernel %s." % (
             platform.machine(), os.cpu_count(), platform.python_version(), platform.release()),
-        "- Load average (1 min) %.1f at the start and %.1f at the end of the copies; CPU time taken by the "
-        "hypervisor (steal) during the timed runs: %.1f s in all. Methods run interleaved (one of each per "
-        "round) so a noisy period hits all of them; the per-run columns show the spread."
+        "- Load average (1 min) %.1f at the start and %.1f at the end; CPU time taken by the hypervisor (steal) "
+        "during the timed runs: %.1f s in all. Every method runs once per round, in a rotated order each round, "
+        "so a noisy period hits all of them; the per-run columns show the spread."
         % (load_before, load_after, sum(sum(v) for v in steal.values())),
-        "- model_stage ran with `read_streams: %d` as a separate process, as Ansible runs it; `direct_io` on "
-        "(the default) unless the row says buffered." % a.read_streams,
+        "- model_stage ran with `read_streams: %d` as a separate process, as Ansible runs it (runs and ratios: "
+        "the whole process, Python start-up included; module time: the copy, checks and publish alone); "
+        "`direct_io` on (the default) unless the row says buffered." % a.read_streams,
         "",
-        "| method | runs (s) | median (s) | MiB/s | vs cp | CPU steal, median (s) |",
-        "|---|---|---|---|---|---|",
+        "| method | runs (s) | median (s) | module time, median (s) | MiB/s | vs cp | vs device limit "
+        "| vs read + write at once | CPU steal, median (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ] + rows + [
-        "",
-        "Against cp's fastest run (%.2f s) instead of its median: %s." % (
-            min(times["cp -r"]), ", ".join("%s %.2f×" % (m, med[m] / min(times["cp -r"]))
-                                           for m in methods if m.startswith("model_stage"))),
         "",
         "Re-run on a published 141-shard revision (marker and copies checked with stat only, no data read), "
         "5 runs after a cache drop: module time max %.3f s, whole process (Python start-up included) max %.3f s."
@@ -236,19 +386,46 @@ def main():
         "|---|---|---|",
     ] + ["| %s | %.3f | %s |" % (n, v, "yes" if ok else "**no**") for n, v, ok in checks] + [
         "",
-        "![model_stage vs cp and rsync](model_stage.png)",
-        "",
-        "What this does not show: source and destination are one local disk, not a shared filesystem "
-        "feeding NVMe, so the read side of a real node (NFS, Lustre, GPFS; O_DIRECT there bypasses the "
-        "client's readahead) and the fleet-wide cap's effect on the shared filesystem are not measured; one "
-        "small VM with few CPUs is not a GPU node with many, where hashing has more cores to overlap with.",
+        "![model_stage vs the device, cp and rsync](%s) (data: `%s`)" % (os.path.basename(a.png),
+                                                                         os.path.basename(a.json)),
         "",
     ]
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    kept = ""
+    try:  # what follows the generated part (other measurements, written by hand) stays
+        with open(a.out) as f:
+            old = f.read()
+        if END in old:
+            kept = old[old.index(END) + len(END):]
+    except OSError:
+        pass
     with open(a.out, "w") as f:
-        f.write("\n".join(lines))
+        f.write("\n".join(lines) + "\n" + END + kept)
     print("\n".join(lines))
-    shutil.rmtree(dest_root, ignore_errors=True)
+
+
+def plot(png, names, times, ratio, size, shards, rounds):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    med = {m: statistics.median(v) for m, v in times.items()}
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(names) + 1.6))
+    colors = ["#444" if n in DEVICE else "#888" if not n.startswith("model_stage") else "#37a" for n in names]
+    ax.barh(names, [med[n] for n in names], color=colors)
+    for i, n in enumerate(names):
+        ax.plot(times[n], [i] * len(times[n]), "k|", markersize=12)  # every run: the spread
+        label = " %.1f s" % med[n]
+        if n in ratio:
+            label += " (%.2f× device limit)" % statistics.median(ratio[n])
+        ax.text(max(times[n]), i, label, va="center")
+    ax.set_xlabel("seconds, copy + fsync of what it wrote, page cache dropped (bar: median of %d rounds; ticks: each run)" % rounds)
+    ax.set_title("Staging %.1f GiB in %d shards on one local disk" % (size / 2 ** 30, shards))
+    ax.set_xlim(0, max(max(v) for v in times.values()) * 1.5)
+    ax.invert_yaxis()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(png), exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
