@@ -473,6 +473,7 @@ def start(state_dir, address, port, token, revisions, piece_size, lifetime, time
             os.setsid()
             if os.fork() != 0:
                 os._exit(0)
+            os.chdir("/")  # the task's temporary directory goes away
             _daemon(state_dir, address, port, tsha, offers, digest, lifetime, w)
             code = 0
         finally:
