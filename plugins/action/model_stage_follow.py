@@ -64,6 +64,10 @@ def progress_line(record):
     files_done, files_total = _number(record.get("files_done")), _number(record.get("files_total"))
     if files_done is not None and files_total is not None:
         parts.append("%d/%d files" % (files_done, files_total))
+    from_source, from_peers = _number(record.get("bytes_from_source")), _number(record.get("bytes_from_peers"))
+    if from_source is not None and from_peers is not None:
+        parts.append("%s from the shared filesystem, %s from peers"
+                     % (_units.human_bytes(from_source), _units.human_bytes(from_peers)))
     rate = _number(record.get("rate_bytes_per_second"))
     parts.append("%s/s" % _units.human_bytes(rate) if rate is not None else "rate unknown")
     eta = _number(record.get("eta_seconds"))

@@ -18,6 +18,14 @@ def test_progress_line_shows_bytes_percent_files_rate_and_eta():
                                           "ETA 27m20s")
 
 
+def test_fan_out_progress_shows_bytes_from_the_shared_filesystem_and_from_peers():
+    # the receiver's progress file (_stage_fanout) carries both counts: an operator sees whether the fleet is
+    # reading the shared filesystem or the peers
+    line = follow.progress_line(dict(GOOD, bytes_from_source=2 ** 30, bytes_from_peers=3 * 2 ** 40))
+    assert "1.0 GiB from the shared filesystem, 3.0 TiB from peers" in line
+    assert "from peers" not in follow.progress_line(dict(GOOD, bytes_from_source="x", bytes_from_peers=1))
+
+
 @pytest.mark.parametrize("record", [
     None, [], "hf_SECRET", 5, {}, {"bytes_done": "1", "bytes_total": 2}, {"bytes_done": True, "bytes_total": 2},
     {"bytes_done": float("nan"), "bytes_total": 2}, {"bytes_done": -1, "bytes_total": 2},
