@@ -345,7 +345,7 @@ def report(doc, out):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     ap.add_argument("--size-mib", type=int, default=256, help="revision size (MiB)")
     ap.add_argument("--shards", type=int, default=8)
     ap.add_argument("--rate-mbit", type=int, default=200, help="each node link and the shared filesystem (Mbit/s)")
