@@ -418,7 +418,7 @@ def plot(png, names, times, ratio, size, shards, rounds):
         if n in ratio:
             label += " (%.2f× device limit)" % statistics.median(ratio[n])
         ax.text(max(times[n]), i, label, va="center")
-    ax.set_xlabel("seconds, copy + fsync of what it wrote, page cache dropped (bar: median of %d rounds; ticks: each run)" % rounds)
+    ax.set_xlabel("seconds incl. fsync of what it wrote, page cache dropped (bar: median of %d rounds, ticks: runs)" % rounds)
     ax.set_title("Staging %.1f GiB in %d shards on one local disk" % (size / 2 ** 30, shards))
     ax.set_xlim(0, max(max(v) for v in times.values()) * 1.5)
     ax.invert_yaxis()
