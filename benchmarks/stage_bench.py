@@ -14,6 +14,7 @@ a Markdown file, a JSON file and a PNG.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
@@ -27,6 +28,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A private ansible_collections tree pointing at this checkout (the module runs as a subprocess).
 PYCOLL = tempfile.mkdtemp(prefix="llmops-bench-pycoll-")
+atexit.register(shutil.rmtree, PYCOLL, True)
 os.makedirs(os.path.join(PYCOLL, "ansible_collections", "llmops"))
 os.symlink(ROOT, os.path.join(PYCOLL, "ansible_collections", "llmops", "serving"))
 sys.path.insert(0, PYCOLL)
