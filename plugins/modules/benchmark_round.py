@@ -18,7 +18,7 @@ description:
   - Writes C(<out_dir>/rounds/NNN.json) with one sample per request (TTFT, TPOT, ITLs, E2EL, tokens, seed, ok,
     error; failed requests are kept), the client's raw result under C(raw/) and its output under C(logs/).
   - For a target with C(decode_metrics_url), snapshots the decode engine's NIXL counters and the RDMA port
-    counters (as M(llmops.serving.rdma_counters) does) before and after the round and records RV(record.evidence)
+    counters (as M(llmops.serving.rdma_counters) does) before and after the round and records the C(evidence) of RV(record)
     with the KV bytes, RDMA bytes, the KV bytes the RDMA ports did not carry (C(tcp_bytes)) and the verdict for the target's
     C(transport).
   - When the target stops answering, the client fails, or the plan's time budget has run out, the round is not
