@@ -285,6 +285,7 @@ def write_markdown(path, doc):
     lines += ["| target | measured | met |", "|---|---|---|"]
     for t in doc["targets"]:
         lines.append("| %s | %s | %s |" % (t["target"], t["measured"], t["met"]))
+    lines += [""] + _peer_throughput(doc)
     lines += ["", "![fleet time and shared-filesystem bytes against nodes](%s)" % os.path.basename(doc["png"]), "",
               "What this does not show: all nodes share one kernel, one page cache, one disk and %d CPUs (with other "
               "work running), so the peers' HTTP serving, hashing and O_DIRECT writes compete for the same cores "
@@ -296,6 +297,25 @@ def write_markdown(path, doc):
               "here than on a real fleet." % (os.cpu_count(), size / MIB, a["rate_mbit"]), ""]
     with open(path, "w") as f:
         f.write("\n".join(lines))
+
+
+def _peer_throughput(doc):
+    """One paragraph: how much of the peer links the largest fan-out run used."""
+    on = [r for r in doc["runs"] if r["mode"] == "on" and not r["problems"] and r["copy_span_seconds"]]
+    if not on:
+        return []
+    n = max(r["nodes"] for r in on)
+    rates = [sum((h.get("bytes_from_peers") or 0) for h in r["hosts"].values()) / r["copy_span_seconds"]
+             for r in on if r["nodes"] == n]
+    recv = [h["seconds"] for r in on if r["nodes"] == n for h in r["hosts"].values() if h.get("bytes_from_peers")]
+    link = doc["args"]["rate_mbit"] * 1e6 / 8
+    return ["At N=%d with fan-out the receivers took %.0f-%.0f s each and the peers moved %.1f MB/s in all "
+            "(%.1f× one link; the %d links could carry %d×): the shaped links are not what bounds the fleet "
+            "time here. Whether it is the CPU of this loaded machine (the nodes' piece servers, hashing and "
+            "piece-list polling share its %d CPUs with each other and with other work) or the piece scheduling "
+            "is not separated by this run."
+            % (n, min(recv), max(recv), statistics.median(rates) / 1e6, statistics.median(rates) / link, n, n,
+               os.cpu_count())]
 
 
 def targets(rows, size, seeds, caps):
