@@ -404,7 +404,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             offset, end = first, last + 1
             while offset < end:
-                sent = os.sendfile(self.connection.fileno(), fd, offset, min(SEND_CHUNK, end - offset))
+                try:
+                    sent = os.sendfile(self.connection.fileno(), fd, offset, min(SEND_CHUNK, end - offset))
+                except BlockingIOError:
+                    # the handler's timeout makes the socket non-blocking underneath: a full send buffer (a
+                    # receiver on a slower link) means wait until it drains, not that the receiver went away
+                    if not select.select([], [self.connection], [], self.timeout)[1]:
+                        raise socket.timeout("send timed out")
+                    continue
                 if sent <= 0:
                     break
                 offset += sent

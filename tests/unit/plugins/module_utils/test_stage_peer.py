@@ -5,7 +5,9 @@ import hashlib
 import http.client
 import json
 import os
+import socket
 import threading
+import time
 
 import pytest
 
@@ -139,3 +141,41 @@ def test_board_pieces_are_served_only_once_held(served, tmp_path):
     board.write()
     status, body = get(served["port"], "/r/m/r1/files/b.bin", rng="bytes=0-%d" % (2 * PIECE - 1))
     assert status == 206 and body == data
+
+
+def test_a_receiver_slower_than_the_sender_gets_the_whole_range(tmp_path):
+    # a peer on a slower link drains its socket slowly: the server's send buffer fills and sendfile on the
+    # (timeout, hence non-blocking) socket raises EAGAIN; the response must wait for the receiver, not end early
+    dest = tmp_path / "nvme" / "m" / "r1"
+    dest.mkdir(parents=True)
+    data = os.urandom(4 * 1024 * 1024)
+    (dest / "big.bin").write_bytes(data)
+    st = os.lstat(str(dest / "big.bin"))
+    rec = _marker.FileRecord("big.bin", st.st_size, (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns),
+                             _marker.copy_stat(st), "headers", None, None, _digests(data), PIECE)
+    _marker.write_marker(str(dest), "/shared/m/r1", "headers", [rec])
+    server = _stage_peer.PeerServer("127.0.0.1", 0, _stage_peer.token_digest(TOKEN),
+                                    {"m/r1": _stage_peer.Offer(str(dest), PIECE, ttl=0)})
+    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    try:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(20)
+        sock.connect(("127.0.0.1", server.server_address[1]))
+        sock.sendall(("GET /r/m/r1/files/big.bin HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+                      "Range: bytes=0-%d\r\nConnection: close\r\n\r\n" % (TOKEN, len(data) - 1)).encode())
+        time.sleep(0.5)  # the server fills every buffer between it and us, then must wait
+        raw = bytearray()
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            raw += chunk
+        sock.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    head, _sep, body = bytes(raw).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.") and b" 206 " in head.split(b"\r\n")[0]
+    assert len(body) == len(data) and body == data
