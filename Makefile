@@ -99,5 +99,11 @@ stop:
 ee: venv
 	bash $(CURDIR)/awx/ee/build.sh
 
+# Opt-in benchmarks (not part of `make test`), results under docs/benchmarks/:
+# peer fan-out staging on N simulated nodes (network namespaces over SSH, tc-shaped links; root).
+.PHONY: bench-fanout
+bench-fanout: install
+	$(VPY) benchmarks/fanout_bench.py --size-mib 192 --rate-mbit 128 --nodes 1,2,4,8 --runs 2
+
 clean:
 	rm -rf $(BUILD)
