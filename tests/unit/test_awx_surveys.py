@@ -43,8 +43,30 @@ def test_the_data_model_holds_every_kind_the_controller_needs():
     assert {"controller_organizations", "controller_credentials", "controller_projects", "controller_inventories",
             "controller_inventory_sources", "controller_execution_environments", "controller_templates",
             "controller_workflows"} <= set(OBJECTS)
-    assert sorted(t["playbook"] for t in TEMPLATES) == ["playbooks/diagnose.yml", "playbooks/site.yml",
-                                                        "playbooks/stage.yml", "playbooks/verify_transport.yml"]
+    assert sorted(t["playbook"] for t in TEMPLATES) == ["playbooks/benchmark.yml", "playbooks/diagnose.yml",
+                                                        "playbooks/site.yml", "playbooks/stage.yml",
+                                                        "playbooks/verify_transport.yml"]
+
+
+@pytest.mark.parametrize("answers, targets", [
+    ({"benchmark_a_url": "http://10.0.0.5:8000", "benchmark_a_model": "glm"},
+     [{"name": "a", "url": "http://10.0.0.5:8000", "model": "glm"}]),
+    ({"benchmark_a_url": "http://e:8000", "benchmark_a_model": "glm", "benchmark_a_name": "colocated",
+      "benchmark_b_url": "http://pd:8000", "benchmark_b_model": "", "benchmark_b_name": "pd"},
+     [{"name": "colocated", "url": "http://e:8000", "model": "glm"}, {"name": "pd", "url": "http://pd:8000", "model": "glm"}]),
+], ids=["one-target", "a-b-same-model"])
+def test_the_benchmark_survey_scalars_become_the_role_s_target_list(answers, targets):
+    """A survey answers scalars; the role's contract is benchmark_targets (a list of {name, url, model}): the
+    template's extra_vars expression joins them, with B only when its URL is answered and B's model defaulting to A's."""
+    import ast
+    import jinja2
+    bench = awx.by_name(TEMPLATES, "llmops benchmark")
+    expr = str(bench["extra_vars"]["benchmark_targets"])
+    extra = awx.job_extra_vars(bench, answers)
+    rendered = jinja2.Environment().from_string(expr).render(**{k: v for k, v in extra.items() if k.startswith("benchmark_")})
+    assert ast.literal_eval(rendered.strip()) == targets
+    for name in ("benchmark_concurrency", "benchmark_seeds", "benchmark_lengths"):
+        assert isinstance(bench["extra_vars"][name], list) and bench["ask_variables_on_launch"] is True
 
 
 @pytest.mark.parametrize("template", SURVEYED, ids=_ids(SURVEYED))
