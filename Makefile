@@ -18,7 +18,7 @@ demo: install
 	ansible-playbook -i inventories/local playbooks/site.yml playbooks/verify_transport.yml
 
 # pytest runs last so that its summary line closes the output.
-test: install lint sanity molecule
+test: install lint sanity molecule netns-deps
 	$(VPY) -m pytest -q -p no:cacheprovider tests/unit tests/property tests/integration
 
 # ---- bootstrap -------------------------------------------------------------------------------
@@ -67,6 +67,18 @@ sanity: venv
 	    "$$d/ansible_collections/kubernetes/core" && \
 	  cd "$$d/ansible_collections/llmops/serving" && git init -q && git add -A && \
 	  ansible-test sanity --python 3.11 --color no
+
+# The network-namespace fleet tests (tests/lib/netns.py: peer fan-out over SSH) need an sshd binary. On a root
+# Debian host without one, install openssh-server (a binary for the simulated nodes; no service is enabled for
+# this host); anywhere else, or if that fails, those tests skip and say why.
+SSHD ?= /usr/sbin/sshd
+.PHONY: netns-deps
+netns-deps:
+	@if [ ! -x "$(SSHD)" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing openssh-server for the network-namespace fleet tests"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server >/dev/null 2>&1 || \
+	    echo "openssh-server could not be installed: the network-namespace fleet tests will skip"; \
+	fi
 
 unit: venv
 	$(VPY) -m pytest -q tests/unit
