@@ -68,7 +68,8 @@ def test_short_protocol_writes_a_report_that_follows_the_contract(local_engine, 
         assert len(c["samples"]) == 8
         for s in c["samples"]:
             assert s["ok"] and s["ttft_ms"] > 0 and s["e2el_ms"] >= s["ttft_ms"] and s["tpot_ms"] > 0
-            assert s["output_tokens"] == 32 and len(s["itl_ms"]) == 31
+            # ITL is per streamed chunk (vllm bench serve): a chunk may carry several tokens, so at most 31 gaps
+            assert s["output_tokens"] == 32 and 1 <= len(s["itl_ms"]) <= 31
         for m in ("ttft", "tpot", "e2el"):
             lo, hi = c["p95_%s_ms_ci95" % m]
             assert lo <= c["p95_%s_ms_pooled" % m] <= hi

@@ -1,8 +1,8 @@
 """playbooks/site.yml generates the demo model only where the inventory asks for it (inventories/local).
 
-Both runs are check-mode runs of the real playbook on localhost with the working tree as the collection. The
-inventories set ``site_models: []`` so that each run stops at the first staging check, right after the demo
-play: only the preflight and demo plays matter here.
+Both runs are check-mode runs of the real playbook on localhost with the working tree as the collection. A named
+model (``site_models``, even an empty list) turns the demo model off; the runs stop at the first staging check
+where there is nothing to stage.
 """
 from __future__ import annotations
 
@@ -65,7 +65,8 @@ def test_a_fleet_inventory_does_not_generate_the_demo_model(tmp_path):
 
 
 def test_the_local_inventory_generates_the_demo_model(tmp_path):
-    results, out = _site_check_run(os.path.join(ROOT, "inventories", "local"), tmp_path)
+    # no model named (no site_models, no stage_model_name): the local inventory's demo model is the one served
+    results, out = _site_check_run(os.path.join(ROOT, "inventories", "local"), tmp_path, models=False)
     demo = results[DEMO_TASK]
     assert demo.get("skipped") is not True, out[-3000:]
     # check mode: it would create the model (nothing is written)
@@ -76,7 +77,7 @@ def test_the_local_inventory_generates_the_demo_model(tmp_path):
 def test_a_fleet_inventory_without_site_models_is_told_what_to_set(tmp_path):
     # demo model off and no site_models: the staging play says what to set instead of an undefined variable
     results, out = _site_check_run(_fleet_inventory(tmp_path), tmp_path / "root", models=False)
-    check = results["Check that there is a model to stage"]
+    check = results["Check that there is a model to stage, named completely"]
     assert check.get("failed") is True, check
     assert "site_models" in check["msg"] and "demo_model_enabled" in check["msg"], check
     assert "undefined" not in check["msg"]
