@@ -186,7 +186,7 @@ def main():
             repetitions=dict(type="int", default=1),
             interleave=dict(type="bool", default=True),
             time_budget=dict(type="float", default=0),
-            tokenizer=dict(type="path"),
+            tokenizer=dict(type="path", no_log=False),  # a directory path, not a token
             out_dir=dict(type="path", required=True),
             check_targets=dict(type="bool", default=True),
             probe_timeout=dict(type="float", default=600),

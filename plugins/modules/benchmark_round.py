@@ -124,7 +124,7 @@ def main():
             out_dir=dict(type="path", required=True),
             index=dict(type="int", required=True),
             python=dict(type="str", required=True),
-            env=dict(type="dict", default={}),
+            env=dict(type="dict", default={}, no_log=True),  # the client environment may carry HF_TOKEN and the like
             client_timeout=dict(type="float", default=0),
             sysfs_root=dict(type="path", default="/sys"),
             proc_root=dict(type="path", default="/proc"),
