@@ -28,6 +28,7 @@ import re
 import shutil
 import statistics
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -113,9 +114,11 @@ def one_run(fleet, args, mode, n, caps, sums, tag):
     nodes = fleet.nodes[:n]
     reset(fleet, nodes)
     before = fleet.shared_read_bytes()
+    sampler = CpuSampler().start()
     play = netns.run_stage_play(fleet, nodes, group_vars(fleet, args, mode, caps), timeout=args.timeout, tag=tag,
                                 collections=args.collections)
     shared = fleet.shared_read_bytes() - before
+    sampler.stop()
     entry = {"mode": mode, "nodes": n, "rc": play["rc"], "fleet_seconds": round(play["wall"], 2),
              "shared_bytes": shared, "hosts": {}}
     for name, results in sorted(play["results"].items()):
@@ -125,6 +128,8 @@ def one_run(fleet, args, mode, n, caps, sums, tag):
     copy_secs = [h["seconds"] for h in entry["hosts"].values() if h.get("seconds") is not None]
     entry["copy_seconds_max"] = max(copy_secs) if len(copy_secs) == n else None
     entry["copy_span_seconds"] = copy_span(nodes, entry["hosts"]) if len(copy_secs) == n else None
+    window = copy_window(nodes, entry["hosts"]) if entry["copy_span_seconds"] else None
+    entry["cpu_busy_copy"] = sampler.busy(*window) if window else None
     entry["problems"] = check_copies(nodes, os.path.join(fleet.shared, MODEL, REVISION), sums) if play["rc"] == 0 else [
         "ansible-playbook rc %s: %s" % (play["rc"], play["output"][-3000:])]
     return entry
@@ -142,7 +147,63 @@ def copy_span(nodes, hosts):
             return None
         ends.append(end)
         starts.append(end - hosts[node.name]["seconds"])
-    return round(max(ends) - min(starts), 2)
+    t0 = min(starts)
+    for node, start, end in zip(nodes, starts, ends):  # when each node started and ended, from the first start
+        hosts[node.name]["start_offset"] = round(start - t0, 2)
+        hosts[node.name]["end_offset"] = round(end - t0, 2)
+    return round(max(ends) - t0, 2)
+
+
+def copy_window(nodes, hosts):
+    """``(first start, last end)`` of the copies in wall-clock seconds."""
+    with open(os.path.join(nodes[0].dir, "progress", MODEL + ".json")) as f:
+        end0 = json.load(f)["updated"]
+    t0 = end0 - hosts[nodes[0].name]["end_offset"]
+    return t0, t0 + max(h["end_offset"] for h in hosts.values())
+
+
+class CpuSampler(object):
+    """Samples the machine's CPU use twice a second, so the share of both CPUs busy while the copies ran can be
+    told from the Ansible start-up around them."""
+
+    def __init__(self, interval=0.5):
+        self.interval = interval
+        self.samples = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def _loop(self):
+        while True:
+            self.samples.append((time.time(),) + cpu_times())
+            if self._stop.wait(self.interval):
+                self.samples.append((time.time(),) + cpu_times())
+                return
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+
+    def busy(self, t0, t1):
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if len(inside) < 2:
+            return None
+        a, b = inside[0], inside[-1]
+        return round((b[1] - a[1]) / max(1e-9, b[2] - a[2]), 3)
+
+
+def cpu_times():
+    """``(busy, total)`` CPU seconds of the whole machine so far (``/proc/stat``; busy: all but idle and
+    iowait), so a run's CPU use is the difference of two readings."""
+    with open("/proc/stat") as f:
+        vals = [int(v) for v in f.readline().split()[1:]]
+    hz = float(os.sysconf("SC_CLK_TCK"))
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+    total = sum(vals[:8])
+    return (total - idle) / hz, total / hz
 
 
 def machine():

@@ -209,7 +209,8 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
             copy_journal = _PieceJournal(journal, board, by_path, piece_size) if pieces_on else journal
             copier = _stage_copy.Copier(src_real, lay.partial, verify, content, read_streams, slots, progress, fsync,
                                         direct_io=direct_io, journal=copy_journal,
-                                        piece_size=piece_size if pieces_on else None)
+                                        piece_size=piece_size if pieces_on else None,
+                                        on_piece=board.held if board else None)
             if pieces_on:
                 copy_journal.copier = copier
             if peers:
@@ -225,6 +226,7 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
                 records.update(receiver.records)
                 result["bytes_from_source"] += receiver.bytes_from_source
             else:
+                _on_board(board, todo, content)
                 copier.run(todo)
                 result["bytes_from_source"] += sum(f["size"] for f in todo)
             # Intact published files join the build as hard links only now: a copy that failed above has not
@@ -234,6 +236,7 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
                 todo = todo + unlinked
                 need += sum(f["size"] for f in unlinked)
                 progress.bytes_total, progress.files_total = need, len(todo)
+                _on_board(board, unlinked, content)
                 copier.run(unlinked)
                 result["bytes_from_source"] += sum(f["size"] for f in unlinked)
             records.update(copier.records)
@@ -285,9 +288,18 @@ def _peer_url_ok(url):
     return bool(netloc) and "@" not in netloc
 
 
+def _on_board(board, files, content):
+    """Put the files a copy is about to read from src on the board, no piece held yet: the copy marks each piece
+    held as soon as it is written (``Copier(on_piece=board.held)``), so peers start pulling a file long before it is
+    complete."""
+    if board:
+        for f in files:
+            board.add(f["path"], f, content.header_digests.get(f["path"]), None)
+
+
 class _PieceJournal(object):
-    """The journal the copy engine appends to, giving each completed file its piece digests first and putting it
-    on the board, so the seed's server hands a file on as soon as its copy is complete."""
+    """The journal the copy engine appends to, giving each completed file its piece digests first and marking it
+    done on the board (its pieces were put there one by one as they were written)."""
 
     def __init__(self, journal, board, by_path, piece_size):
         self.journal = journal

@@ -21,7 +21,9 @@ in flight instead of alternating between them.
 With ``piece_size`` set, every copied file also gets the sha256 of each ``piece_size`` piece of the bytes read
 from the source (``piece_digests[path]``, hashed in the buffers the copy already holds, in every verify mode;
 ranges start on piece boundaries, so each stream hashes whole pieces); :meth:`Copier.digest_copies` reads them
-back from the copies a previous run completed, for a resumed run.
+back from the copies a previous run completed, for a resumed run. ``on_piece(path, index, digest)``, when given,
+is called as soon as a piece's last byte is written to ``<name>.llmops-part`` (before the file is complete), so a
+seed's server can hand the piece on while the rest of the file is still being copied.
 
 The bytes move through :class:`RawFile`: O_DIRECT on both ends where the filesystem allows it (no page-cache
 copy), buffered where it refuses O_DIRECT at open or later, or for an unaligned tail. Between two buffered files
@@ -67,13 +69,14 @@ class Copier:
     """
 
     def __init__(self, src, partial, mode, content, streams, slots, progress, do_fsync, direct_io=True,
-                 journal=None, piece_size=None):
+                 journal=None, piece_size=None, on_piece=None):
         if piece_size is not None and (isinstance(piece_size, bool) or not isinstance(piece_size, int)
                                        or piece_size <= 0 or piece_size % DIRECT_ALIGN):
             raise StageError("piece_size: must be a positive multiple of %d bytes (got %r); use e.g. %d (64 MiB)"
                              % (DIRECT_ALIGN, piece_size, 64 << 20))
         self.piece_size = piece_size
         self.piece_digests = {}
+        self.on_piece = on_piece if piece_size else None
         self.src = src
         self.direct_io = direct_io
         self.direct_files = 0
@@ -230,19 +233,35 @@ class Copier:
                 h = hashlib.sha256() if self.mode == "sha256" else None
                 ph = PieceHasher(self.piece_size) if self.piece_size else None
                 sinks = [s for s in (h, ph) if s is not None]
+                written = self._piece_reporter(job.rel, start, ph) if self.on_piece else None
                 if fin.direct or fout.direct or sinks:
-                    self._pipe(fin, fout, start, end, job.src_path, sinks)
+                    self._pipe(fin, fout, start, end, job.src_path, sinks, written)
                 else:
                     self._copy_kernel(fin, fout, start, end, job.src_path)
                 direct = fin.went_direct and fout.went_direct
             finally:
                 fout.close()
+            if written is not None:
+                ph.finish()
+                written()
             if not fin.direct:  # src pages are not needed again
                 _fadvise(fin.fd, getattr(os, "POSIX_FADV_DONTNEED", None), start, end - start)
             return (h.hexdigest() if h is not None else None), (ph.finish() if ph is not None else None), direct
         finally:
             self._leave()
             fin.close()
+
+    def _piece_reporter(self, rel, start, ph):
+        """A callable telling ``on_piece`` of every piece ``ph`` completed since it was last called (called after
+        each write, so a reported piece is in the file)."""
+        base = start // self.piece_size
+        told = [0]
+
+        def written():
+            while told[0] < len(ph.digests):
+                self.on_piece(rel, base + told[0], ph.digests[told[0]])
+                told[0] += 1
+        return written
 
     def _stream_buffers(self):
         """This stream's ``STREAM_BUFFERS`` aligned buffers (anonymous mappings are page-aligned), reused."""
@@ -270,9 +289,9 @@ class Copier:
                 m.close()
         self._local = threading.local()
 
-    def _pipe(self, fin, fout, start, end, src_path, sinks):
+    def _pipe(self, fin, fout, start, end, src_path, sinks, written=None):
         """Copy ``[start, end)``: a reader thread fills buffers from ``fin`` while this thread hashes and writes
-        the ones it filled before, in order."""
+        the ones it filled before, in order (calling ``written`` after each write)."""
         views = self._stream_buffers()
         free, full, stop = queue.Queue(), queue.Queue(), threading.Event()
         for i in range(len(views)):
@@ -293,8 +312,10 @@ class Copier:
                     for s in sinks:
                         s.update(chunk)
                     fout.write_at(chunk, offset)
-                self.progress.add(n)
                 free.put(i)
+                if written is not None:
+                    written()
+                self.progress.add(n)
         finally:
             stop.set()  # the reader stops at its next buffer
             free.put(None)

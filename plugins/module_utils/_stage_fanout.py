@@ -14,8 +14,8 @@ never used: any peer can be the source of bytes, none of digests. A lying or bro
 refetch (``bad_pieces_rejected``; the peer is dropped), never a wrong byte in ``dest``.
 
 :class:`Receiver` runs ``streams`` workers. Each takes the next piece not yet held for which a digest is trusted
-and some live peer holds it, from the least loaded of those peers (its reported transfers plus this receiver's),
-reads it into an aligned buffer while hashing it, compares, and writes it in place with O_DIRECT
+and some live peer holds it (from a seed only pieces the seed has not sent anybody yet, see :meth:`Receiver._pick`),
+from the least loaded of those peers (its reported transfers plus this receiver's), reads it into an aligned buffer while hashing it, compares, and writes it in place with O_DIRECT
 (``_stage_copy.RawFile``) into ``<file>.llmops-part`` in ``<dest>.partial``; it then marks it held on the board
 (``_stage_peer.Board``), so this node's own server hands it on at once. A piece is read from the shared
 filesystem itself (under the fleet read slots, at most ``read_rate_limit`` bytes/s per stream) only when no seed
@@ -136,6 +136,7 @@ class PeerLink(object):
         self.state = None          # the peer's last /pieces "state"
         self.board_age = None
         self.have = {}             # rel -> "0101" as last seen
+        self.sent = {}             # rel -> "0120": transfers of each piece the peer's server started
         self.entries = {}          # rel -> its /pieces entry
         self.bytes = 0
         self.bad = 0
@@ -145,6 +146,10 @@ class PeerLink(object):
     def holds(self, rel, i):
         h = self.have.get(rel)
         return h is not None and i < len(h) and h[i] == "1"
+
+    def sent_count(self, rel, i):
+        c = self.sent.get(rel)
+        return int(c[i]) if c is not None and i < len(c) else 0
 
 
 class _FileState(object):
@@ -157,6 +162,7 @@ class _FileState(object):
         self.held = [False] * self.n
         self.inflight = set()
         self.excluded = [set() for _i in range(self.n)]
+        self.sent_at = [None] * self.n      # when a seed was first seen to have sent the piece to some peer
         self.final = _paths.contained(partial, self.rel, "src")
         self.part = self.final + _marker.PART_SUFFIX
         self.created = False
@@ -205,6 +211,7 @@ class Receiver(object):
         self._files = []
         self._t0 = None
         self._local = threading.local()
+        self._piece_secs = []      # the last peer transfers' durations (s), for how long a handed-out piece may take
 
     # ---- peers -----------------------------------------------------------------------------------
     def _headers(self):
@@ -303,6 +310,14 @@ class Receiver(object):
                     continue
                 link.have[fs.rel] = have
                 link.entries[fs.rel] = e
+                sent = e.get("sent")
+                if isinstance(sent, str) and len(sent) == fs.n and sent.isdigit():
+                    link.sent[fs.rel] = sent
+                    if link.seed:
+                        now = time.monotonic()
+                        for i, c in enumerate(sent):
+                            if c != "0" and fs.sent_at[i] is None:
+                                fs.sent_at[i] = now
                 if link.seed and any(h == "1" and fs.trusted[i] is None for i, h in enumerate(have)):
                     fetch.append(fs)
             self._cond.notify_all()
@@ -353,9 +368,13 @@ class Receiver(object):
     def _pick(self):
         """The next ``(file, piece, peer)`` to move (``peer`` None: from src), or None when nothing is left.
 
-        Among the first pieces still missing (a window of ``8 * streams``, in file order, so files complete one
-        after another) the one the fewest live peers hold is taken (ties at random), from its least loaded
-        holder: receivers starting together pull different pieces from a seed and then trade them.
+        The candidates are the first pieces still missing (a window of ``8 * streams``, in file order, so files
+        complete one after another). A seed's uplink is what every byte has to pass once, so a receiver asks a seed
+        only for pieces its server has not sent to anybody yet (``sent`` 0), at most one at a time per seed while
+        other peers are there to trade with; pieces some other peer holds come from the least loaded such holder,
+        the one the fewest live peers hold first (ties at random), so receivers starting together get different
+        pieces from the seed and then trade them. A piece a seed sent but nobody lists after
+        :meth:`_dup_after` seconds (its receiver is slow or gone) may be asked of the seed again.
         """
         window = 8 * self.streams
         with self._cond:
@@ -365,8 +384,13 @@ class Receiver(object):
                 open_files = [fs for fs in self._files if not all(fs.held)]
                 if not open_files:
                     return None
+                traders = any(p.alive and not p.seed for p in self.links)
+                seed_cap = 1 if traders else self.streams
+                dup_after = self._dup_after()
+                now = time.monotonic()
                 waiting = False
-                best, best_n, seen = [], None, 0
+                fresh, trade, again = [], [], []
+                trade_n, seen = None, 0
                 for fs in open_files:
                     if seen >= window:
                         break
@@ -379,17 +403,29 @@ class Receiver(object):
                                        and p not in fs.excluded[i]]
                             if holders:
                                 seen += 1
-                                if best_n is None or len(holders) < best_n:
-                                    best, best_n = [(fs, i, holders)], len(holders)
-                                elif len(holders) == best_n:
-                                    best.append((fs, i, holders))
+                                others = [p for p in holders if not p.seed]
+                                if others:
+                                    if trade_n is None or len(holders) < trade_n:
+                                        trade, trade_n = [(fs, i, others)], len(holders)
+                                    elif len(holders) == trade_n:
+                                        trade.append((fs, i, others))
+                                else:
+                                    free = [p for p in holders if p.inflight < seed_cap]
+                                    new = [p for p in free if p.sent_count(fs.rel, i) == 0]
+                                    if new:
+                                        fresh.append((fs, i, new))
+                                    elif free and fs.sent_at[i] is not None and now - fs.sent_at[i] > dup_after:
+                                        again.append((fs, i, free))
+                                    else:
+                                        waiting = True
                                 if seen >= window:
                                     break
                                 continue
-                        if not best and (fs.source_only or not seeds_on):
+                        if not (fresh or trade or again) and (fs.source_only or not seeds_on):
                             fs.inflight.add(i)
                             return fs, i, None
                         waiting = True
+                best = fresh or trade or again
                 if best:
                     fs, i, holders = random.choice(best)
                     low = min(p.load + p.inflight for p in holders)
@@ -400,6 +436,14 @@ class Receiver(object):
                 if not waiting:
                     return None  # everything left is in flight
                 self._cond.wait(self.poll)
+
+    def _dup_after(self):
+        """Seconds a piece a seed handed out may take to show up at some peer: three typical transfers, at least
+        two seconds (called with the lock held)."""
+        if not self._piece_secs:
+            return 2.0
+        secs = sorted(self._piece_secs)
+        return max(2.0, 3 * secs[len(secs) // 2])
 
     def _worker(self):
         buf = mmap.mmap(-1, self.piece_size)
@@ -448,6 +492,7 @@ class Receiver(object):
         headers["Range"] = "bytes=%d-%d" % (off, off + n - 1)
         h = hashlib.sha256()
         got = 0
+        t_piece = time.monotonic()
         try:
             resp = self._request(link, path, headers)
             if resp.status != 206:
@@ -496,9 +541,11 @@ class Receiver(object):
             self._drop(link, "sent a bad piece (%s piece %d: %s)" % (
                 fs.rel, i, "sha256 differs from the seed's" if got == n else "%d of %d bytes" % (got, n)))
             return
+        with self._cond:
+            self._piece_secs = (self._piece_secs + [time.monotonic() - t_piece])[-16:]
+            link.inflight -= 1
         self._write(fs, i, buf, n)
         with self._cond:
-            link.inflight -= 1
             link.bytes += n
             self.bytes_from_peers += n
         self._held(fs, i, digest, n, peer=True)

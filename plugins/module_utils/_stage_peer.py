@@ -17,8 +17,10 @@ given (``/r/<name>/<revision>``):
 
 * ``GET R/pieces``: ``piece_size``, ``state`` (``idle``, ``copying``, ``failed``, ``done``, ``complete``),
   ``board_age`` (seconds since the staging run last rewrote its board), ``load`` (transfers in flight) and per
-  file ``size``, ``src`` (the source file's ino, mtime_ns, ctime_ns), ``header_sha256``, ``sha256`` and ``have``
-  (one ``0``/``1`` per piece);
+  file ``size``, ``src`` (the source file's ino, mtime_ns, ctime_ns), ``header_sha256``, ``sha256``, ``have``
+  (one ``0``/``1`` per piece) and, once this server has sent any of its pieces, ``sent`` (per piece, how many
+  transfers of it this server started, ``0``-``9``): a receiver asks a seed first for the pieces nobody got from it
+  yet, so a seed's uplink carries each piece about once and the receivers trade the rest;
 * ``GET R/digests?file=<path>``: the digests of that file's held pieces (``null`` for the others);
 * ``GET R/files/<path>`` with one ``Range: bytes=a-b``: those bytes (206), only when every piece they touch is
   held; otherwise 404 (not held) or 416 (bad range).
@@ -211,14 +213,28 @@ class Offer(object):
         self._snap = None
         self._marker_key = None
         self._marker = None
+        self._sent = {}   # rel -> bytearray: transfers of each piece this server started (up to 9)
+
+    def note_sent(self, rel, first, last):
+        """Count one transfer of every piece bytes ``first..last`` of ``rel`` touch."""
+        with self._lock:
+            e = self.snapshot_unlocked()["files"].get(rel)
+            if e is None:
+                return
+            counts = self._sent.setdefault(rel, bytearray(len(e["digests"])))
+            for i in range(first // self.piece_size, min(len(counts) - 1, last // self.piece_size) + 1):
+                counts[i] = min(9, counts[i] + 1)
+
+    def snapshot_unlocked(self):
+        now = time.monotonic()
+        if self._snap is None or now - self._at > self.ttl:
+            self._snap = self._build()
+            self._at = now
+        return self._snap
 
     def snapshot(self):
         with self._lock:
-            now = time.monotonic()
-            if self._snap is None or now - self._at > self.ttl:
-                self._snap = self._build()
-                self._at = now
-            return self._snap
+            return self.snapshot_unlocked()
 
     def _build(self):
         files, state, age = {}, "idle", None
@@ -253,9 +269,13 @@ class Offer(object):
     def public(self, load):
         snap = self.snapshot()
         files = {}
+        with self._lock:
+            sent = dict((rel, bytes(c)) for rel, c in self._sent.items())
         for rel, e in snap["files"].items():
             files[rel] = {"size": e["size"], "src": e["src"], "header_sha256": e["header_sha256"],
                           "sha256": e["sha256"], "have": "".join("1" if d else "0" for d in e["digests"])}
+            if rel in sent and len(sent[rel]) == len(e["digests"]):
+                files[rel]["sent"] = "".join(str(c) for c in sent[rel])
         return {"piece_size": self.piece_size, "state": snap["state"], "board_age": snap["board_age"],
                 "load": load, "files": files}
 
@@ -394,6 +414,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError as e:
             return self._send_json(416, {"error": "%s: %s" % (rel, e)})
         self.server.count(1)
+        offer.note_sent(rel, first, last)
         try:
             n = last - first + 1
             self.send_response(206)

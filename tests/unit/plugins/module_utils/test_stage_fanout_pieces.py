@@ -8,13 +8,18 @@ import os
 import shutil
 import threading
 import time
+import urllib.request
 
 import pytest
 
 from ansible_collections.llmops.serving.plugins.module_utils import _stage
+from ansible_collections.llmops.serving.plugins.module_utils import _stage_copy
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_fanout
+from ansible_collections.llmops.serving.plugins.module_utils import _stage_layout
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_marker as _marker
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_peer
+from ansible_collections.llmops.serving.plugins.module_utils import _stage_progress
+from ansible_collections.llmops.serving.plugins.module_utils import _stage_verify as _verify
 from ansible_collections.llmops.serving.tests.lib import stage_synth
 
 PIECE = 256 * 1024
@@ -296,3 +301,158 @@ def test_journal_lines_carry_the_pieces(tmp_path):
     assert source == "/shared/m/r1" and got.pieces == rec.pieces and got.piece_size == 4096
     with pytest.raises(ValueError):
         rec.set_pieces(["ab" * 32], 4096)   # 5000 bytes are two 4096-byte pieces
+
+
+def test_copier_reports_each_piece_once_it_is_written(tmp_path):
+    """A seed hands a piece on while the rest of its file is still being copied: ``on_piece`` fires only when
+    the piece's bytes are in ``<file>.llmops-part`` and carries the digest of the bytes read from src."""
+    src = str(tmp_path / "shared" / "m" / "r1")
+    # 16 MiB buffers: a 40 MiB file is 160 pieces written in three buffers, the last one short
+    stage_synth.write_checkpoint(src, 40 * 1024 * 1024 + 12345, shards=1, seed=9, extra_files=False)
+    partial = str(tmp_path / "n" / "r1.partial")
+    os.makedirs(partial)
+    files = _stage_layout.scan_src(src)
+    content = _verify.verify_source(src, files, "headers", None)
+    seen = []
+    before_done = []
+
+    def on_piece(rel, i, digest):
+        part = os.path.join(partial, rel + _marker.PART_SUFFIX)
+        before_done.append(os.path.exists(part))
+        with open(part, "rb") as f:
+            f.seek(i * PIECE)
+            assert hashlib.sha256(f.read(PIECE)).hexdigest() == digest, (rel, i)
+        seen.append((rel, i, digest))
+    progress = _stage_progress.Progress(None, partial, sum(f["size"] for f in files), len(files))
+    copier = _stage_copy.Copier(src, partial, "headers", content, 2, None, progress, False, piece_size=PIECE,
+                                on_piece=on_piece)
+    copier.run(files)
+    for rel, digests in copier.piece_digests.items():
+        assert [(r, i, d) for r, i, d in seen if r == rel] == [(rel, i, d) for i, d in enumerate(digests)]
+    assert sum(len(d) for d in copier.piece_digests.values()) == len(seen) > 160
+    assert all(before_done)  # reported from the part file, before the file got its name
+
+
+def test_seed_serves_pieces_of_a_file_it_is_still_copying(tmp_path, servers):
+    """Pipelining from the seed: while the seed's copy of a file is under way (held back by read_rate_limit),
+    its server lists part of that file's pieces held and hands one over, bytes matching the seed's digest."""
+    src = str(tmp_path / "shared" / "m" / "r1")
+    stage_synth.write_checkpoint(src, 4 * 1024 * 1024, shards=1, seed=11, extra_files=False)
+    dest = str(tmp_path / "seed" / "m" / "r1")
+    seed = servers(dest)
+    done = {}
+    t = threading.Thread(target=lambda: done.update(_stage.stage(src, dest, record_pieces=True, piece_size=PIECE,
+                                                                 read_streams=1, read_rate_limit=1024 * 1024,
+                                                                 fsync=False)))
+    t.start()
+    partly = None
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and partly is None and t.is_alive():
+            doc = _get(seed.url + "/pieces")
+            for rel, e in doc["files"].items():
+                if "1" in e["have"] and "0" in e["have"] and rel.endswith(".safetensors"):
+                    partly = rel, e["have"].index("1")
+            time.sleep(0.05)
+        assert partly, "the seed never listed a file with some pieces held and some not"
+        rel, i = partly
+        digests = _get(seed.url + "/digests?file=" + rel)["digests"]
+        body = _get(seed.url + "/files/" + rel, {"Range": "bytes=%d-%d" % (i * PIECE, (i + 1) * PIECE - 1)}, raw=True)
+        assert hashlib.sha256(body).hexdigest() == digests[i]
+        with open(os.path.join(src, rel), "rb") as f:
+            f.seek(i * PIECE)
+            assert body == f.read(PIECE)
+    finally:
+        t.join(60)
+    assert done["changed"] and done["bytes_from_source"] == done["bytes_total"]
+    _same_tree(src, dest)
+
+
+def _get(url, headers=None, raw=False):
+    h = {"Authorization": "Bearer " + TOKEN}
+    h.update(headers or {})
+    with urllib.request.urlopen(urllib.request.Request(url, headers=h), timeout=10) as resp:
+        body = resp.read()
+    return body if raw else json.loads(body)
+
+
+def test_server_counts_the_pieces_it_sent(src, tmp_path, servers):
+    """``/pieces`` says per piece how many transfers this server started, so receivers can leave a seed's
+    uplink to pieces nobody got from it yet."""
+    seed_dest, _r = _seed(src, tmp_path)
+    seed = servers(seed_dest)
+    rel = "model-00001-of-00003.safetensors"
+    assert "sent" not in _get(seed.url + "/pieces")["files"][rel]
+    for rng in ("bytes=0-10", "bytes=%d-%d" % (PIECE - 1, PIECE), "bytes=%d-%d" % (PIECE, 2 * PIECE - 1)):
+        _get(seed.url + "/files/" + rel, {"Range": rng}, raw=True)
+    sent = _get(seed.url + "/pieces")["files"][rel]["sent"]
+    assert sent[:3] == "220" and set(sent[3:]) <= {"0"}
+
+
+class _FakeLink(_stage_fanout.PeerLink):
+    def __init__(self, name, seed, have, sent=None):
+        super(_FakeLink, self).__init__("http://%s:1/r/m/r1" % name, seed)
+        self.have = {"f": have}
+        if sent is not None:
+            self.sent = {"f": sent}
+
+
+def _picker(tmp_path, links, n=6):
+    rx = _stage_fanout.Receiver(str(tmp_path), str(tmp_path / "p"), "headers", None, [], TOKEN, PIECE, 4, None,
+                                None, False)
+    rx.links = links
+    rx._t0 = time.monotonic()
+    fs = _stage_fanout._FileState({"path": "f", "size": n * PIECE}, str(tmp_path / "p"), PIECE)
+    fs.trusted = ["0" * 64] * n
+    rx._files = [fs]
+    return rx, fs
+
+
+def _pick_within(rx, seconds):
+    """``rx._pick()`` if it returns within ``seconds``, else "waits" (the receiver is then stopped)."""
+    out = []
+    t = threading.Thread(target=lambda: out.append(rx._pick()), daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        rx._stop.set()
+        t.join(5)
+        rx._stop.clear()
+        return "waits"
+    return out[0]
+
+
+def test_receiver_asks_a_seed_only_for_pieces_nobody_got_from_it(tmp_path):
+    seed = _FakeLink("seed", True, "111100", "110000")
+    peer = _FakeLink("peer", False, "100000")
+    seed.state = "copying"
+    seed.board_age = 0.1
+    rx, fs = _picker(tmp_path, [seed, peer])
+    rx.poll = 0.02
+    now = time.monotonic()
+    fs.sent_at[0] = fs.sent_at[1] = now  # as _absorb records it from the seed's "sent"
+    first = rx._pick()
+    # a piece the seed never sent (2 or 3), from the seed
+    assert first[1] in (2, 3) and first[2] is seed
+    # the seed is now busy for this receiver (one at a time while there are peers to trade with): piece 0
+    # comes from the peer that holds it
+    second = rx._pick()
+    assert (second[1], second[2]) == (0, peer)
+    # piece 1 went to somebody a moment ago, the other new piece waits for the seed: nothing to take
+    assert _pick_within(rx, 0.3) == "waits"
+    seed.inflight = 0
+    third = rx._pick()
+    assert third[1] == 5 - first[1] and third[2] is seed  # the other never-sent piece first
+    seed.inflight = 0
+    assert _pick_within(rx, 0.3) == "waits"  # piece 1 has not been out long
+    fs.sent_at[1] = now - 10
+    last = rx._pick()
+    assert (last[1], last[2]) == (1, seed)  # out for 10 s and nobody lists it: asked of the seed again
+
+
+def test_receiver_alone_with_a_seed_uses_every_stream_on_it(tmp_path):
+    seed = _FakeLink("seed", True, "111111", "000000")
+    seed.state = "done"
+    rx, fs = _picker(tmp_path, [seed])
+    got = [rx._pick() for _k in range(4)]
+    assert all(g[2] is seed for g in got) and len({g[1] for g in got}) == 4
