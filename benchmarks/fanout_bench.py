@@ -124,10 +124,12 @@ def one_run(fleet, args, mode, n, caps, sums, tag):
     for name, results in sorted(play["results"].items()):
         res = (results or [{}])[0].get("result", {}) if results else {}
         entry["hosts"][name] = {k: res.get(k) for k in (
-            "seconds", "bytes_copied", "bytes_from_source", "bytes_from_peers", "peers_used", "bad_pieces_rejected")}
+            "seconds", "bytes_copied", "bytes_from_source", "bytes_from_peers", "peers_used", "bad_pieces_rejected",
+            "bytes_per_peer", "peers_dropped")}
     copy_secs = [h["seconds"] for h in entry["hosts"].values() if h.get("seconds") is not None]
     entry["copy_seconds_max"] = max(copy_secs) if len(copy_secs) == n else None
     entry["copy_span_seconds"] = copy_span(nodes, entry["hosts"]) if len(copy_secs) == n else None
+    entry["sent_by_host"] = sent_by_host(nodes, entry["hosts"])
     window = copy_window(nodes, entry["hosts"]) if entry["copy_span_seconds"] else None
     entry["cpu_busy_copy"] = sampler.busy(*window) if window else None
     entry["problems"] = check_copies(nodes, os.path.join(fleet.shared, MODEL, REVISION), sums) if play["rc"] == 0 else [
@@ -152,6 +154,18 @@ def copy_span(nodes, hosts):
         hosts[node.name]["start_offset"] = round(start - t0, 2)
         hosts[node.name]["end_offset"] = round(end - t0, 2)
     return round(max(ends) - t0, 2)
+
+
+def sent_by_host(nodes, hosts):
+    """Bytes each node's server sent to the others (from the receivers' ``bytes_per_peer``)."""
+    by_addr = dict((node.address, node.name) for node in nodes)
+    out = dict((node.name, 0) for node in nodes)
+    for h in hosts.values():
+        for url, n in (h.get("bytes_per_peer") or {}).items():
+            name = by_addr.get(url.split("//", 1)[-1].split(":", 1)[0])
+            if name:
+                out[name] += n
+    return out
 
 
 def copy_window(nodes, hosts):

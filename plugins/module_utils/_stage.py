@@ -113,6 +113,7 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
               "read_bytes_per_second": 0.0, "peak_read_streams": 0, "fleet_wait_seconds": 0.0,
               "direct_io_files": 0, "copied_files": [], "restaged_files": [], "reason": None,
               "pruned": [], "kept_in_use": [], "bytes_from_source": 0, "bytes_from_peers": 0, "peers_used": [],
+              "bytes_per_peer": {},
               "bad_pieces_rejected": 0, "peers_dropped": [], "pieces_read_back": 0}
     protect = [src_real] + ([checksums] if checksums else []) + ([progress_file] if progress_file else [])
 
@@ -222,6 +223,7 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
                     receiver.run(todo)
                 finally:
                     result.update(bytes_from_peers=receiver.bytes_from_peers, peers_used=receiver.peers_used,
+                                  bytes_per_peer=receiver.bytes_per_peer,
                                   bad_pieces_rejected=receiver.bad_pieces_rejected, peers_dropped=receiver.dropped)
                 records.update(receiver.records)
                 result["bytes_from_source"] += receiver.bytes_from_source

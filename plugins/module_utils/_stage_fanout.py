@@ -13,11 +13,12 @@ set by the role from the inventory), and every request carries the run's token. 
 never used: any peer can be the source of bytes, none of digests. A lying or broken peer therefore costs a
 refetch (``bad_pieces_rejected``; the peer is dropped), never a wrong byte in ``dest``.
 
-:class:`Receiver` runs ``streams`` workers. Each takes the next piece not yet held for which a digest is trusted
-and some live peer holds it (from a seed only pieces the seed has not sent anybody yet, see :meth:`Receiver._pick`),
-from the least loaded of those peers (its reported transfers plus this receiver's), reads it into an aligned buffer while hashing it, compares, and writes it in place with O_DIRECT
-(``_stage_copy.RawFile``) into ``<file>.llmops-part`` in ``<dest>.partial``; it then marks it held on the board
-(``_stage_peer.Board``), so this node's own server hands it on at once. A piece is read from the shared
+:class:`Receiver` runs ``PEER_STREAMS * streams`` workers (at most ``streams`` of them reading src at once).
+Each takes the next piece not yet held for which a digest is trusted and some live peer holds it, from the least
+loaded of those peers (its reported transfers plus this receiver's; a seed's uplink is spared the pieces it already
+sent, see :meth:`Receiver._pick`), reads it into an aligned buffer while hashing it, compares, and writes it in
+place with O_DIRECT (``_stage_copy.RawFile``) into ``<file>.llmops-part`` in ``<dest>.partial``; it then marks
+it held on the board (``_stage_peer.Board``), so this node's own server hands it on at once. A piece is read from the shared
 filesystem itself (under the fleet read slots, at most ``read_rate_limit`` bytes/s per stream) only when no seed
 can provide it any more (every seed dropped, failed, or silent for ``seed_stale`` seconds, or never seen within
 ``seed_wait`` seconds), or when no seed's entry for the file matches the source. A file whose pieces are all held
@@ -58,6 +59,9 @@ from ansible_collections.llmops.serving.plugins.module_utils._stage_progress imp
 _HEX = _marker._HEX
 _stage_peer_limit = 64 * 1024 * 1024   # most bytes of a JSON answer read from a peer
 socket_timeout = TimeoutError
+# pulls in flight per read stream: a peer's uplink is shared by every receiver, so one transfer gets a fraction
+# of it, and filling this node's downlink takes several; reads from src stay at ``streams`` (and the fleet slots)
+PEER_STREAMS = 2
 
 
 class Throttle(object):
@@ -186,6 +190,8 @@ class Receiver(object):
         self.token = token
         self.piece_size = piece_size
         self.streams = max(1, streams)
+        self.workers = PEER_STREAMS * self.streams
+        self._src_streams = threading.BoundedSemaphore(self.streams)
         self.slots = slots
         self.progress = progress
         self.do_fsync = do_fsync
@@ -369,12 +375,12 @@ class Receiver(object):
         """The next ``(file, piece, peer)`` to move (``peer`` None: from src), or None when nothing is left.
 
         The candidates are the first pieces still missing (a window of ``8 * streams``, in file order, so files
-        complete one after another). A seed's uplink is what every byte has to pass once, so a receiver asks a seed
-        only for pieces its server has not sent to anybody yet (``sent`` 0), at most one at a time per seed while
-        other peers are there to trade with; pieces some other peer holds come from the least loaded such holder,
-        the one the fewest live peers hold first (ties at random), so receivers starting together get different
-        pieces from the seed and then trade them. A piece a seed sent but nobody lists after
-        :meth:`_dup_after` seconds (its receiver is slow or gone) may be asked of the seed again.
+        complete one after another), each with the live peers that hold it. Every holder's uplink is shared by all
+        receivers, so the piece taken is the one whose least loaded holder is least loaded (its reported transfers
+        plus this receiver's); among equals the one the fewest peers hold, then a piece a seed never sent anybody,
+        then at random. A seed is asked at most one piece at a time per receiver while other peers are there to
+        trade with, and not for a piece it sent somebody less than :meth:`_dup_after` seconds ago that nobody else
+        lists yet: each piece leaves a seed's uplink about once and the receivers trade the rest.
         """
         window = 8 * self.streams
         with self._cond:
@@ -385,12 +391,11 @@ class Receiver(object):
                 if not open_files:
                     return None
                 traders = any(p.alive and not p.seed for p in self.links)
-                seed_cap = 1 if traders else self.streams
+                seed_cap = 1 if traders else self.workers
                 dup_after = self._dup_after()
                 now = time.monotonic()
                 waiting = False
-                fresh, trade, again = [], [], []
-                trade_n, seen = None, 0
+                best, best_key, seen = [], None, 0
                 for fs in open_files:
                     if seen >= window:
                         break
@@ -403,39 +408,51 @@ class Receiver(object):
                                        and p not in fs.excluded[i]]
                             if holders:
                                 seen += 1
-                                others = [p for p in holders if not p.seed]
-                                if others:
-                                    if trade_n is None or len(holders) < trade_n:
-                                        trade, trade_n = [(fs, i, others)], len(holders)
-                                    elif len(holders) == trade_n:
-                                        trade.append((fs, i, others))
+                                usable, fresh = self._usable(fs, i, holders, seed_cap, dup_after, now)
+                                if usable:
+                                    low = min(p.load + p.inflight for p in usable)
+                                    key = (low, len(holders), not fresh)
+                                    cands = [p for p in usable if p.load + p.inflight == low]
+                                    if best_key is None or key < best_key:
+                                        best, best_key = [(fs, i, cands)], key
+                                    elif key == best_key:
+                                        best.append((fs, i, cands))
                                 else:
-                                    free = [p for p in holders if p.inflight < seed_cap]
-                                    new = [p for p in free if p.sent_count(fs.rel, i) == 0]
-                                    if new:
-                                        fresh.append((fs, i, new))
-                                    elif free and fs.sent_at[i] is not None and now - fs.sent_at[i] > dup_after:
-                                        again.append((fs, i, free))
-                                    else:
-                                        waiting = True
+                                    waiting = True
                                 if seen >= window:
                                     break
                                 continue
-                        if not (fresh or trade or again) and (fs.source_only or not seeds_on):
+                        if not best and (fs.source_only or not seeds_on):
                             fs.inflight.add(i)
                             return fs, i, None
                         waiting = True
-                best = fresh or trade or again
                 if best:
-                    fs, i, holders = random.choice(best)
-                    low = min(p.load + p.inflight for p in holders)
-                    link = random.choice([p for p in holders if p.load + p.inflight == low])
+                    fs, i, cands = random.choice(best)
+                    link = random.choice(cands)
                     link.inflight += 1
                     fs.inflight.add(i)
                     return fs, i, link
                 if not waiting:
                     return None  # everything left is in flight
                 self._cond.wait(self.poll)
+
+    @staticmethod
+    def _usable(fs, i, holders, seed_cap, dup_after, now):
+        """The holders of piece ``i`` this receiver may ask now, and whether a seed among them never sent it."""
+        others = any(not p.seed for p in holders)
+        usable, fresh = [], False
+        for p in holders:
+            if not p.seed:
+                usable.append(p)
+                continue
+            if p.inflight >= seed_cap:
+                continue
+            if p.sent_count(fs.rel, i) == 0:
+                usable.append(p)
+                fresh = True
+            elif others or (fs.sent_at[i] is not None and now - fs.sent_at[i] > dup_after):
+                usable.append(p)
+        return usable, fresh
 
     def _dup_after(self):
         """Seconds a piece a seed handed out may take to show up at some peer: three typical transfers, at least
@@ -553,8 +570,10 @@ class Receiver(object):
     def _from_source(self, fs, i, buf, throttle):
         off, n = self._span(fs, i)
         src_path = os.path.join(self.src, fs.rel)
-        lease = self.slots.acquire() if self.slots else None
+        self._src_streams.acquire()
+        lease = None
         try:
+            lease = self.slots.acquire() if self.slots else None
             fin = RawFile(src_path, os.O_RDONLY, self.direct_io)
             try:
                 _verify.check_unchanged(src_path, os.fstat(fin.fd), fs.f, "since it was listed")
@@ -577,6 +596,7 @@ class Receiver(object):
         finally:
             if lease:
                 self.slots.release(lease)
+            self._src_streams.release()
         # the shared filesystem is the authority: its bytes stand even where a seed claimed another digest
         self._write(fs, i, buf, n)
         with self._cond:
@@ -690,7 +710,7 @@ class Receiver(object):
         pollers = [threading.Thread(target=self._poll_loop, args=(link,), name="stage-peer-poll", daemon=True)
                    for link in self.links]
         workers = [threading.Thread(target=self._worker, name="stage-peer-pull", daemon=True)
-                   for _i in range(self.streams)]
+                   for _i in range(self.workers)]
         for t in pollers + workers:
             t.start()
         try:
@@ -714,3 +734,7 @@ class Receiver(object):
     @property
     def peers_used(self):
         return sorted(link.url for link in self.links if link.bytes)
+
+    @property
+    def bytes_per_peer(self):
+        return dict((link.url, link.bytes) for link in self.links if link.bytes)

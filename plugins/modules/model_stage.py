@@ -332,6 +332,11 @@ peers_used:
   returned: state=present
   type: list
   elements: str
+bytes_per_peer:
+  description: Verified bytes each peer sent this run, by URL (a seed's share shows how much of the revision left
+    its uplink directly; the rest was traded among the receivers).
+  returned: state=present
+  type: dict
 bad_pieces_rejected:
   description: Pieces from peers whose sha256 differed from the seed's digest (discarded and fetched elsewhere).
   returned: state=present

@@ -111,6 +111,9 @@ def test_receivers_pull_from_seed_and_each_other_without_reading_src(src, tmp_pa
     r2 = _stage.stage(src, d2, peers=[{"url": seed.url, "seed": True}, {"url": n1.url}], peer_token=TOKEN,
                       piece_size=PIECE)
     assert r2["bytes_from_source"] == 0 and r2["bytes_from_peers"] == r2["bytes_total"]
+    assert sum(r2["bytes_per_peer"].values()) == r2["bytes_total"]
+    assert set(r2["bytes_per_peer"]) == set(r2["peers_used"]) and set(r2["peers_used"]) <= {seed.url, n1.url}
+    assert r1["bytes_per_peer"] == {seed.url: r1["bytes_total"]}
     _same_tree(src, d2)
     recs = _marker.read_marker(d2).marker.records
     assert [r.pieces for r in recs] == [r.pieces for r in _marker.read_marker(seed_dest).marker.records]
