@@ -114,7 +114,8 @@ def one_run(fleet, args, mode, n, caps, sums, tag):
     nodes = fleet.nodes[:n]
     reset(fleet, nodes)
     before = fleet.shared_read_bytes()
-    sampler = CpuSampler().start()
+    sampler = CpuSampler(progress=dict((node.name, os.path.join(node.dir, "progress", MODEL + ".json"))
+                                       for node in nodes)).start()
     play = netns.run_stage_play(fleet, nodes, group_vars(fleet, args, mode, caps), timeout=args.timeout, tag=tag,
                                 collections=args.collections)
     shared = fleet.shared_read_bytes() - before
@@ -132,6 +133,7 @@ def one_run(fleet, args, mode, n, caps, sums, tag):
     entry["sent_by_host"] = sent_by_host(nodes, entry["hosts"])
     window = copy_window(nodes, entry["hosts"]) if entry["copy_span_seconds"] else None
     entry["cpu_busy_copy"] = sampler.busy(*window) if window else None
+    entry["timeline"] = sampler.timeline(window[0]) if window else None
     entry["problems"] = check_copies(nodes, os.path.join(fleet.shared, MODEL, REVISION), sums) if play["rc"] == 0 else [
         "ansible-playbook rc %s: %s" % (play["rc"], play["output"][-3000:])]
     return entry
@@ -180,9 +182,11 @@ class CpuSampler(object):
     """Samples the machine's CPU use twice a second, so the share of both CPUs busy while the copies ran can be
     told from the Ansible start-up around them."""
 
-    def __init__(self, interval=0.5):
+    def __init__(self, interval=0.5, progress=None):
         self.interval = interval
         self.samples = []
+        self.progress = progress or {}
+        self.bytes = dict((name, []) for name in self.progress)   # name -> [(time, bytes_done)]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -193,6 +197,13 @@ class CpuSampler(object):
     def _loop(self):
         while True:
             self.samples.append((time.time(),) + cpu_times())
+            for name, path in self.progress.items():
+                try:
+                    with open(path) as f:
+                        doc = json.load(f)
+                    self.bytes[name].append((doc["updated"], doc["bytes_done"]))
+                except (OSError, ValueError, KeyError):
+                    pass
             if self._stop.wait(self.interval):
                 self.samples.append((time.time(),) + cpu_times())
                 return
@@ -200,6 +211,14 @@ class CpuSampler(object):
     def stop(self):
         self._stop.set()
         self._thread.join()
+
+    def timeline(self, t0):
+        """Per node, ``[seconds since t0, bytes done]`` as its progress file said (once a second), deduplicated."""
+        out = {}
+        for name, points in self.bytes.items():
+            seen = sorted(set(points))
+            out[name] = [[round(t - t0, 2), b] for t, b in seen]
+        return out
 
     def busy(self, t0, t1):
         inside = [s for s in self.samples if t0 <= s[0] <= t1]

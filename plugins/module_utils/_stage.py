@@ -152,13 +152,10 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
         progress = copier = journal = board = receiver = None
         t_copy = time.monotonic()
         try:
-            # Reading src headers/manifests is a read stream too: it holds a fleet slot like a copy.
-            lease = slots.acquire() if slots else None
-            try:
-                content = _verify.verify_source(src_real, files, verify, checksums)
-            finally:
-                if lease:
-                    slots.release(lease)
+            # The headers, the index and the manifest (a few KiB per file) are read without a fleet slot: the
+            # cap is on the bulk streams, and a node waiting behind another node's whole copy to read a header
+            # would also keep a fan-out receiver from pulling pieces its peers already hold.
+            content = _verify.verify_source(src_real, files, verify, checksums)
             plan = _plan.plan(files, src_real, lay, mstate, verify, content)
             _plan.check_upgrades(plan, lay, files, content, verify)
             n_new = len(plan.copy) - len(plan.restaged)

@@ -296,7 +296,11 @@ class Receiver(object):
         files = doc.get("files") if isinstance(doc.get("files"), dict) else {}
         fetch = []
         with self._cond:
-            link.state = doc.get("state") if isinstance(doc.get("state"), str) else None
+            # the pulling workers are woken only when there is something new to take: a piece list arrives
+            # several times a second per peer, and waking every worker for each costs more CPU than the transfers
+            state = doc.get("state") if isinstance(doc.get("state"), str) else None
+            changed = state != link.state
+            link.state = state
             age = doc.get("board_age")
             link.board_age = age if isinstance(age, (int, float)) and not isinstance(age, bool) else None
             load = doc.get("load")
@@ -314,6 +318,7 @@ class Receiver(object):
                 have = e.get("have")
                 if not isinstance(have, str) or len(have) != fs.n:
                     continue
+                changed = changed or link.have.get(fs.rel) != have
                 link.have[fs.rel] = have
                 link.entries[fs.rel] = e
                 sent = e.get("sent")
@@ -326,7 +331,8 @@ class Receiver(object):
                                 fs.sent_at[i] = now
                 if link.seed and any(h == "1" and fs.trusted[i] is None for i, h in enumerate(have)):
                     fetch.append(fs)
-            self._cond.notify_all()
+            if changed:
+                self._cond.notify_all()
         for fs in fetch:
             self._fetch_digests(link, fs)
 

@@ -153,6 +153,7 @@ def test_bad_piece_is_rejected_the_liar_dropped_and_the_piece_refetched(src, tmp
             return sorted(items, key=lambda p: p.seed)[0]
         return choice(items)
     monkeypatch.setattr(_stage_fanout.random, "choice", liar_first)
+    monkeypatch.setattr(_stage_fanout, "PEER_STREAMS", 1)  # one pull at a time: the liar is always the choice
     pick = _stage_fanout.Receiver._pick
 
     def pick_once_both_seen(self):
@@ -459,3 +460,24 @@ def test_receiver_alone_with_a_seed_uses_every_stream_on_it(tmp_path):
     rx, fs = _picker(tmp_path, [seed])
     got = [rx._pick() for _k in range(4)]
     assert all(g[2] is seed for g in got) and len({g[1] for g in got}) == 4
+
+
+def test_receiver_does_not_wait_for_a_fleet_slot_its_peers_make_unneeded(src, tmp_path, servers):
+    """While another node holds every fleet read slot (a seed's whole copy), a receiver still reads the source's
+    headers (a few KiB, no slot) and takes the revision from its peers, reading no source byte."""
+    from ansible_collections.llmops.serving.plugins.module_utils import _fleet_slots
+    seed_dest, _r = _seed(src, tmp_path)
+    seed = servers(seed_dest)
+    slots_dir = str(tmp_path / "fleet")
+    holder = _fleet_slots.FleetSlots(slots_dir, 1, host_id="seed", host_max=1)
+    holder.open()
+    lease = holder.acquire()
+    try:
+        d = str(tmp_path / "n1" / "m" / "r1")
+        r = _stage.stage(src, d, peers=[{"url": seed.url, "seed": True}], peer_token=TOKEN, piece_size=PIECE,
+                         fleet_slots_dir=slots_dir, fleet_read_streams=1, fleet_host_id="n1", lock_timeout=2)
+        assert r["bytes_from_source"] == 0 and r["bytes_from_peers"] == r["bytes_total"]
+        _same_tree(src, d)
+    finally:
+        holder.release(lease)
+        holder.close()
