@@ -282,11 +282,17 @@ def summarize(runs, size, seeds):
     return rows, single
 
 
-def plot(rows, size, seeds, path, title):
+def plot(rows, size, seeds, path, title, runs=None):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11.5, 4.4))
+    n_big, big = _largest_on_runs({"runs": runs or []})
+    run = _typical(big)
+    timeline = run.get("timeline") if run else None
+    if timeline:
+        fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.4))
+    else:
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11.5, 4.4))
     styles = {"off": ("tab:red", "fan-out off (today)"), "on": ("tab:blue", "fan-out on, %d seed(s)" % seeds)}
     single = None
     for mode, (color, label) in styles.items():
@@ -320,6 +326,21 @@ def plot(rows, size, seeds, path, title):
     ax2.set_xticks(allns)
     ax2.legend(fontsize=7)
     ax2.grid(alpha=0.3)
+    if timeline:
+        seed_names = {"node%d" % (i + 1) for i in range(seeds)}
+        for name in sorted(timeline, key=lambda x: int(x[4:]) if x[4:].isdigit() else 0):
+            pts = timeline[name]
+            if not pts:
+                continue
+            is_seed = name in seed_names
+            ax3.plot([p[0] for p in pts], [p[1] / MIB for p in pts], "-", lw=2.2 if is_seed else 1,
+                     color="black" if is_seed else None, label=name + (" (seed)" if is_seed else ""))
+        ax3.axhline(size / MIB, ls=":", color="gray", lw=0.8)
+        ax3.set_xlabel("seconds since the first copy start")
+        ax3.set_ylabel("MiB staged")
+        ax3.set_title("fan-out on, N=%d: each node's bytes over time (the median run)" % n_big, fontsize=9)
+        ax3.legend(fontsize=6, ncol=2)
+        ax3.grid(alpha=0.3)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -358,8 +379,8 @@ def write_markdown(path, doc):
         "and the module's own `seconds`): the staging itself. The whole `ansible-playbook` wall time is shown "
         "beside it; on this loaded machine it is dominated by Ansible's per-task cost over SSH (tens of seconds "
         "for the role's ~20 tasks), which does not grow with the revision size.",
-        "- Machine: %s; kernel %s; Python %s; load average (1 min) %s at the start and %s at the end, most of it "
-        "from other work on the machine. Runs alternate the modes (off, on, on, off, ...)." % (
+        "- Machine: %s; kernel %s; Python %s; load average (1 min) %s at the start and %s at the end (a 1-minute "
+        "average also carries what ran just before). Runs alternate the modes (off, on, on, off, ...)." % (
             doc["machine"]["host"], doc["machine"]["kernel"], doc["machine"]["python"],
             doc["machine"]["load_start"], doc["machine"]["load_end"]), ""]
     if not caps["fanout"]:
@@ -381,8 +402,7 @@ def write_markdown(path, doc):
         lines.append("| %s | %s | %s |" % (t["target"], t["measured"], t["met"]))
     lines += [""] + _peer_throughput(doc)
     lines += ["", "![fleet time and shared-filesystem bytes against nodes](%s)" % os.path.basename(doc["png"]), "",
-              "What this does not show: all nodes share one kernel, one page cache, one disk and %d CPUs (with other "
-              "work running), so the peers' HTTP serving, hashing and O_DIRECT writes compete for the same cores "
+              "What this does not show: all nodes share one kernel, one page cache, one disk and %d CPUs, so the peers' HTTP serving, hashing and O_DIRECT writes compete for the same cores "
               "and the same device, where a real node has its own; the links are veth pairs through one bridge, "
               "shaped by tc, not NICs and switches (no real latency, loss, MTU or oversubscription of a fabric); "
               "the shared filesystem is a throttled local loop device, not NFS/Lustre with its own caching, "
@@ -393,23 +413,57 @@ def write_markdown(path, doc):
         f.write("\n".join(lines))
 
 
-def _peer_throughput(doc):
-    """One paragraph: how much of the peer links the largest fan-out run used."""
+def _largest_on_runs(doc):
     on = [r for r in doc["runs"] if r["mode"] == "on" and not r["problems"] and r["copy_span_seconds"]]
     if not on:
-        return []
+        return None, []
     n = max(r["nodes"] for r in on)
-    rates = [sum((h.get("bytes_from_peers") or 0) for h in r["hosts"].values()) / r["copy_span_seconds"]
-             for r in on if r["nodes"] == n]
-    recv = [h["seconds"] for r in on if r["nodes"] == n for h in r["hosts"].values() if h.get("bytes_from_peers")]
+    return n, [r for r in on if r["nodes"] == n]
+
+
+def _typical(runs):
+    """The run whose staging time is the median's (the lower one of an even count)."""
+    runs = sorted(runs, key=lambda r: r["copy_span_seconds"])
+    return runs[(len(runs) - 1) // 2] if runs else None
+
+
+def _peer_throughput(doc):
+    """What bounded the largest fan-out run, from its own data: rates, CPU, the seed's upload, start skew."""
+    n, runs = _largest_on_runs(doc)
+    if not runs:
+        return []
+    size = doc["revision_bytes"]
+    seeds = doc["args"]["seeds"]
     link = doc["args"]["rate_mbit"] * 1e6 / 8
-    return ["At N=%d with fan-out the receivers took %.0f-%.0f s each and the peers moved %.1f MB/s in all "
-            "(%.1f× one link; the %d links could carry %d×): the shaped links are not what bounds the fleet "
-            "time here. Whether it is the CPU of this loaded machine (the nodes' piece servers, hashing and "
-            "piece-list polling share its %d CPUs with each other and with other work) or the piece scheduling "
-            "is not separated by this run."
-            % (n, min(recv), max(recv), statistics.median(rates) / 1e6, statistics.median(rates) / link, n, n,
-               os.cpu_count())]
+    rates = [sum((h.get("bytes_from_peers") or 0) for h in r["hosts"].values()) / r["copy_span_seconds"]
+             for r in runs]
+    recv = [h["seconds"] for r in runs for h in r["hosts"].values() if h.get("bytes_from_peers")]
+    out = ["At N=%d with fan-out the receivers took %.0f-%.0f s each and the peers moved %.1f MB/s in all (%.1f× "
+           "one link; the %d links could carry %d×)."
+           % (n, min(recv), max(recv), statistics.median(rates) / 1e6, statistics.median(rates) / link, n, n)]
+    cpu = [r["cpu_busy_copy"] for r in runs if r.get("cpu_busy_copy") is not None]
+    if cpu:
+        out.append("Both CPUs were %.0f%% busy (median of runs, %.0f-%.0f%%) from the first copy start to the last "
+                   "copy end: every node's piece server, hashing, O_DIRECT writes and piece-list polling share the "
+                   "machine's %d CPUs, which bounds the fleet time here before the links do."
+                   % (100 * statistics.median(cpu), 100 * min(cpu), 100 * max(cpu), os.cpu_count()))
+    seed_names = ["node%d" % (i + 1) for i in range(seeds)]
+    sent = [sum(r["sent_by_host"].get(name, 0) for name in seed_names) / size
+            for r in runs if r.get("sent_by_host")]
+    if sent:
+        out.append("The seed%s uploaded %.2f× the revision (median; %.2f-%.2f×), the receivers traded the rest."
+                   % ("s" if seeds > 1 else "", statistics.median(sent), min(sent), max(sent)))
+    starts = [max(h.get("start_offset") or 0 for h in r["hosts"].values()) for r in runs
+              if all("start_offset" in h for h in r["hosts"].values())]
+    if starts:
+        lag = []
+        for r in runs:
+            seed_end = max(r["hosts"][name]["end_offset"] for name in seed_names if name in r["hosts"])
+            lag.append(r["copy_span_seconds"] - seed_end)
+        out.append("Ansible started the %d copies within %.1f s of each other (median of runs; the async launch "
+                   "over %d SSH connections on %d CPUs), and the last receiver finished %.1f s after the seed "
+                   "(median)." % (n, statistics.median(starts), n, os.cpu_count(), statistics.median(lag)))
+    return [" ".join(out)]
 
 
 def targets(rows, size, seeds, caps):
@@ -451,7 +505,7 @@ def report(doc, out):
         json.dump(doc, f, indent=2, sort_keys=True)
     plot(doc["rows"], size, doc["args"]["seeds"], doc["png"],
          "%d MiB revision; node links and shared FS at %d Mbit/s; %s"
-         % (size // MIB, doc["args"]["rate_mbit"], doc["machine"]["host"]))
+         % (size // MIB, doc["args"]["rate_mbit"], doc["machine"]["host"]), runs=doc["runs"])
     write_markdown(out + ".md", doc)
     for t in doc["targets"]:
         print("%s: %s (%s)" % (t["target"], t["measured"], t["met"]))

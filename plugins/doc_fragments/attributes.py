@@ -10,6 +10,8 @@ and their ``details``. Keys a module states win over the fragment's.
 - ``llmops.serving.attributes.info_module``: the module only reads (check mode full, diff mode N/A).
 - ``llmops.serving.attributes.facts``: the module returns ``ansible_facts``.
 - ``llmops.serving.attributes.flow``: an action plugin that runs on the controller.
+- ``llmops.serving.attributes.k8s_group``: a Kubernetes module, also in the ``llmops.serving.k8s`` action group
+  (listed *before* ``llmops.serving.attributes``: of two fragments stating one attribute the first one wins).
 """
 from __future__ import annotations
 
@@ -64,4 +66,19 @@ attributes:
     description: Indicates this has a corresponding action plugin so some parts of the options can be executed on the controller.
   async:
     description: Supports being used with the C(async) keyword.
+"""
+
+    # Before DOCUMENTATION: a module of the k8s action group (which extends kubernetes.core's k8s group).
+    K8S_GROUP = r"""
+options: {}
+attributes:
+  action_group:
+    description:
+      - Use C(group/llmops.serving.k8s) in C(module_defaults) to give the Kubernetes modules of this collection and
+        those of kubernetes.core's C(k8s) group the same O(host), O(api_key) and other authentication options.
+      - C(group/llmops.serving.serving) reaches it too, but sets the options for every module of the collection.
+    support: full
+    membership:
+      - llmops.serving.serving
+      - llmops.serving.k8s
 """

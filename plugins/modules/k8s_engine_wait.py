@@ -89,18 +89,11 @@ options:
     type: int
     default: 10
 extends_documentation_fragment:
+  - llmops.serving.attributes.k8s_group
   - llmops.serving.attributes
   - llmops.serving.attributes.info_module
   - kubernetes.core.k8s_auth_options
 attributes:
-  action_group:
-    description:
-      - Use C(group/llmops.serving.k8s) in C(module_defaults) to give the Kubernetes modules of this collection and
-        those of kubernetes.core's C(k8s) group the same O(host), O(api_key) and other authentication options.
-      - C(group/llmops.serving.serving) reaches it too, but sets the options for every module of the collection.
-    membership:
-      - llmops.serving.serving
-      - llmops.serving.k8s
   check_mode:
     details: Only reads the API. In check mode the state is read once and reported without waiting.
 author:

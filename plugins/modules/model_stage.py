@@ -35,7 +35,8 @@ description:
     (publishing there would change the revision it points to).
   - At most O(read_streams) files of O(src) are open at once on this host; with O(fleet_slots_dir) every
     stream also holds a lease in that shared directory, capping readers across all hosts and all
-    concurrent runs at O(fleet_read_streams).
+    concurrent runs at O(fleet_read_streams). The safetensors headers, the index and the manifest read before
+    the copy (a few KiB per file) hold no lease.
   - Copies use C(O_DIRECT) through one aligned buffer per stream where the filesystems allow it (see
     O(direct_io)), otherwise C(copy_file_range) (falling back to C(sendfile), then read/write). With
     O(verify=sha256) the single read also feeds the hash.
@@ -169,13 +170,16 @@ options:
     default: false
   piece_size:
     description:
-      - Piece size of a fan-out in bytes, a multiple of 4096; the same on every host of the run.
+      - Piece size of a fan-out in bytes, a multiple of 4096; the same on every host of the run. A seed hands a
+        piece on as soon as it is written, so a smaller piece means a shorter delay per hop.
     type: int
     default: 67108864
   peers:
     description:
       - Receive the files to copy from these peers (their M(llmops.serving.model_stage_peer) servers) instead of
-        reading O(src), several pieces at once from the least loaded peers holding them. Each piece is accepted
+        reading O(src), two pieces per O(read_streams) at once from the least loaded peers holding them (a seed
+        is asked only for pieces it has sent nobody yet, one at a time while other peers are there, so its
+        uplink carries each piece about once and the receivers trade the rest). Each piece is accepted
         only when its sha256 equals the digest a peer marked O(peers[].seed) recorded for it while reading
         O(src), and a seed's digests for a file only when its entry has the identity this host sees in O(src)
         (size, inode, mtime, ctime, safetensors header digest). Digests from other peers are never used.

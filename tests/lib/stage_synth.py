@@ -7,6 +7,9 @@ Real shard files, a ``model.safetensors.index.json`` and a ``SHA256SUMS`` manife
 block repeated with a per-shard rotation, so every shard has different bytes) and deterministically for a given
 seed. Not shipped (``tests/`` is in ``build_ignore``); import it as
 ``ansible_collections.llmops.serving.tests.lib.stage_synth``.
+
+For the copy engine's own tests, :func:`write_tree` makes a source of plain files of given sizes (with its
+``SHA256SUMS``) and an empty ``<dest>.partial``, and :func:`copier` a ``_stage_copy.Copier`` over them.
 """
 from __future__ import annotations
 
@@ -99,3 +102,34 @@ def write_twins(root_a, root_b, total_bytes, shards=2, seed=1):
             raise AssertionError("twin %s differs in size" % name)
         os.utime(os.path.join(root_b, name), ns=(st.st_atime_ns, st.st_mtime_ns))
     return info_a, info_b
+
+
+def write_tree(root, sizes):
+    """``root/shared/rev`` with one file of random bytes per ``{name: size}`` (each starting with a distinct
+    byte) and their ``SHA256SUMS``, and an empty ``root/nvme/rev.partial``; returns ``(src, partial)``."""
+    src = os.path.join(str(root), "shared", "rev")
+    os.makedirs(src)
+    sums = []
+    for i, (name, size) in enumerate(sorted(sizes.items())):
+        data = (bytes([i + 1]) + os.urandom(max(size - 1, 0)))[:size]
+        with open(os.path.join(src, name), "wb") as f:
+            f.write(data)
+        sums.append("%s  %s\n" % (hashlib.sha256(data).hexdigest(), name))
+    with open(os.path.join(src, "SHA256SUMS"), "w") as f:
+        f.write("".join(sums))
+    partial = os.path.join(str(root), "nvme", "rev.partial")
+    os.makedirs(partial)
+    return src, partial
+
+
+def copier(src, partial, mode, streams, piece=None, direct_io=True, journal=None, progress=None, on_piece=None):
+    """``(files, Copier)`` for every file under ``src`` into ``partial`` (verify ``mode``, fsync on)."""
+    from ansible_collections.llmops.serving.plugins.module_utils import _stage_copy
+    from ansible_collections.llmops.serving.plugins.module_utils import _stage_layout
+    from ansible_collections.llmops.serving.plugins.module_utils import _stage_progress
+    from ansible_collections.llmops.serving.plugins.module_utils import _stage_verify
+    files = _stage_layout.scan_src(src)
+    content = _stage_verify.verify_source(src, files, mode, os.path.join(src, "SHA256SUMS"))
+    progress = progress or _stage_progress.Progress(None, partial, sum(f["size"] for f in files), len(files))
+    return files, _stage_copy.Copier(src, partial, mode, content, streams, None, progress, True,
+                                     direct_io=direct_io, journal=journal, piece_size=piece, on_piece=on_piece)

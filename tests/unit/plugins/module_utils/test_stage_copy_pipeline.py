@@ -10,11 +10,9 @@ import threading
 import pytest
 
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_copy
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_layout
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_marker
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_progress
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_verify
 from ansible_collections.llmops.serving.plugins.module_utils._stage_marker import StageError
+from ansible_collections.llmops.serving.tests.lib import stage_synth
 
 BLOCK = 4 * _stage_copy.DIRECT_ALIGN
 
@@ -26,26 +24,11 @@ def small_blocks(monkeypatch):
     monkeypatch.setattr(_stage_copy, "RANGE", 3 * BLOCK)
 
 
-def make_tree(root, sizes):
-    src = root / "shared" / "rev"
-    src.mkdir(parents=True)
-    sums = []
-    for i, (name, size) in enumerate(sorted(sizes.items())):
-        data = (bytes([i + 1]) + os.urandom(max(size - 1, 0)))[:size]
-        (src / name).write_bytes(data)
-        sums.append("%s  %s\n" % (hashlib.sha256(data).hexdigest(), name))
-    (src / "SHA256SUMS").write_text("".join(sums))
-    partial = root / "nvme" / "rev.partial"
-    partial.mkdir(parents=True)
-    return str(src), str(partial)
+make_tree = stage_synth.write_tree
 
 
 def copier(src, partial, mode, streams, piece=None, direct_io=True, journal=None):
-    files = _stage_layout.scan_src(src)
-    content = _stage_verify.verify_source(src, files, mode, os.path.join(src, "SHA256SUMS"))
-    progress = _stage_progress.Progress(None, partial, sum(f["size"] for f in files), len(files))
-    return files, _stage_copy.Copier(src, partial, mode, content, streams, None, progress, True,
-                                     direct_io=direct_io, journal=journal, piece_size=piece)
+    return stage_synth.copier(src, partial, mode, streams, piece=piece, direct_io=direct_io, journal=journal)
 
 
 def read(path):
@@ -91,10 +74,10 @@ def test_one_big_file_keeps_every_stream_busy(tmp_path, small_blocks, monkeypatc
     barrier = threading.Barrier(peak, timeout=10)
     real = _stage_copy.Copier._pipe
 
-    def wait_for_all(self, fin, fout, start, end, src_path, sinks):
+    def wait_for_all(self, fin, fout, start, end, *rest):
         if start == 0 or mode == "headers" and start < 4 * 3 * BLOCK:
             barrier.wait()
-        return real(self, fin, fout, start, end, src_path, sinks)
+        return real(self, fin, fout, start, end, *rest)
 
     monkeypatch.setattr(_stage_copy.Copier, "_pipe", wait_for_all)
     c.run(files)

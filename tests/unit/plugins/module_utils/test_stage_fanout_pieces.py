@@ -13,13 +13,9 @@ import urllib.request
 import pytest
 
 from ansible_collections.llmops.serving.plugins.module_utils import _stage
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_copy
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_fanout
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_layout
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_marker as _marker
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_peer
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_progress
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_verify as _verify
 from ansible_collections.llmops.serving.tests.lib import stage_synth
 
 PIECE = 256 * 1024
@@ -315,8 +311,6 @@ def test_copier_reports_each_piece_once_it_is_written(tmp_path):
     stage_synth.write_checkpoint(src, 40 * 1024 * 1024 + 12345, shards=1, seed=9, extra_files=False)
     partial = str(tmp_path / "n" / "r1.partial")
     os.makedirs(partial)
-    files = _stage_layout.scan_src(src)
-    content = _verify.verify_source(src, files, "headers", None)
     seen = []
     before_done = []
 
@@ -327,9 +321,7 @@ def test_copier_reports_each_piece_once_it_is_written(tmp_path):
             f.seek(i * PIECE)
             assert hashlib.sha256(f.read(PIECE)).hexdigest() == digest, (rel, i)
         seen.append((rel, i, digest))
-    progress = _stage_progress.Progress(None, partial, sum(f["size"] for f in files), len(files))
-    copier = _stage_copy.Copier(src, partial, "headers", content, 2, None, progress, False, piece_size=PIECE,
-                                on_piece=on_piece)
+    files, copier = stage_synth.copier(src, partial, "headers", 2, piece=PIECE, on_piece=on_piece)
     copier.run(files)
     for rel, digests in copier.piece_digests.items():
         assert [(r, i, d) for r, i, d in seen if r == rel] == [(rel, i, d) for i, d in enumerate(digests)]

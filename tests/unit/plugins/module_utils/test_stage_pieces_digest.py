@@ -12,10 +12,9 @@ import os
 import pytest
 
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_copy
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_layout
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_progress
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_verify
 from ansible_collections.llmops.serving.plugins.module_utils._stage_marker import StageError
+from ansible_collections.llmops.serving.tests.lib import stage_synth
 
 PIECE = 3 * _stage_copy.DIRECT_ALIGN  # not a power of two: pieces straddle every read buffer boundary
 SIZES = {
@@ -32,26 +31,11 @@ def expected(data, piece):
     return [hashlib.sha256(data[i:i + piece]).hexdigest() for i in range(0, len(data), piece)]
 
 
-def make_tree(root, sizes):
-    src = root / "shared" / "rev"
-    src.mkdir(parents=True)
-    sums = []
-    for i, (name, size) in enumerate(sorted(sizes.items())):
-        data = (bytes([i + 1]) + os.urandom(max(size - 1, 0)))[:size]
-        (src / name).write_bytes(data)
-        sums.append("%s  %s\n" % (hashlib.sha256(data).hexdigest(), name))
-    (src / "SHA256SUMS").write_text("".join(sums))
-    partial = root / "nvme" / "rev.partial"
-    partial.mkdir(parents=True)
-    return str(src), str(partial)
+make_tree = stage_synth.write_tree
 
 
 def copier(src, partial, mode, piece, direct_io=True, streams=2, progress=None):
-    files = _stage_layout.scan_src(src)
-    content = _stage_verify.verify_source(src, files, mode, os.path.join(src, "SHA256SUMS"))
-    progress = progress or _stage_progress.Progress(None, partial, sum(f["size"] for f in files), len(files))
-    return files, _stage_copy.Copier(src, partial, mode, content, streams, None, progress, True,
-                                     direct_io=direct_io, piece_size=piece)
+    return stage_synth.copier(src, partial, mode, streams, piece=piece, direct_io=direct_io, progress=progress)
 
 
 def source_bytes(src, rel):
