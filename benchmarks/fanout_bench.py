@@ -402,13 +402,14 @@ def write_markdown(path, doc):
         lines.append("| %s | %s | %s |" % (t["target"], t["measured"], t["met"]))
     lines += [""] + _peer_throughput(doc)
     lines += ["", "![fleet time and shared-filesystem bytes against nodes](%s)" % os.path.basename(doc["png"]), "",
-              "What this does not show: all nodes share one kernel, one page cache, one disk and %d CPUs, so the peers' HTTP serving, hashing and O_DIRECT writes compete for the same cores "
-              "and the same device, where a real node has its own; the links are veth pairs through one bridge, "
-              "shaped by tc, not NICs and switches (no real latency, loss, MTU or oversubscription of a fabric); "
-              "the shared filesystem is a throttled local loop device, not NFS/Lustre with its own caching, "
-              "metadata load and per-client behaviour; and %.0f MiB at %d Mbit/s stands in for hundreds of GiB at "
-              "tens of Gbit/s, so fixed costs (SSH, task start-up, polling, the seed's first piece) weigh more "
-              "here than on a real fleet." % (os.cpu_count(), size / MIB, a["rate_mbit"]), ""]
+              "What this does not show: all nodes share one kernel, one page cache, one disk and %d CPUs, so "
+              "the peers' HTTP serving, hashing and O_DIRECT writes compete for the same cores and the same "
+              "device, where a real node has its own; the links are veth pairs through one bridge, shaped by tc, "
+              "not NICs and switches (no real latency, loss, MTU or oversubscription of a fabric); the shared "
+              "filesystem is a throttled local loop device, not NFS/Lustre with its own caching, metadata load "
+              "and per-client behaviour; and %.0f MiB at %d Mbit/s stands in for hundreds of GiB at tens of "
+              "Gbit/s, so fixed costs (SSH, task start-up, polling, the seed's first piece) weigh more here "
+              "than on a real fleet." % (os.cpu_count(), size / MIB, a["rate_mbit"]), ""]
     with open(path, "w") as f:
         f.write("\n".join(lines))
 
