@@ -114,8 +114,7 @@ def one_run(fleet, args, mode, n, caps, sums, tag):
     nodes = fleet.nodes[:n]
     reset(fleet, nodes)
     before = fleet.shared_read_bytes()
-    sampler = CpuSampler(progress=dict((node.name, os.path.join(node.dir, "progress", MODEL + ".json"))
-                                       for node in nodes)).start()
+    sampler = RunSampler(progress=dict((node.name, progress_path(node)) for node in nodes)).start()
     play = netns.run_stage_play(fleet, nodes, group_vars(fleet, args, mode, caps), timeout=args.timeout, tag=tag,
                                 collections=args.collections)
     shared = fleet.shared_read_bytes() - before
@@ -129,9 +128,9 @@ def one_run(fleet, args, mode, n, caps, sums, tag):
             "bytes_per_peer", "peers_dropped")}
     copy_secs = [h["seconds"] for h in entry["hosts"].values() if h.get("seconds") is not None]
     entry["copy_seconds_max"] = max(copy_secs) if len(copy_secs) == n else None
-    entry["copy_span_seconds"] = copy_span(nodes, entry["hosts"]) if len(copy_secs) == n else None
+    window = copy_window(nodes, entry["hosts"]) if len(copy_secs) == n else None
+    entry["copy_span_seconds"] = round(window[1] - window[0], 2) if window else None
     entry["sent_by_host"] = sent_by_host(nodes, entry["hosts"])
-    window = copy_window(nodes, entry["hosts"]) if entry["copy_span_seconds"] else None
     entry["cpu_busy_copy"] = sampler.busy(*window) if window else None
     entry["timeline"] = sampler.timeline(window[0]) if window else None
     entry["problems"] = check_copies(nodes, os.path.join(fleet.shared, MODEL, REVISION), sums) if play["rc"] == 0 else [
@@ -139,23 +138,28 @@ def one_run(fleet, args, mode, n, caps, sums, tag):
     return entry
 
 
-def copy_span(nodes, hosts):
-    """Seconds from the first node's copy start to the last node's end (progress file's last write, minus the
-    module's own seconds for the start): the fleet time without Ansible's connection and task start-up."""
+def progress_path(node):
+    return os.path.join(node.dir, "progress", MODEL + ".json")
+
+
+def copy_window(nodes, hosts):
+    """``(first start, last end)`` of the copies in wall-clock seconds (progress file's last write, minus the
+    module's own seconds for the start), the fleet time without Ansible's connection and task start-up; each host
+    gets its ``start_offset`` and ``end_offset`` from the first start. None when a progress file is missing."""
     starts, ends = [], []
     for node in nodes:
         try:
-            with open(os.path.join(node.dir, "progress", MODEL + ".json")) as f:
+            with open(progress_path(node)) as f:
                 end = json.load(f)["updated"]
         except (OSError, ValueError, KeyError):
             return None
         ends.append(end)
         starts.append(end - hosts[node.name]["seconds"])
     t0 = min(starts)
-    for node, start, end in zip(nodes, starts, ends):  # when each node started and ended, from the first start
+    for node, start, end in zip(nodes, starts, ends):
         hosts[node.name]["start_offset"] = round(start - t0, 2)
         hosts[node.name]["end_offset"] = round(end - t0, 2)
-    return round(max(ends) - t0, 2)
+    return t0, max(ends)
 
 
 def sent_by_host(nodes, hosts):
@@ -170,17 +174,9 @@ def sent_by_host(nodes, hosts):
     return out
 
 
-def copy_window(nodes, hosts):
-    """``(first start, last end)`` of the copies in wall-clock seconds."""
-    with open(os.path.join(nodes[0].dir, "progress", MODEL + ".json")) as f:
-        end0 = json.load(f)["updated"]
-    t0 = end0 - hosts[nodes[0].name]["end_offset"]
-    return t0, t0 + max(h["end_offset"] for h in hosts.values())
-
-
-class CpuSampler(object):
-    """Samples the machine's CPU use twice a second, so the share of both CPUs busy while the copies ran can be
-    told from the Ansible start-up around them."""
+class RunSampler(object):
+    """Samples, twice a second, the machine's CPU use (so the share of both CPUs busy while the copies ran can be
+    told from the Ansible start-up around them) and each node's progress file (bytes over time)."""
 
     def __init__(self, interval=0.5, progress=None):
         self.interval = interval

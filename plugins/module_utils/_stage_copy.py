@@ -241,12 +241,12 @@ class Copier:
                 direct = fin.went_direct and fout.went_direct
             finally:
                 fout.close()
-            if written is not None:
-                ph.finish()
+            pieces = ph.finish() if ph is not None else None
+            if written is not None:  # the range's last, short piece is complete only now
                 written()
             if not fin.direct:  # src pages are not needed again
                 _fadvise(fin.fd, getattr(os, "POSIX_FADV_DONTNEED", None), start, end - start)
-            return (h.hexdigest() if h is not None else None), (ph.finish() if ph is not None else None), direct
+            return (h.hexdigest() if h is not None else None), pieces, direct
         finally:
             self._leave()
             fin.close()

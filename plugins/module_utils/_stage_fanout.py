@@ -18,9 +18,9 @@ Each takes the next piece not yet held for which a digest is trusted and some li
 loaded of those peers (its reported transfers plus this receiver's; a seed's uplink is spared the pieces it already
 sent, see :meth:`Receiver._pick`), reads it into an aligned buffer while hashing it, compares, and writes it in
 place with O_DIRECT (``_stage_copy.RawFile``) into ``<file>.llmops-part`` in ``<dest>.partial``; it then marks
-it held on the board (``_stage_peer.Board``), so this node's own server hands it on at once. A piece is read from the shared
-filesystem itself (under the fleet read slots, at most ``read_rate_limit`` bytes/s per stream) only when no seed
-can provide it any more (every seed dropped, failed, or silent for ``seed_stale`` seconds, or never seen within
+it held on the board (``_stage_peer.Board``), so this node's own server hands it on at once. A piece is read from
+the shared filesystem itself (under the fleet read slots, at most ``read_rate_limit`` bytes/s per stream) only when
+no seed can provide it any more (every seed dropped, failed, or silent for ``seed_stale`` seconds, or never seen within
 ``seed_wait`` seconds), or when no seed's entry for the file matches the source. A file whose pieces are all held
 gets the same checks as a copy (size, header byte for byte against the source's, sha256 in ``verify=sha256``:
 the seed's digest of the whole file when it equals the manifest's, else a read of the copy), the source's mode
@@ -42,6 +42,7 @@ import os
 import random
 import threading
 import time
+from collections import deque
 from urllib.parse import quote, urlsplit
 
 from ansible_collections.llmops.serving.plugins.module_utils import _fsutil
@@ -140,7 +141,7 @@ class PeerLink(object):
         self.state = None          # the peer's last /pieces "state"
         self.board_age = None
         self.have = {}             # rel -> "0101" as last seen
-        self.sent = {}             # rel -> "0120": transfers of each piece the peer's server started
+        self.sent = {}             # rel -> "0120": transfers of each piece a seed's server started
         self.entries = {}          # rel -> its /pieces entry
         self.bytes = 0
         self.bad = 0
@@ -217,7 +218,7 @@ class Receiver(object):
         self._files = []
         self._t0 = None
         self._local = threading.local()
-        self._piece_secs = []      # the last peer transfers' durations (s), for how long a handed-out piece may take
+        self._piece_secs = deque(maxlen=16)  # the last peer transfers (s): how long a handed-out piece may take
 
     # ---- peers -----------------------------------------------------------------------------------
     def _headers(self):
@@ -321,14 +322,13 @@ class Receiver(object):
                 changed = changed or link.have.get(fs.rel) != have
                 link.have[fs.rel] = have
                 link.entries[fs.rel] = e
-                sent = e.get("sent")
+                sent = e.get("sent") if link.seed else None  # only a seed's uplink is spared
                 if isinstance(sent, str) and len(sent) == fs.n and sent.isdigit():
                     link.sent[fs.rel] = sent
-                    if link.seed:
-                        now = time.monotonic()
-                        for i, c in enumerate(sent):
-                            if c != "0" and fs.sent_at[i] is None:
-                                fs.sent_at[i] = now
+                    now = time.monotonic()
+                    for i, c in enumerate(sent):
+                        if c != "0" and fs.sent_at[i] is None:
+                            fs.sent_at[i] = now
                 if link.seed and any(h == "1" and fs.trusted[i] is None for i, h in enumerate(have)):
                     fetch.append(fs)
             if changed:
@@ -565,7 +565,7 @@ class Receiver(object):
                 fs.rel, i, "sha256 differs from the seed's" if got == n else "%d of %d bytes" % (got, n)))
             return
         with self._cond:
-            self._piece_secs = (self._piece_secs + [time.monotonic() - t_piece])[-16:]
+            self._piece_secs.append(time.monotonic() - t_piece)
             link.inflight -= 1
         self._write(fs, i, buf, n)
         with self._cond:
@@ -738,9 +738,9 @@ class Receiver(object):
             raise StageError("fan-out: %d file(s) were not completed (%s); run again" % (len(missing), missing[0]))
 
     @property
-    def peers_used(self):
-        return sorted(link.url for link in self.links if link.bytes)
-
-    @property
     def bytes_per_peer(self):
         return dict((link.url, link.bytes) for link in self.links if link.bytes)
+
+    @property
+    def peers_used(self):
+        return sorted(self.bytes_per_peer)

@@ -215,26 +215,13 @@ class Offer(object):
         self._marker = None
         self._sent = {}   # rel -> bytearray: transfers of each piece this server started (up to 9)
 
-    def note_sent(self, rel, first, last):
-        """Count one transfer of every piece bytes ``first..last`` of ``rel`` touch."""
-        with self._lock:
-            e = self.snapshot_unlocked()["files"].get(rel)
-            if e is None:
-                return
-            counts = self._sent.setdefault(rel, bytearray(len(e["digests"])))
-            for i in range(first // self.piece_size, min(len(counts) - 1, last // self.piece_size) + 1):
-                counts[i] = min(9, counts[i] + 1)
-
-    def snapshot_unlocked(self):
-        now = time.monotonic()
-        if self._snap is None or now - self._at > self.ttl:
-            self._snap = self._build()
-            self._at = now
-        return self._snap
-
     def snapshot(self):
         with self._lock:
-            return self.snapshot_unlocked()
+            now = time.monotonic()
+            if self._snap is None or now - self._at > self.ttl:
+                self._snap = self._build()
+                self._at = now
+            return self._snap
 
     def _build(self):
         files, state, age = {}, "idle", None
@@ -280,14 +267,15 @@ class Offer(object):
                 "load": load, "files": files}
 
     def open_range(self, rel, first, last):
-        """An open descriptor of ``rel`` for bytes ``first..last`` (inclusive) and its entry; raises
-        ``LookupError`` (not held) or ``ValueError`` (bad range)."""
+        """An open descriptor of ``rel`` for bytes ``first..last`` (inclusive), counted as one transfer of each
+        piece they touch (``sent``); raises ``LookupError`` (not held) or ``ValueError`` (bad range)."""
         e = self.snapshot()["files"].get(rel)
         if e is None:
             raise LookupError("not listed")
         if first > last or last >= e["size"]:
             raise ValueError("range outside the file")
-        for i in range(first // self.piece_size, last // self.piece_size + 1):
+        pieces = range(first // self.piece_size, last // self.piece_size + 1)
+        for i in pieces:
             if not e["digests"][i]:
                 raise LookupError("piece %d not held" % i)
         if e["where"] == "dest":
@@ -304,6 +292,10 @@ class Offer(object):
                 continue
             st = os.fstat(fd)
             if stat.S_ISREG(st.st_mode) and st.st_size >= last + 1:
+                with self._lock:
+                    counts = self._sent.setdefault(rel, bytearray(len(e["digests"])))
+                    for i in pieces:
+                        counts[i] = min(9, counts[i] + 1)
                 return fd
             os.close(fd)
         raise LookupError("not on disk")
@@ -414,7 +406,6 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError as e:
             return self._send_json(416, {"error": "%s: %s" % (rel, e)})
         self.server.count(1)
-        offer.note_sent(rel, first, last)
         try:
             n = last - first + 1
             self.send_response(206)

@@ -38,7 +38,10 @@ options:
     type: str
     required: true
   env:
-    description: Extra environment for the client (for example C(HF_HUB_OFFLINE=1)).
+    description:
+      - Extra environment for the client (for example C(HF_HUB_OFFLINE=1)), on top of the module's own.
+      - Values are C(no_log) (the environment may carry C(HF_TOKEN)); they reach the client's process environment
+        only, never a result or a round record.
     type: dict
     default: {}
   client_timeout:
