@@ -45,6 +45,14 @@ class RenderDirError(ValueError):
 
 
 def dump(obj):
+    """One object as YAML, every sub-object written out in full.
+
+    The objects are JSON data (what the API server takes), so a JSON round trip gives each place its own copy:
+    a sub-object shared between two places (the P/D pods' downward-API ``fieldRef``) would otherwise be written
+    once as an anchor and then as ``*id001`` aliases, which reads badly in a GitOps diff and which kustomize
+    4.0-4.3 failed to build (kubernetes-sigs/kustomize#3675).
+    """
+    obj = json.loads(json.dumps(obj))
     if HAS_YAML:
         return yaml_dump(obj, default_flow_style=False, sort_keys=False)
     return json.dumps(obj, indent=2) + "\n"

@@ -94,6 +94,10 @@ def test_pd_workload_and_render_dir_names(tmp_path):
     assert new == {"pd_disagg_k8s_mode": "render", "pd_disagg_k8s_workload": "deployments",
                    "pd_disagg_render_dir": str(tmp_path / "new" / "pd")}
     assert any(n.startswith("30-deployment-") for n in rendered(tmp_path / "new" / "pd"))
+    # the proxy's ConfigMap carries the role's pd_proxy.py byte for byte (lookup('file') strips the end by default)
+    maps = [o for o in map(yaml.safe_load, rendered(tmp_path / "new" / "pd").values()) if o["kind"] == "ConfigMap"]
+    with open(os.path.join(ROOT, "roles", "pd_disagg", "files", "pd_proxy.py")) as f:
+        assert [m["data"]["pd_proxy.py"] for m in maps] == [f.read()]
     rc, out, old = play(tmp_path / "old", "pd_disagg", dict(PD, pd_disagg_k8s_mode="deployments",
                                                             pd_disagg_manifest_dir=str(tmp_path / "old" / "pd")))
     assert rc == 0, out[-3000:]

@@ -151,6 +151,27 @@ def test_check_mode_changed_is_exactly_what_a_real_run_does(mod):
     assert mod()["changed"] is False
 
 
+def test_rendered_files_spell_every_object_out_without_yaml_aliases(mod):
+    # The P/D pods share one downward-API fieldRef object; a YAML dumper writes a shared object once as an anchor
+    # (&id001) and then as aliases (*id001). Valid YAML, but a reader of the GitOps diff sees "*id001" where the
+    # field should be, and kustomize 4.0-4.3 (kyaml) failed to build resources holding aliases
+    # (kubernetes-sigs/kustomize#3675, fixed in 4.4.0; kubectl bundles older releases).
+    assert mod()["changed"] is True
+    texts = {p.name: p.read_text() for p in mod.out.iterdir() if p.suffix == ".yaml"}
+    assert len(texts) >= 2
+    for name, text in texts.items():
+        events = list(yaml.parse(text))
+        assert not [e for e in events if isinstance(e, yaml.AliasEvent) or getattr(e, "anchor", None)], name
+        assert list(yaml.safe_load_all(text)), name
+
+
+def test_dump_writes_a_shared_object_in_full_each_time():
+    shared = {"fieldRef": {"fieldPath": "status.podIP"}}
+    text = _render_dir.dump({"a": [shared, shared], "b": shared})
+    assert "&" not in text and "*" not in text
+    assert yaml.safe_load(text) == {"a": [shared, shared], "b": shared}
+
+
 def test_render_dir_that_is_a_file_is_a_clean_error(mod):
     mod.out.write_text("x")
     r = mod()
