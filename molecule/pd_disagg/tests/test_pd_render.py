@@ -66,9 +66,9 @@ def test_deployments_pair_behind_the_proxy_route(tree, root, k8s_validate):
         assert all(pod_labels.get(k) == v for k, v in svc["spec"]["selector"].items())
         env = check_engine(dep["spec"]["template"]["spec"], "tcp")
         assert env["UCX_NET_DEVICES"] == "eth0"
-    # the proxy runs the role's own pd_proxy.py (the file lookup drops its trailing newline)
+    # the proxy runs the role's own pd_proxy.py, byte for byte
     with open(os.path.join(os.environ["MOLECULE_PROJECT_DIRECTORY"], "roles", "pd_disagg", "files", "pd_proxy.py")) as f:
-        assert list(by_name[("ConfigMap", "tiny-llama-pd-proxy")]["data"].values()) == [f.read().rstrip()]
+        assert list(by_name[("ConfigMap", "tiny-llama-pd-proxy")]["data"].values()) == [f.read()]
     proxy_labels = by_name[("Deployment", "tiny-llama-pd-proxy")]["spec"]["template"]["metadata"]["labels"]
     front = by_name[("Service", "tiny-llama")]
     assert all(proxy_labels.get(k) == v for k, v in front["spec"]["selector"].items())
