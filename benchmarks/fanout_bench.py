@@ -323,7 +323,7 @@ def plot(rows, size, seeds, path, title, runs=None):
     ax2.legend(fontsize=7)
     ax2.grid(alpha=0.3)
     if timeline:
-        seed_names = {"node%d" % (i + 1) for i in range(seeds)}
+        seed_names = seed_hosts(seeds)
         for name in sorted(timeline, key=lambda x: int(x[4:]) if x[4:].isdigit() else 0):
             pts = timeline[name]
             if not pts:
@@ -418,6 +418,11 @@ def _largest_on_runs(doc):
     return n, [r for r in on if r["nodes"] == n]
 
 
+def seed_hosts(seeds):
+    """The fleet's seeds: the role makes the first ``model_stage_fanout_seeds`` hosts of the play seeds."""
+    return ["node%d" % (i + 1) for i in range(seeds)]
+
+
 def _typical(runs):
     """The run whose staging time is the median's (the lower one of an even count)."""
     runs = sorted(runs, key=lambda r: r["copy_span_seconds"])
@@ -444,19 +449,17 @@ def _peer_throughput(doc):
                    "copy end: every node's piece server, hashing, O_DIRECT writes and piece-list polling share the "
                    "machine's %d CPUs, which bounds the fleet time here before the links do."
                    % (100 * statistics.median(cpu), 100 * min(cpu), 100 * max(cpu), os.cpu_count()))
-    seed_names = ["node%d" % (i + 1) for i in range(seeds)]
+    seed_names = seed_hosts(seeds)
     sent = [sum(r["sent_by_host"].get(name, 0) for name in seed_names) / size
             for r in runs if r.get("sent_by_host")]
     if sent:
         out.append("The seed%s uploaded %.2f× the revision (median; %.2f-%.2f×), the receivers traded the rest."
                    % ("s" if seeds > 1 else "", statistics.median(sent), min(sent), max(sent)))
-    starts = [max(h.get("start_offset") or 0 for h in r["hosts"].values()) for r in runs
-              if all("start_offset" in h for h in r["hosts"].values())]
-    if starts:
-        lag = []
-        for r in runs:
-            seed_end = max(r["hosts"][name]["end_offset"] for name in seed_names if name in r["hosts"])
-            lag.append(r["copy_span_seconds"] - seed_end)
+    timed = [r for r in runs if all("start_offset" in h for h in r["hosts"].values())]
+    if timed:
+        starts = [max(h["start_offset"] for h in r["hosts"].values()) for r in timed]
+        lag = [r["copy_span_seconds"] - max(r["hosts"][name]["end_offset"] for name in seed_names if name in r["hosts"])
+               for r in timed]
         out.append("Ansible started the %d copies within %.1f s of each other (median of runs; the async launch "
                    "over %d SSH connections on %d CPUs), and the last receiver finished %.1f s after the seed "
                    "(median)." % (n, statistics.median(starts), n, os.cpu_count(), statistics.median(lag)))

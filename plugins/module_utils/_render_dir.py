@@ -52,10 +52,9 @@ def dump(obj):
     once as an anchor and then as ``*id001`` aliases, which reads badly in a GitOps diff and which kustomize
     4.0-4.3 failed to build (kubernetes-sigs/kustomize#3675).
     """
-    obj = json.loads(json.dumps(obj))
-    if HAS_YAML:
-        return yaml_dump(obj, default_flow_style=False, sort_keys=False)
-    return json.dumps(obj, indent=2) + "\n"
+    if not HAS_YAML:
+        return json.dumps(obj, indent=2) + "\n"
+    return yaml_dump(json.loads(json.dumps(obj)), default_flow_style=False, sort_keys=False)
 
 
 def file_name(index, obj):

@@ -29,7 +29,8 @@ MARKER = ".llmops-staged.json"
 # Peak disk use: the shared checkpoint plus the largest case (three hosts staging half of it each, or a killed
 # copy, its partial files and a second source's shard), with a margin. Passed cases' directories are removed as
 # they end (pytest.ini: tmp_path_retention_policy = failed), so this is the whole need, not a sum over cases.
-DISK_NEED = 3 * TOTAL
+DISK_FACTOR = 3
+DISK_NEED = DISK_FACTOR * TOTAL
 
 
 @pytest.fixture(scope="session")
@@ -46,9 +47,10 @@ def ckpt(tmp_path_factory, pycoll):
     root = tmp_path_factory.mktemp("stage-shared")
     free = shutil.disk_usage(str(root)).free
     if free < DISK_NEED:
-        pytest.fail("the staging tests need %.1f GiB free under %s (LLMOPS_STAGE_TEST_BYTES=%d x 3) and %.1f GiB is "
-                    "free; free space there, or set LLMOPS_STAGE_TEST_BYTES smaller (the cases still kill and resume "
-                    "mid-copy at 512 MiB)" % (DISK_NEED / 2 ** 30, root, TOTAL, free / 2 ** 30), pytrace=False)
+        pytest.fail("the staging tests need %.1f GiB free under %s (LLMOPS_STAGE_TEST_BYTES=%d x %d) and %.1f GiB "
+                    "is free; free space there, or set LLMOPS_STAGE_TEST_BYTES smaller (the cases still kill and "
+                    "resume mid-copy at 512 MiB)" % (DISK_NEED / 2 ** 30, root, TOTAL, DISK_FACTOR, free / 2 ** 30),
+                    pytrace=False)
     src = str(root / "big" / "rev-a")
     info = _stage_synth.write_checkpoint(src, TOTAL, shards=SHARDS, seed=7)
     sums = {}
