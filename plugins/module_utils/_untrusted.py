@@ -1,0 +1,269 @@
+# -*- coding: utf-8 -*-
+# Copyright: llmops.serving contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""**PRIVATE** to llmops.serving: the one reader for files and bodies the collection does not control.
+
+Every JSON / YAML / text document read from disk (markers, manifests, ``config.json``, ``state.json``, round
+files, baselines), from a peer (``/pieces``), from a cluster (``kubectl get -o json``) or from a log line goes
+through this module. The rules, each with an error that names the file (or field) and the limit:
+
+* **file type**: the path is opened with ``O_NONBLOCK`` (a FIFO never blocks the open) and ``fstat``-ed; only
+  a regular file is read: FIFOs, character/block devices (``/dev/zero``), sockets and directories are refused;
+* **size**: at most ``max_bytes`` are read (``/dev/zero`` behind a symlink, or a file growing while read,
+  cannot fill memory);
+* **nesting**: containers nest at most ``max_depth`` levels (checked without recursion, so a nesting bomb is a
+  clean error, never ``RecursionError``, and code that walks the result recursively is safe);
+* **numbers**: every number is finite and within ``+/- MAX_ABS_NUMBER`` (``NaN``, ``Infinity``, ``1e999``,
+  ``10**400`` are refused); text is UTF-8.
+
+Refusal raises :class:`UntrustedInput` (a ``ValueError``) carrying ``file`` and ``limit``; the message never
+quotes the document.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+
+#: Default cap for a document read whole (markers, manifests, state files, round files).
+MAX_BYTES = 16 * 1024 * 1024
+#: Default nesting cap: the deepest document the collection writes nests fewer than 10 levels.
+MAX_DEPTH = 64
+#: Largest magnitude a number may have: byte counts, nanoseconds since the epoch and counters all fit.
+MAX_ABS_NUMBER = 2 ** 63
+#: Longest integer literal accepted (digits); a longer one is refused before conversion.
+_MAX_INT_DIGITS = 20
+
+
+class UntrustedInput(ValueError):
+    """A document that breaks one of the rules; ``file`` names it, ``limit`` the rule (``type``, ``size``,
+    ``depth``, ``number``, ``encoding``, ``syntax``, ``read``)."""
+
+    def __init__(self, msg, file=None, limit=None):
+        super(UntrustedInput, self).__init__(msg)
+        self.file = file
+        self.limit = limit
+
+
+def _kind(mode):
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symlink")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_bytes(path, field=None, max_bytes=MAX_BYTES, follow=True):
+    """The bytes of the regular file ``path``, at most ``max_bytes``.
+
+    ``field`` is how errors name the file (an option name, ``"marker"``); ``follow=False`` also refuses a
+    symlink as the last component. Raises :class:`UntrustedInput`; a missing file raises the
+    ``FileNotFoundError`` untouched so that callers can treat "absent" apart from "hostile".
+    """
+    label = "%s: %s" % (field, path) if field else str(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    if not follow:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        if not follow and e.errno in (40,):  # ELOOP: the last component is a symlink
+            raise UntrustedInput("%s is a symlink; it is not followed: replace it with the real file" % label,
+                                 file=path, limit="type")
+        raise UntrustedInput("%s cannot be opened (%s)" % (label, e.strerror or e.__class__.__name__),
+                             file=path, limit="read")
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UntrustedInput("%s is %s, not a regular file, so it is not read; replace it with the file the "
+                                 "collection wrote (or remove it)" % (label, _kind(st.st_mode)),
+                                 file=path, limit="type")
+        if st.st_size > max_bytes:
+            raise UntrustedInput("%s is %d bytes, over the %d-byte limit for this file; it is not read"
+                                 % (label, st.st_size, max_bytes), file=path, limit="size")
+        chunks, size = [], 0
+        while True:
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
+            if not chunk:
+                break
+            size += len(chunk)
+            chunks.append(chunk)
+            if size > max_bytes:
+                raise UntrustedInput("%s grew past the %d-byte limit while being read" % (label, max_bytes),
+                                     file=path, limit="size")
+    except OSError as e:
+        raise UntrustedInput("%s cannot be read (%s)" % (label, e.strerror or e.__class__.__name__),
+                             file=path, limit="read")
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def read_text(path, field=None, max_bytes=MAX_BYTES, follow=True, errors="strict"):
+    """:func:`read_bytes` decoded as UTF-8 (``errors="replace"`` for logs)."""
+    data = read_bytes(path, field, max_bytes, follow)
+    return decode(data, field or path, file=path, errors=errors)
+
+
+def decode(data, field, file=None, errors="strict"):
+    """UTF-8 text of ``data`` or :class:`UntrustedInput` naming ``field``."""
+    if isinstance(data, str):
+        return data
+    try:
+        return bytes(data).decode("utf-8", errors=errors)
+    except UnicodeDecodeError:
+        raise UntrustedInput("%s is not UTF-8 text" % field, file=file, limit="encoding")
+
+
+def check_value(doc, field, max_depth=MAX_DEPTH, file=None):
+    """Walk ``doc`` without recursion: containers nest at most ``max_depth`` levels, numbers are finite and
+    within ``MAX_ABS_NUMBER``, mapping keys are strings. Returns ``doc``."""
+    stack = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, bool) or value is None or isinstance(value, str):
+            continue
+        if isinstance(value, (int, float)):
+            _check_number(value, field, file)
+            continue
+        if isinstance(value, (dict, list, tuple)):
+            if depth > max_depth:
+                raise UntrustedInput("%s nests deeper than %d levels, so it is refused" % (field, max_depth),
+                                     file=file, limit="depth")
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    if not isinstance(k, str):
+                        _check_key(k, field, file)
+                    stack.append((v, depth + 1))
+            else:
+                stack.extend((v, depth + 1) for v in value)
+    return doc
+
+
+def _check_key(k, field, file):
+    # YAML mappings may have int/float/bool keys; JSON keys are always strings. Numbers still obey the range.
+    if isinstance(k, (int, float)) and not isinstance(k, bool):
+        _check_number(k, field, file)
+
+
+def _check_number(value, field, file):
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UntrustedInput("%s holds a number that is not finite (NaN or infinity), so it is refused" % field,
+                             file=file, limit="number")
+    if abs(value) > MAX_ABS_NUMBER:
+        raise UntrustedInput("%s holds a number beyond +/-2**63, so it is refused" % field, file=file,
+                             limit="number")
+
+
+def _refuse_constant(name):
+    raise ValueError("%s is not a finite JSON number" % name)
+
+
+def _parse_int(text):
+    if len(text.lstrip("-")) > _MAX_INT_DIGITS:
+        raise ValueError("an integer of %d digits is out of range" % len(text.lstrip("-")))
+    return int(text)
+
+
+def loads_json(data, field, max_depth=MAX_DEPTH, file=None, max_bytes=MAX_BYTES):
+    """Parse a JSON body (``bytes`` or ``str``) under the rules above."""
+    if len(data) > max_bytes:
+        raise UntrustedInput("%s is %d bytes, over the %d-byte limit; it is not parsed" % (field, len(data), max_bytes),
+                             file=file, limit="size")
+    text = decode(data, field, file=file)
+    depth = _bracket_depth(text)
+    if depth > max_depth:
+        raise UntrustedInput("%s nests deeper than %d levels, so it is refused" % (field, max_depth),
+                             file=file, limit="depth")
+    try:
+        doc = json.loads(text, parse_constant=_refuse_constant, parse_int=_parse_int)
+    except json.JSONDecodeError as e:
+        raise UntrustedInput("%s is not JSON (%s at line %d column %d)" % (field, e.msg, e.lineno, e.colno),
+                             file=file, limit="syntax")
+    except ValueError as e:
+        raise UntrustedInput("%s is refused: %s" % (field, e), file=file, limit="number")
+    except RecursionError:
+        raise UntrustedInput("%s nests too deeply to parse, so it is refused" % field, file=file, limit="depth")
+    return check_value(doc, field, max_depth, file)
+
+
+def _bracket_depth(text):
+    """Deepest ``[``/``{`` nesting of a JSON text, strings skipped; linear, no recursion, no parse."""
+    if "[" not in text and "{" not in text:
+        return 0
+    depth = best = 0
+    i, n = 0, len(text)
+    find = text.find
+    while i < n:
+        c = text[i]
+        if c == '"':
+            # skip the string: the next quote not escaped by an odd run of backslashes
+            j = i + 1
+            while True:
+                j = find('"', j)
+                if j < 0:
+                    return best  # unterminated: the parser will say so
+                k = j - 1
+                while text[k] == "\\":
+                    k -= 1
+                if (j - 1 - k) % 2 == 0:
+                    break
+                j += 1
+            i = j + 1
+            continue
+        if c in "[{":
+            depth += 1
+            if depth > best:
+                best = depth
+        elif c in "]}":
+            depth -= 1
+        i += 1
+    return best
+
+
+def load_json(path, field=None, max_bytes=MAX_BYTES, max_depth=MAX_DEPTH, follow=True):
+    """Read and parse the JSON file ``path`` under every rule."""
+    data = read_bytes(path, field, max_bytes, follow)
+    return loads_json(data, "%s: %s" % (field, path) if field else str(path), max_depth, file=path,
+                      max_bytes=max_bytes)
+
+
+def loads_yaml(data, field, max_depth=MAX_DEPTH, file=None, max_bytes=MAX_BYTES):
+    """Parse one YAML document (safe loader) under the rules: depth is counted on the event stream before
+    anything is built, aliases are refused (no expansion bombs), numbers are checked after."""
+    import yaml  # pylint: disable=import-outside-toplevel  (only YAML readers need it)
+
+    if len(data) > max_bytes:
+        raise UntrustedInput("%s is %d bytes, over the %d-byte limit; it is not parsed" % (field, len(data), max_bytes),
+                             file=file, limit="size")
+    text = decode(data, field, file=file)
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > max_depth:
+                    raise UntrustedInput("%s nests deeper than %d levels, so it is refused" % (field, max_depth),
+                                         file=file, limit="depth")
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+            elif isinstance(event, yaml.AliasEvent):
+                raise UntrustedInput("%s uses a YAML alias (*name); write the value out in full" % field,
+                                     file=file, limit="syntax")
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = " at line %d column %d" % (mark.line + 1, mark.column + 1) if mark is not None else ""
+        raise UntrustedInput("%s is not YAML%s" % (field, where), file=file, limit="syntax")
+    return check_value(doc, field, max_depth, file)
+
+
+def load_yaml(path, field=None, max_bytes=MAX_BYTES, max_depth=MAX_DEPTH, follow=True):
+    """Read and parse the YAML file ``path`` under every rule."""
+    data = read_bytes(path, field, max_bytes, follow)
+    return loads_yaml(data, "%s: %s" % (field, path) if field else str(path), max_depth, file=path,
+                      max_bytes=max_bytes)
