@@ -32,6 +32,8 @@ import shutil
 import subprocess
 
 from ansible_collections.llmops.serving.plugins.module_utils import _process
+from ansible_collections.llmops.serving.plugins.module_utils._untrusted import (
+    MAX_DEPTH, UntrustedInput, check_value, load_json, loads_json, read_bytes, read_text)
 
 #: Bump when the meaning of a component changes, so old directories can never match.
 #: 2: toolchain components, engine-grammar argument parsing, draft-model identity.
@@ -280,15 +282,33 @@ def _normalise_json(value):
     return _strip_path(value)
 
 
-def _normalise_value(raw):
+def _json_arg(text, shown):
+    """A JSON engine argument under the shared reader's rules; ``None`` when the text is not JSON at all (the
+    engine reads it as text then). Too deep or out-of-range JSON is refused, never counted as text: otherwise
+    nesting would decide what the fingerprint (and the secret scan) sees."""
+    try:
+        return loads_json(text, "engine_args: %s" % shown)
+    except UntrustedInput as e:
+        if e.limit == "syntax":
+            return None
+        raise FingerprintError("%s; pass a flatter value with finite numbers" % e)
+
+
+def _check_json_arg(obj, shown):
+    try:
+        return check_value(obj, "engine_args: %s" % shown)
+    except UntrustedInput as e:
+        raise FingerprintError("%s; pass a flatter value with finite numbers" % e)
+
+
+def _normalise_value(raw, shown="engine_args"):
     if raw is True:
         return "true"
     text = str(raw).strip()
     if text[:1] in ("{", "["):
-        try:
-            return canonical_json(_normalise_json(json.loads(text)))
-        except ValueError:
-            pass
+        obj = _json_arg(text, shown)
+        if obj is not None:
+            return canonical_json(_normalise_json(obj))
     return _strip_path(text)
 
 
@@ -312,7 +332,10 @@ def human_readable_int(text):
         return int(text)
     number, suffix = m.groups()
     if suffix in "kmgt":
-        return int(float(number) * 10 ** (3 * ("kmgt".index(suffix) + 1)))
+        try:
+            return int(float(number) * 10 ** (3 * ("kmgt".index(suffix) + 1)))
+        except OverflowError:  # 1e400k: float infinity has no integer
+            raise ValueError("%s is out of range" % text.strip())
     return int(number) * 2 ** (10 * ("KMGT".index(suffix) + 1))
 
 
@@ -367,12 +390,11 @@ def _bool_word(text, shown):
     raise FingerprintError("engine_args: %s is a boolean flag; give it no value, true or false" % shown)
 
 
-def _dotted_value(text):
+def _dotted_value(text, shown):
     """How vLLM reads the value of a ``--json-arg.key value`` piece: JSON, else human-readable int, else text."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        pass
+    obj = _json_arg(text, shown)
+    if obj is not None:
+        return obj
     try:
         return human_readable_int(text)
     except ValueError:
@@ -435,11 +457,14 @@ def tokenize_engine_args(engine, args):
             else:
                 raise FingerprintError("engine_args: %s needs a value" % item)
             keys = path.split(".")
+            if len(keys) >= MAX_DEPTH:
+                raise FingerprintError("engine_args: %s nests %d keys, over the %d-level limit; pass the value "
+                                       "as one JSON argument" % (spelling + ".", len(keys), MAX_DEPTH))
             if keys[-1].endswith("+"):
                 keys[-1] = keys[-1][:-1]
                 piece = list(text.split(","))
             else:
-                piece = _dotted_value(text)
+                piece = _dotted_value(text, spelling + "." + path)
             for key in reversed(keys):
                 piece = {key: piece}
             if resolved is None:
@@ -521,13 +546,15 @@ def _normalise_int(text, shown, human=False):
 
 
 def _file_digest(path, shown):
+    fix = "keep the config file where the module runs, or pass its flags in engine_args instead"
     try:
-        with open(os.path.expanduser(path), "rb") as f:
-            return "sha256:" + hashlib.sha256(f.read()).hexdigest()[:16]
+        data = read_bytes(os.path.expanduser(path), "engine_args: %s" % shown)
+    except UntrustedInput as e:
+        raise FingerprintError("%s; %s" % (e, fix))
     except OSError as e:
-        raise FingerprintError("engine_args: %s %s cannot be read on this host (%s); keep the config file where "
-                               "the module runs, or pass its flags in engine_args instead"
-                               % (shown, path, e.strerror or e))
+        raise FingerprintError("engine_args: %s %s cannot be read on this host (%s); %s"
+                               % (shown, path, e.strerror or e, fix))
+    return "sha256:" + hashlib.sha256(data).hexdigest()[:16]
 
 
 def parse_engine_args(engine, args, draft_model_path=None):
@@ -566,18 +593,19 @@ def parse_engine_args(engine, args, draft_model_path=None):
             counted[canon] = _file_digest(raw, shown)
         elif kind == JSON:
             obj = raw
-            if not isinstance(obj, (dict, list)):
-                try:
-                    obj = json.loads(str(raw))
-                except ValueError:
-                    counted[canon] = _normalise_value(raw)
+            if isinstance(obj, (dict, list)):
+                obj = _check_json_arg(obj, shown)  # merged --flag.key pieces: their depth adds up
+            else:
+                obj = _json_arg(str(raw).strip(), shown)
+                if obj is None:
+                    counted[canon] = _normalise_value(raw, shown)
                     continue
             if canon == "speculative-config" and isinstance(obj, dict) and isinstance(obj.get("model"), str):
                 obj = dict(obj, model=_draft_identity(obj["model"], shown + " model", draft_model_path))
                 drafts += 1
             counted[canon] = canonical_json(_normalise_json(obj))
         else:
-            counted[canon] = _normalise_value(raw)
+            counted[canon] = _normalise_value(raw, shown)
     if draft_model_path and not drafts:
         raise FingerprintError("draft_model_path: set, but engine_args name no draft model (%s); remove "
                                "draft_model_path or add the draft model flag"
@@ -591,12 +619,12 @@ def read_model_config(model_path, field="model_path", fix="point model_path at t
     """Quantization, architecture and a content hash from ``<model_path>/config.json``."""
     cfg_file = os.path.join(model_path, "config.json")
     try:
-        with open(cfg_file, "r") as f:
-            cfg = json.load(f)
+        cfg = load_json(cfg_file, field)
+    except UntrustedInput as e:
+        # a FIFO, a device, a nesting bomb, 1e400: named with its limit, never hung on or crashed over
+        raise FingerprintError("%s; re-stage the model" % e)
     except OSError as e:
         raise FingerprintError("%s: cannot read %s (%s); %s" % (field, cfg_file, e.strerror or e, fix))
-    except ValueError as e:
-        raise FingerprintError("%s: %s is not valid JSON (%s); re-stage the model" % (field, cfg_file, e))
     if not isinstance(cfg, dict):
         raise FingerprintError("%s: %s is not a JSON object; re-stage the model" % (field, cfg_file))
     return {
@@ -686,12 +714,11 @@ def gather_cpu():
     """Stand-in GPU identity for a CPU-only host: the ISA features Inductor generates code for."""
     flags = set()
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
+        for line in read_text("/proc/cpuinfo", errors="replace").splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except (OSError, UntrustedInput):
         pass
     isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile") if f in flags]
     return "cpu", "%s+%s" % (platform.machine(), "+".join(isa) if isa else "base")

@@ -21,12 +21,12 @@ E is the number of routed experts per rank (divided by EP), N the expert interme
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
 
 from ansible_collections.llmops.serving.plugins.module_utils import _process
+from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, load_json
 
 VLLM_CONFIGS = ("vllm", "model_executor", "layers", "fused_moe", "configs")
 SGLANG_CONFIGS = ("sglang", "srt", "layers", "moe", "fused_moe_triton", "configs")
@@ -39,15 +39,23 @@ class MoeError(ValueError):
 
 
 def load_config(model_path):
+    """``<model_path>/config.json`` through the shared reader: a FIFO, a device, a nesting bomb or a number out
+    of range is a :class:`MoeError` naming the file and the limit."""
     path = os.path.join(model_path, "config.json")
     try:
-        with open(path) as f:
-            cfg = json.load(f)
+        cfg = load_json(path, "model_path")
+    except UntrustedInput as e:
+        raise MoeError("%s; re-stage the model" % e)
     except OSError as e:
         raise MoeError("model_path: cannot read %s (%s); point model_path at the staged model" % (path, e.strerror or e))
-    except ValueError as e:
-        raise MoeError("model_path: %s is not valid JSON (%s)" % (path, e))
+    if not isinstance(cfg, dict):
+        raise MoeError("model_path: %s is not a JSON object; re-stage the model" % path)
     return cfg
+
+
+def _int(value):
+    """An integer field of config.json (a JSON ``true`` is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _text_config(cfg):
@@ -62,13 +70,13 @@ def _text_config(cfg):
 def moe_shape(cfg, tp, ep=1, fused_shared_experts=0):
     """``{is_moe, E, N, experts_total, intermediate_size}`` for one rank; raises MoeError on bad TP/EP."""
     cfg = _text_config(cfg)
-    experts = next((cfg[k] for k in EXPERT_KEYS if isinstance(cfg.get(k), int) and cfg[k] > 1), None)
+    experts = next((cfg[k] for k in EXPERT_KEYS if _int(cfg.get(k)) and cfg[k] > 1), None)
     if experts is None:
         return {"is_moe": False}
-    inter = next((cfg[k] for k in INTER_KEYS if isinstance(cfg.get(k), int)), None)
+    inter = next((cfg[k] for k in INTER_KEYS if _int(cfg.get(k))), None)
     if inter is None:
         inter = cfg.get("intermediate_size")  # Mixtral-style configs reuse it for the experts
-    if not isinstance(inter, int):
+    if not _int(inter) or inter < 1:
         raise MoeError("model_path: config.json has %d experts but no moe_intermediate_size" % experts)
     total = experts + fused_shared_experts
     if ep > 1:
@@ -86,9 +94,14 @@ def moe_shape(cfg, tp, ep=1, fused_shared_experts=0):
 def quant_dtype(cfg):
     """``(dtype, block_shape)`` as the fused-MoE kernels name them, from ``quantization_config``."""
     q = _text_config(cfg).get("quantization_config") or {}
+    if not isinstance(q, dict):
+        raise MoeError("model_path: config.json quantization_config is not a JSON object; re-stage the model")
     method = str(q.get("quant_method") or "").lower()
     if method == "fp8":
         block = q.get("weight_block_size")
+        if block and not (isinstance(block, list) and all(_int(b) and b >= 0 for b in block)):
+            raise MoeError("model_path: config.json quantization_config.weight_block_size is not a list of "
+                           "integers; re-stage the model")
         return "fp8_w8a8", [int(b) for b in block] if block else None
     if method in ("w8a8_int8", "int8"):
         return "int8_w8a8", None

@@ -183,7 +183,7 @@ def test_draft_directory_without_config_is_a_clean_error(tmp_path, model):
     msg = str(e.value)
     assert msg.startswith("engine_args: --speculative-draft-model-path: cannot read ") and "draft_model_path" in msg
     (tmp_path / "draft" / "config.json").write_text("{not json")
-    with pytest.raises(fpmod.FingerprintError, match="is not valid JSON"):
+    with pytest.raises(fpmod.FingerprintError, match=r"config\.json is not JSON \(.*\); re-stage the model"):
         compute(model, "vllm", ["-sc", json.dumps({"model": str(tmp_path / "draft")})])
 
 
@@ -277,3 +277,79 @@ def test_grammar_reads_argv_as_argparse_does(engine, data):
     got, _ignored = fpmod.tokenize_engine_args(engine, tokens)
     got = dict((k, [int(x) for x in v] if fpmod.ENGINE_FLAGS[engine][k][0] == fpmod.INTS else v) for k, v in got.items())
     assert got == want, tokens
+
+
+# --- hostile inputs: config.json and JSON arguments go through the shared reader -----------------------------
+
+def _no_hang(fn, timeout=5):
+    import threading
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # inspected below
+            box["error"] = e
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), "blocked for over %ss" % timeout
+    return box
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory"])
+def test_config_json_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path, kind):
+    import os
+    d = tmp_path / "m"
+    d.mkdir()
+    cfg = d / "config.json"
+    {"fifo": lambda: os.mkfifo(cfg), "dev-zero": lambda: cfg.symlink_to("/dev/zero"), "directory": cfg.mkdir}[kind]()
+    box = _no_hang(lambda: compute(str(d), "vllm", []))
+    err = box.get("error")
+    assert isinstance(err, fpmod.FingerprintError), box
+    assert str(err).startswith("model_path: %s is " % cfg) and "not a regular file" in str(err)
+
+
+@pytest.mark.parametrize("body,limit", [("[" * 5000 + "]" * 5000, "nests deeper than 64 levels"),
+                                        ('{"a": 1e400}', "not finite"),
+                                        ('{"taken_at": 1%s}' % ("0" * 400), "refused"),
+                                        ('{"a": NaN}', "refused")])
+def test_config_json_nesting_and_numbers_are_clean_errors(tmp_path, body, limit):
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(body)
+    with pytest.raises(fpmod.FingerprintError, match="re-stage the model") as e:
+        compute(str(d), "vllm", [])
+    assert limit in str(e.value) and str(d / "config.json") in str(e.value)
+
+
+@pytest.mark.parametrize("args", [["--compilation-config", "[" * 5000 + "]" * 5000],
+                                  ["--compilation-config", '{"a": ' * 100 + "1" + "}" * 100],
+                                  ["--compilation-config.level", "[" * 100 + "]" * 100],
+                                  ["--compilation-config.mode", '{"x": 1e400}'],
+                                  ["--compilation-config." + ".".join(["k"] * 200), "1"],
+                                  ["--compilation-config." + ".".join(["k"] * 40), "[" * 40 + "]" * 40]])
+def test_json_engine_argument_too_deep_or_out_of_range_is_refused_not_counted_as_text(model, args):
+    """Before: RecursionError (or the deep value counted as plain text)."""
+    with pytest.raises(fpmod.FingerprintError, match="engine_args: --compilation-config"):
+        compute(model, "vllm", args)
+
+
+def test_json_engine_argument_at_a_sane_depth_still_counts(model):
+    a = counted(model, "vllm", ["--compilation-config", json.dumps({"pass_config": {"a": [[1, 2]]}, "level": 3})])
+    b = counted(model, "vllm", ["--compilation-config.level", "3", "--compilation-config.pass_config.a", "[[1,2]]"])
+    assert a == b
+
+
+def test_human_readable_integer_out_of_float_range_is_a_clean_error(model):
+    with pytest.raises(fpmod.FingerprintError, match="--max-num-batched-tokens takes an integer"):
+        compute(model, "vllm", ["--max-num-batched-tokens", "1" * 400 + "k"])
+
+
+def test_config_file_flag_naming_a_fifo_is_refused_without_blocking(tmp_path, model):
+    import os
+    fifo = tmp_path / "engine.yaml"
+    os.mkfifo(fifo)
+    box = _no_hang(lambda: compute(model, "vllm", ["--config", str(fifo)]))
+    assert isinstance(box.get("error"), fpmod.FingerprintError) and "a FIFO" in str(box["error"])

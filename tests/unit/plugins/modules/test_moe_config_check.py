@@ -126,3 +126,35 @@ def test_rejections_name_the_field(tmp_path, run_module, args, needle):
 def test_needs_engine_python_or_configs_dir(tmp_path, run_module):
     r = run_module(moe_config_check, dict(engine="vllm", model_path=model(tmp_path, DSV3), tp=8, gpu_name="NVIDIA H20"))
     assert r["failed"] and "engine_python" in r["msg"] and "configs_dir" in r["msg"]
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda p: __import__("os").mkfifo(p), "is a FIFO, not a regular file"),
+    (lambda p: p.symlink_to("/dev/zero"), "is a character device, not a regular file"),
+    (lambda p: p.write_text('{"a":' * 5000 + "1" + "}" * 5000), "nests deeper than 64 levels"),
+    (lambda p: p.write_text('{"n_routed_experts": 1e400}'), "not finite"),
+    (lambda p: p.write_text('{"n_routed_experts": 1%s}' % ("0" * 400)), "refused"),
+    (lambda p: p.write_text("[1, 2]"), "is not a JSON object"),
+    (lambda p: p.write_text('{"n_routed_experts": 8, "moe_intermediate_size": 64, "quantization_config": "fp8"}'),
+     "quantization_config is not a JSON object"),
+    (lambda p: p.write_text(json.dumps(dict(DSV3, quantization_config={"quant_method": "fp8",
+                                                                       "weight_block_size": ["x", {}]}))),
+     "weight_block_size is not a list of integers"),
+])
+def test_hostile_config_json_fails_cleanly_naming_the_file(tmp_path, run_module, make, needle):
+    """Before: a FIFO config.json hung the module, /dev/zero read until memory ran out, nesting raised
+    RecursionError and a string quantization_config an AttributeError."""
+    d = tmp_path / "m"
+    d.mkdir()
+    make(d / "config.json")
+    r = run_module(moe_config_check, dict(engine="vllm", model_path=str(d), tp=8, gpu_name="NVIDIA H20",
+                                          configs_dir=str(tmp_path)))
+    assert r["failed"] and needle in r["msg"], r["msg"]
+    assert "config.json" in r["msg"] and "Traceback" not in r["msg"]
+
+
+def test_boolean_expert_count_is_not_an_integer(tmp_path, run_module):
+    cfg = dict(DSV3, n_routed_experts=True, moe_intermediate_size=True)
+    r = run_module(moe_config_check, dict(engine="vllm", model_path=model(tmp_path, cfg), tp=8,
+                                          gpu_name="NVIDIA H20", configs_dir=str(tmp_path)))
+    assert r["status"] == "not_moe" and not r.get("failed")
