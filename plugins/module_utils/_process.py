@@ -44,11 +44,13 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
 
 from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _secrets
+from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, load_json, loads_json
 
 MARKER_ENV = "LLMOPS_ENGINE_PROCESS"
 SPEC_ENV = "LLMOPS_ENGINE_SPEC"
@@ -575,14 +577,38 @@ def _shell_script(argv):
     return None, (argv[i] if i < len(argv) else None)
 
 
-def _shebang_shell(path):
-    """Shell argv of a ``#!`` line naming a shell (``/bin/bash -e``, ``/usr/bin/env bash``), else None."""
+def _read_part(path, size, from_end=False):
+    """Up to ``size`` bytes from the start (or the end) of the regular file ``path``; None when it is absent,
+    unreadable or not a regular file. Opened without blocking, so a FIFO or a device is refused at once (the
+    rule of :mod:`_untrusted`, for reads that take only a part of a file that may be large)."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(256)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
-    if not head.startswith(b"#!"):
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        if from_end and st.st_size > size:
+            os.lseek(fd, st.st_size - size, os.SEEK_SET)
+        chunks, left = [], size
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _shebang_shell(path):
+    """Shell argv of a ``#!`` line naming a shell (``/bin/bash -e``, ``/usr/bin/env bash``), else None."""
+    head = _read_part(path, 256)
+    if head is None or not head.startswith(b"#!"):
         return None
     line = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
     if line and os.path.basename(line[0]) == "env":
@@ -591,11 +617,8 @@ def _shebang_shell(path):
 
 
 def _read_script(path):
-    try:
-        with open(path, "rb") as f:
-            return f.read(1 << 20).decode("utf-8", "replace")
-    except OSError:
-        return None
+    data = _read_part(path, 1 << 20)
+    return None if data is None else data.decode("utf-8", "replace")
 
 
 def _resolve(cmd0, path_env, chdir):
@@ -898,14 +921,117 @@ def pid_alive(pid):
         return True
 
 
-def read_json_object(path):
-    """The JSON object in ``path``; None when it is unreadable, not JSON or not an object."""
+#: ``state.json`` is a few hundred bytes; anything larger is not the supervisor's.
+STATE_MAX_BYTES = 64 * 1024
+#: Fields of ``state.json`` and the types they must have (bool is never taken for an int); a field of another
+#: type is dropped, so a malformed state file can hide facts but never point a signal at another process.
+_STATE_FIELDS = {
+    "state": str, "key": str, "name": str, "spec_hash": str,
+    "supervisor_pid": int, "supervisor_start": int, "pid": int, "pid_start": int,
+    "returncode": int, "signal": int, "stop_signal": int,
+    "started_at": float, "ended_at": float, "stop_requested_at": float,
+    "stop_requested": bool, "supervisor_lost": bool, "leader_exited": bool,
+}
+_STATES = ("running", "exited", "lost")
+
+
+def _typed(value, kind):
+    if kind is bool:
+        return value if isinstance(value, bool) else None
+    if isinstance(value, bool):
+        return None
+    if kind is float:
+        return float(value) if isinstance(value, (int, float)) else None
+    if kind is int:
+        return value if isinstance(value, int) else None
+    return value if isinstance(value, str) and len(value) <= 256 else None
+
+
+def clean_state(doc):
+    """``(state, dropped)``: the fields of a state document that have the type the supervisor writes.
+
+    A pid is a positive int, a start time a non-negative int, ``state`` one of running / exited / lost. Any
+    other field, or a field of the wrong type, is left out and named in ``dropped`` (sorted)."""
+    out, dropped = {}, []
+    for k, v in doc.items():
+        kind = _STATE_FIELDS.get(k)
+        val = _typed(v, kind) if kind else None
+        if val is not None and k in ("supervisor_pid", "pid") and val <= 0:
+            val = None
+        if val is not None and k in ("supervisor_start", "pid_start") and val < 0:
+            val = None
+        if val is not None and k == "state" and val not in _STATES:
+            val = None
+        if kind and v is None:
+            out[k] = None  # the supervisor writes null for what it does not know (returncode while running)
+        elif val is None:
+            dropped.append(k if len(k) <= 64 else k[:64] + "...")
+        else:
+            out[k] = val
+    return out, sorted(dropped)
+
+
+def read_json_object(path, max_bytes=STATE_MAX_BYTES):
+    """The JSON object in ``path``; None when it is absent, unreadable, not JSON or not an object.
+
+    Read through the collection's reader for untrusted files: a FIFO, a device, a nesting bomb, an oversized or
+    truncated file or a number like ``10**400`` is None, never a hang or a traceback."""
     try:
-        with open(path) as f:
-            st = json.load(f)
-    except (OSError, ValueError):
+        st = load_json(path, "state file", max_bytes=max_bytes)
+    except (OSError, UntrustedInput):
         return None
     return st if isinstance(st, dict) else None
+
+
+def _state_problem(path, max_bytes=STATE_MAX_BYTES):
+    """Why ``path`` cannot be taken as a state file (a short reason naming the file and the rule), or None
+    when it is absent or a JSON object."""
+    try:
+        doc = load_json(path, "state file", max_bytes=max_bytes)
+    except FileNotFoundError:
+        return None
+    except UntrustedInput as e:
+        return "%s (%s limit)" % (e, e.limit)
+    except OSError as e:
+        return "state file: %s cannot be read (%s)" % (path, e.strerror or e.__class__.__name__)
+    if not isinstance(doc, dict):
+        return "state file: %s is not a JSON object" % path
+    return None
+
+
+def read_state_doc(path):
+    """``(state fields, problem)``: :func:`clean_state` of ``path`` (``{}`` when it cannot be read), and a
+    message naming the file and what was wrong with it (None when it was whole and well typed)."""
+    problem = _state_problem(path)
+    doc = read_json_object(path) if problem is None else None
+    if doc is None:
+        return {}, problem
+    st, dropped = clean_state(doc)
+    if dropped:
+        problem = ("state file: %s has fields of the wrong type or unknown fields (%s); they were ignored"
+                   % (path, ", ".join(dropped[:10])))
+    return st, problem
+
+
+def _runs_spec(pid, spec_path, proc_root="/proc"):
+    """Process ``pid`` runs the command recorded in ``spec_path`` (masked credentials match any text)."""
+    try:
+        spec = load_json(spec_path, "spec file", max_bytes=STATE_MAX_BYTES)
+    except (OSError, UntrustedInput):
+        return False
+    command = spec.get("command") if isinstance(spec, dict) else None
+    if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
+        return False
+    argv = _proc_cmdline(pid, proc_root)
+    if argv and argv[-1] == "":
+        argv = argv[:-1]
+    if len(argv) != len(command):
+        return False
+    for want, got in zip(command, argv):
+        pattern = ".*".join(re.escape(part) for part in want.split("********"))
+        if not re.fullmatch(pattern, got, re.S):
+            return False
+    return True
 
 
 def read_state(run_dir, name):
@@ -915,8 +1041,8 @@ def read_state(run_dir, name):
 
 def read_state_file(path):
     """State from the state file alone (no /proc scan): what :mod:`engine_probe` polls."""
-    st = read_json_object(path)
-    if st is None:
+    st = read_state_doc(path)[0]
+    if not st.get("state"):
         return {"state": "absent"}
     if st.get("state") == "running":
         if _live(st.get("pid"), st.get("pid_start")):
@@ -934,18 +1060,38 @@ def locate(run_dir, name, proc_root="/proc"):
     ``supervisor_lost: true`` says that nothing will record its exit status any more.
     """
     p = paths(run_dir, name)
-    st = read_json_object(p["state"])
-    if st and st.get("state") == "running":
-        eng = _live(st.get("pid"), st.get("pid_start"), proc_root)
+    key = identity_key(run_dir, name)
+    st, problem = read_state_doc(p["state"])
+    if problem:
+        st["state_file_error"] = problem
+    eng = False
+    if st.get("state") == "running":
+        # an engine the file names without a marker in its environment (started before markers existed) is taken
+        # only with its recorded start time, and only as its own session leader (as the supervisor starts it)
+        # and running the command spec.json records
+        known = (st.get("pid") or 0) > 1 and st.get("pid_start") is not None
+        leader = _proc_stat(st["pid"], proc_root) if known else None
+        eng = (bool(leader and leader["session"] == st["pid"]) and _live(st["pid"], st["pid_start"], proc_root)
+               and _runs_spec(st["pid"], p["spec"], proc_root))
+        # the supervisor named by the file is taken only when it carries this engine's identity on its command line
         sup = _live(st.get("supervisor_pid"), st.get("supervisor_start"), proc_root)
-        if sup:
+        if sup and SUPERVISOR_FLAG + key in _proc_cmdline(st["supervisor_pid"], proc_root):
             return dict(st, supervisor_lost=False, recovered=False)
-    found = scan(identity_key(run_dir, name), proc_root)
+        if sup:
+            problem = ("state file: %s names supervisor pid %d, a process that does not carry this engine's "
+                       "identity; it was not signalled" % (p["state"], st["supervisor_pid"]))
+            st = {k: v for k, v in st.items() if k not in ("supervisor_pid", "supervisor_start")}
+            st["state_file_error"] = problem
+    elif not st.get("state"):
+        st = {"state_file_error": problem} if problem else {}
+    found = scan(key, proc_root)
     if found["engine"] or found["group"] or found["supervisor"]:
-        out = dict(st) if st and st.get("state") == "running" else {"state": "running", "returncode": None,
-                                                                    "signal": None}
+        out = dict(st) if st.get("state") == "running" else {"state": "running", "returncode": None,
+                                                             "signal": None}
+        if problem:
+            out["state_file_error"] = problem
         out["state"] = "running"
-        out["recovered"] = not (st and st.get("state") == "running")
+        out["recovered"] = st.get("state") != "running"
         if found["engine"]:
             if out.get("pid") != found["engine"]:
                 out.update(pid=found["engine"], pid_start=found["engine_start"],
@@ -961,23 +1107,18 @@ def locate(run_dir, name, proc_root="/proc"):
             out["spec_hash"] = found["spec_hash"]
         out["group"] = found["group"]
         return out
-    if st and st.get("state") == "running":
+    if st.get("state") == "running":
         if eng:  # started before identities were recorded in the environment
             return dict(st, supervisor_lost=True)
         return dict(st, state="lost", returncode=None)
-    return st or {"state": "absent"}
+    if not st.get("state"):
+        return dict(st, state="absent")
+    return st
 
 
 def log_tail(path, lines=40):
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 64 * 1024))
-            data = f.read().decode("utf-8", "replace")
-    except OSError:
-        return []
-    return data.splitlines()[-lines:]
+    data = _read_part(path, 64 * 1024, from_end=True)
+    return [] if data is None else data.decode("utf-8", "replace").splitlines()[-lines:]
 
 
 def _write_private(path, data):
@@ -1093,7 +1234,7 @@ def python_json(python, code, args=(), stdin=None, timeout=120, run=subprocess.r
     lines = proc.stdout.strip().splitlines()
     if not lines:
         raise ValueError("%s printed nothing" % python)
-    return json.loads(lines[-1])
+    return loads_json(lines[-1], "the output of %s" % python)
 
 
 def stop_group(pgrp, timeout, proc_root="/proc", poll=0.05):

@@ -190,6 +190,12 @@ stop_signal:
     O(stop_timeout)), when its supervisor was gone.
   returned: when stopped without a supervisor
   type: int
+state_file_error:
+  description: Why the state file could not be used (not a regular file, over its size or nesting limit, not
+    JSON, fields of the wrong type), naming the file; the engine is then found by its identity in C(/proc), so
+    V(stopped) still stops it.
+  returned: when the state file was refused
+  type: str
 previous:
   description: The state found before this run (for example the exit status of a process that crashed).
   returned: always
@@ -211,6 +217,12 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmops.serving.plugins.module_utils import _process
+
+
+def _warn_state_file(module, st):
+    if st.get("state_file_error"):
+        module.warn("%s: %s; the engine was looked up by its identity in /proc instead. Remove the state file "
+                    "(a running supervisor writes it again)" % (module.params["name"], st["state_file_error"]))
 
 
 def _warn_about(module, st, files):
@@ -292,6 +304,7 @@ def main():
     if p["state"] == "status" or module.check_mode:
         before = _process.locate(p["run_dir"], p["name"])
         action = plan(before)
+        _warn_state_file(module, before)
         _warn_about(module, before, files)
         result.update(previous=_public(before), changed=action is not None)
         if action == "start":
@@ -305,6 +318,7 @@ def main():
         with _process.NameLock(p["run_dir"], p["name"], timeout=lock_timeout):
             before = _process.locate(p["run_dir"], p["name"])
             result["previous"] = _public(before)
+            _warn_state_file(module, before)
             action = plan(before)
             if action is None:
                 _warn_about(module, before, files)
