@@ -11,14 +11,21 @@ Failures raise :class:`HttpError`: ``status`` is the HTTP status of an error ans
 ``headers`` are kept), or None when no usable answer came (refused, reset, timed out, broke off, bad URL).
 Messages name the method and the URL as :func:`shown_url` prints it: credentials written in the URL
 (``user:pass@``) and the query string never appear, neither in the URL nor in the underlying reason.
+
+Options that take a URL refuse credentials in it (:func:`refuse_url_credentials`, called by every module with a
+URL option before it does anything): a URL is echoed in results, ``invocation``, logs and AWX job events, so
+credentials go through the module's separate ``no_log`` options (an ``Authorization`` header, a token).
 """
 from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 from urllib.error import HTTPError, URLError
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+
+from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, loads_json
 
 DEFAULT_TIMEOUT = 30.0
 #: How much of an error answer's body a message shows.
@@ -126,12 +133,13 @@ class Response(object):
         return self.body.decode("utf-8", "replace") if isinstance(self.body, bytes) else str(self.body)
 
     def json(self):
-        """The body parsed as JSON; HttpError (with ``status``) when it is not JSON."""
+        """The body parsed as JSON under ``_untrusted``'s rules (size, nesting, finite numbers); HttpError (with
+        ``status``) when it is not JSON or breaks a rule."""
         try:
-            return json.loads(self.body)
-        except ValueError:
-            raise HttpError(self.method, self.url, "the answer (HTTP %s) is not JSON: %r"
-                            % (self.status, self.text[:BODY_SHOWN]), status=self.status)
+            return loads_json(self.body, "the answer (HTTP %s)" % self.status)
+        except UntrustedInput as e:
+            shown = ": %r" % self.text[:BODY_SHOWN] if e.limit in ("syntax", "encoding") else ""
+            raise HttpError(self.method, self.url, str(e) + shown, status=self.status)
 
 
 def _default_opener():
@@ -217,3 +225,116 @@ def get_json(url, headers=None, timeout=DEFAULT_TIMEOUT, opener=None):
 def post_json(url, payload, headers=None, timeout=DEFAULT_TIMEOUT, opener=None):
     """POST ``payload`` as JSON to ``url``; the answer parsed as JSON."""
     return request("POST", url, payload=payload, headers=headers, timeout=timeout, opener=opener).json()
+
+
+# ---- credentials in URL options ---------------------------------------------------------------------------- #
+
+#: ``scheme://`` as RFC 3986 writes a scheme (any case); what follows up to ``/ ? #`` is the authority.
+_SCHEME_AUTHORITY = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+_AUTHORITY_END = re.compile(r"[/?#\\]")
+#: Shorter credential parts are not masked on their own (a one-letter mask would garble every message); the
+#: whole ``user:password`` is always masked, and the option's echo is replaced (see refuse_url_credentials).
+_MIN_MASKED = 3
+
+
+def _split_userinfo(value):
+    """``(before, userinfo, after)`` of a URL written with credentials (whitespace removed), else None."""
+    if not isinstance(value, str):
+        return None
+    text = "".join(value.split())
+    m = _SCHEME_AUTHORITY.match(text)
+    start = m.end() if m else (2 if text.startswith("//") else 0)
+    authority = _AUTHORITY_END.split(text[start:], 1)[0]
+    if "@" not in authority:
+        return None
+    userinfo = authority.rsplit("@", 1)[0]
+    return text[:start], userinfo, text[start + len(userinfo) + 1:]
+
+
+def url_userinfo(value):
+    """The credentials written in a URL (``user:password`` of ``scheme://user:password@host``), or None.
+
+    Whitespace and the case of the scheme do not matter (`` HTTP://u:p@h``, ``hTTps://u@h``); without a
+    scheme the text up to the first ``/ ? #`` is taken as the authority (``u:p@h:80``), as a client that adds
+    ``http://`` in front would.
+    """
+    parts = _split_userinfo(value)
+    return parts[1] if parts else None
+
+
+def without_userinfo(value):
+    """``value`` with its credentials replaced by ``***`` (and, when it has a scheme, its query string too, as
+    :func:`shown_url` prints it); ``value`` unchanged when it has none."""
+    parts = _split_userinfo(value)
+    if parts is None:
+        return value
+    text = "%s***@%s" % (parts[0], parts[2])
+    return shown_url(text) if parts[0] else text
+
+
+def userinfo_secrets(userinfo):
+    """What must not be shown of a URL's ``userinfo``: itself (as written and percent-decoded) and its user and
+    password parts of at least three characters."""
+    found = set()
+    for text in (userinfo, unquote(userinfo)):
+        if text:
+            found.add(text)
+        for part in text.split(":", 1):
+            if len(part) >= _MIN_MASKED:
+                found.add(part)
+    return found
+
+
+def _url_values(params, path):
+    """``(shown name, container, key)`` of every value that ``path`` (``base_url``, ``targets[].url``) names."""
+    name, dummy, rest = path.partition("[].")
+    value = params.get(name) if isinstance(params, dict) else None
+    if not rest:
+        if isinstance(params, dict) and name in params:
+            yield name, params, name
+        return
+    if not isinstance(value, list):
+        return
+    for i, item in enumerate(value):
+        for shown, container, key in _url_values(item, rest):
+            yield "%s[%d].%s" % (name, i, shown), container, key
+
+
+def credential_problems(params, options):
+    """``[(option as shown, userinfo, container, key)]`` for each URL option of ``params`` that carries
+    credentials. ``options`` maps an option path (``base_url``, ``targets[].url``) to the fix (what to use
+    instead) or to ``(fix, accepts)`` where ``accepts(value)`` says whether the value is a URL at all (for
+    options that take Prometheus text or a URL)."""
+    found = []
+    for path, fix in options.items():
+        accepts = fix[1] if isinstance(fix, tuple) else None
+        for shown, container, key in _url_values(params, path):
+            value = container.get(key)
+            if accepts is not None and not accepts(value):
+                continue
+            userinfo = url_userinfo(value)
+            if userinfo is not None:
+                found.append((shown, userinfo, container, key))
+    return found
+
+
+def refuse_url_credentials(module, options):
+    """Fail ``module`` when a URL option carries ``user:password@``, before anything is done.
+
+    The credentials are added to ``module.no_log_values`` and the option's echo in ``invocation`` is replaced
+    by the URL as :func:`shown_url` prints it, so neither the message, the invocation nor any registered result
+    repeats them. ``options`` is as :func:`credential_problems` takes it (option path -> the fix).
+    """
+    problems = credential_problems(module.params, options)
+    if not problems:
+        return
+    msgs = []
+    for shown, userinfo, container, key in problems:
+        module.no_log_values.update(userinfo_secrets(userinfo))
+        container[key] = without_userinfo(container[key])
+        path = re.sub(r"\[\d+\]", "[]", shown)
+        fix = options[path][0] if isinstance(options[path], tuple) else options[path]
+        msgs.append("%s: the URL carries credentials (user:password@ before the host), and a URL is shown in "
+                    "results, logs and job events; remove them from the URL and %s" % (shown, fix))
+    module.fail_json(msg="; ".join(msgs), reason="credentials_in_url",
+                     options=[shown for shown, dummy, dummy2, dummy3 in problems])

@@ -86,6 +86,13 @@ class K8sClientError(Exception):
     """No usable API client: ``str()`` is the message for the user (``<option>: ...; <fix>``), without secrets."""
 
 
+#: The auth options that take a URL, and where their credentials go instead (``_http.refuse_url_credentials``).
+URL_OPTIONS = {
+    "host": "pass them as api_key, or username and password (both no_log)",
+    "proxy": "pass them as proxy_headers.proxy_basic_auth (no_log)",
+}
+
+
 def argument_spec():
     """A copy of :data:`AUTH_ARG_SPEC` to ``update()`` a module's argument spec with."""
     return {k: dict(v, **({"options": dict(v["options"])} if "options" in v else {})) for k, v in AUTH_ARG_SPEC.items()}

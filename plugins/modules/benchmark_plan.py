@@ -170,7 +170,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _bench_run, _secrets, _units
+from ansible_collections.llmops.serving.plugins.module_utils import _bench_run, _http, _secrets, _units
 
 
 def main():
@@ -195,6 +195,10 @@ def main():
         ),
         supports_check_mode=True,
     )
+    _http.refuse_url_credentials(module, {
+        "targets[].url": "send them as an Authorization header in the target's headers (never shown)",
+        "targets[].decode_metrics_url": "expose the engine's /metrics without them",
+        "targets[].prefill_metrics_url": "expose the engine's /metrics without them"})
     p = module.params
     try:
         proto = _bench_run.check_inputs(dict(p, time_budget_s=p["time_budget"]))

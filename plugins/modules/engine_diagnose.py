@@ -155,7 +155,7 @@ import importlib
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _diagnose, _k8s_client, _process
+from ansible_collections.llmops.serving.plugins.module_utils import _diagnose, _http, _k8s_client, _process
 
 
 def _api_client(module):
@@ -190,6 +190,7 @@ def main():
         required_if=[("platform", "kubernetes", ["namespace"]), ("platform", "local", ["run_dir"])],
         supports_check_mode=True,
     )
+    _http.refuse_url_credentials(module, _k8s_client.URL_OPTIONS)
     p = module.params
     if p["platform"] == "local":
         if p["health_timeout"] <= 0:

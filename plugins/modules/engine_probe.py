@@ -18,7 +18,10 @@ description:
   - Used directly against an engine and again through a gateway such as AIBrix.
 options:
   base_url:
-    description: Base URL, for example C(http://127.0.0.1:8000) or the gateway's address.
+    description:
+      - Base URL, for example C(http://127.0.0.1:8000) or the gateway's address.
+      - Credentials in the URL (C(user:password@)) are refused; send them as an C(Authorization) header in
+        O(headers), which is C(no_log).
     type: str
     required: true
   model:
@@ -120,7 +123,7 @@ timeline:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _probe, _process
+from ansible_collections.llmops.serving.plugins.module_utils import _http, _probe, _process
 
 
 def main():
@@ -138,6 +141,7 @@ def main():
         ),
         supports_check_mode=True,
     )
+    _http.refuse_url_credentials(module, {"base_url": "send them as an Authorization header in headers (no_log)"})
     p = module.params
     try:
         _probe.validate_checks(p["checks"])

@@ -165,7 +165,7 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.llmops.serving.plugins.module_utils import _k8s_client, _k8s_wait
+from ansible_collections.llmops.serving.plugins.module_utils import _http, _k8s_client, _k8s_wait
 
 try:
     from kubernetes import client as k8s_client
@@ -268,6 +268,7 @@ def main():
     )
     argument_spec.update(_k8s_client.argument_spec())
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    _http.refuse_url_credentials(module, _k8s_client.URL_OPTIONS)
     if not module.params["selector"]:
         module.fail_json(msg="selector: must name at least one label, e.g. the pod_selector engine_manifests returns")
     for opt in ("max_restarts", "log_tail_lines"):

@@ -271,7 +271,7 @@ details:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _kcache
+from ansible_collections.llmops.serving.plugins.module_utils import _http, _kcache
 
 NEEDS_COMPONENTS = ("verify", "prebuild", "sync", "checkout")
 
@@ -315,6 +315,8 @@ def main():
         ],
         supports_check_mode=True,
     )
+    _http.refuse_url_credentials(module, {"warmup_url": "point it at the warmup engine this task starts on this "
+                                                        "host, which needs none (http://127.0.0.1:<port>/...)"})
     p = module.params
     op, engine, root, proc = p["operation"], p["engine"], p["cache_root"], p["proc_root"]
     if p["keep"] < 1:

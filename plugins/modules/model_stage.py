@@ -366,6 +366,7 @@ kept_in_use:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.llmops.serving.plugins.module_utils import _http
 from ansible_collections.llmops.serving.plugins.module_utils import _paths
 from ansible_collections.llmops.serving.plugins.module_utils import _safetensors
 from ansible_collections.llmops.serving.plugins.module_utils import _stage
@@ -404,6 +405,8 @@ def main():
         required_by={"fleet_slots_dir": "fleet_read_streams"},
         supports_check_mode=True,
     )
+    _http.refuse_url_credentials(module, {"peers[].url": "the peers' servers take the run's token through "
+                                                         "peer_token (no_log)"})
     p = module.params
     for name in ("read_streams", "fleet_read_streams"):
         if p[name] is not None and p[name] < 1:

@@ -19,7 +19,10 @@ description:
     RV(all_match) and RV(mismatches) so the caller can write its evidence before failing.
 options:
   url:
-    description: Base URL of the P/D router (the AIBrix gateway or the collection's P/D proxy).
+    description:
+      - Base URL of the P/D router (the AIBrix gateway or the collection's P/D proxy).
+      - Credentials in the URL (C(user:password@)) are refused here and in O(reference_url); send them as an
+        C(Authorization) header in O(headers), which is C(no_log).
     type: str
     required: true
   model:
@@ -118,7 +121,7 @@ mismatches:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _pd_load
+from ansible_collections.llmops.serving.plugins.module_utils import _http, _pd_load
 
 
 def main():
@@ -135,6 +138,8 @@ def main():
         ),
         supports_check_mode=False,
     )
+    _http.refuse_url_credentials(module, dict.fromkeys(
+        ("url", "reference_url"), "send them as an Authorization header in headers (no_log)"))
     p = module.params
     if not p["prompts"]:
         module.fail_json(msg="prompts: at least one prompt is needed")

@@ -96,6 +96,8 @@ options:
       - Failed transfers fail O(expect=rdma) and O(expect=tcp); expired KV requests
         (C(vllm:nixl_num_kv_expired_reqs)) and failed notifications warn, and under O(expect=tcp) the warning
         says the control load may not have moved the KV at all.
+      - A URL with credentials (C(user:password@)) is refused here and in O(prefill_metrics): results and logs
+        show the URL.
     type: str
   prefill_metrics:
     description:
@@ -244,6 +246,11 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.llmops.serving.plugins.module_utils import _http, _prom, _rdma
 
 
+def _metrics_url(value):
+    """Whether a metrics option holds a URL (one word) rather than Prometheus text."""
+    return isinstance(value, str) and (_prom.is_url(value) or len(value.split()) == 1)
+
+
 def _kv_sample(module, source, option="nixl_metrics", role="decode"):
     try:
         return _prom.kv_sample(_prom.load(source))
@@ -288,6 +295,8 @@ def main():
         mutually_exclusive=[("baseline", "baseline_file")],
         supports_check_mode=True,
     )
+    _http.refuse_url_credentials(module, dict.fromkeys(("nixl_metrics", "prefill_metrics"), (
+        "expose the engine's /metrics without them, or read it on the host and pass its text", _metrics_url)))
     p = module.params
     for opt in ("min_bytes", "tolerance_bytes"):
         if p[opt] < 0:
