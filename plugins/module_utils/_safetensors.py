@@ -10,12 +10,19 @@ data, so a 700 GiB checkpoint is checked in well under a second per shard.
 """
 from __future__ import annotations
 
-import json
 import os
 import struct
 
+from ansible_collections.llmops.serving.plugins.module_utils._untrusted import (
+    UntrustedInput, load_json, loads_json, open_regular)
+
 INDEX_NAME = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100 * 1000 * 1000  # the safetensors reference implementation's cap
+#: Nesting a header may have: safe_open parses it with serde_json, whose recursion limit is 128
+#: (serde-rs/json src/de.rs, ``remaining_depth: 128``); a deeper header is refused there too.
+MAX_HEADER_DEPTH = 128
+#: An index file maps tensor names to shard names: a few MiB for the largest checkpoints.
+MAX_INDEX_BYTES = 64 * 1024 * 1024
 
 # Bits per element. Sub-byte types (F4, F6_*) are packed; a tensor's byte length must be whole.
 DTYPE_BITS = {
@@ -50,6 +57,12 @@ def _short(err):
     return str(err)[:160]
 
 
+def _reason(path, err):
+    """The shared reader's message without its leading file name (CheckpointError puts it first)."""
+    text = str(err)
+    return text[len(str(path)) + 1:] if text.startswith(str(path) + " ") else text
+
+
 def read_header_bytes(fobj, path, file_size):
     """Read the raw header from an open binary file; returns ``(N, header_bytes)``."""
     if file_size < 8:
@@ -75,10 +88,14 @@ def parse_header(path, n, data):
         # safetensors/src/tensor.rs: SafeTensorError::InvalidHeaderStart
         raise CheckpointError(path, "header does not start with '{'")
     try:
-        header = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except RecursionError:
-        raise CheckpointError(path, "header JSON is nested too deeply to be a safetensors header")
-    except (UnicodeDecodeError, ValueError) as e:
+        header = loads_json(data, "header", max_depth=MAX_HEADER_DEPTH, max_bytes=MAX_HEADER_BYTES,
+                            object_pairs_hook=_no_duplicates)
+    except UntrustedInput as e:
+        if e.limit == "depth":
+            raise CheckpointError(path, "header JSON is nested too deeply to be a safetensors header (over %d "
+                                  "levels)" % MAX_HEADER_DEPTH)
+        if e.limit == "number":
+            raise CheckpointError(path, "header holds a number that is not a finite value within +/-2**63")
         raise CheckpointError(path, "header is not valid UTF-8 JSON (%s)" % _short(e))
     if not isinstance(header, dict):
         raise CheckpointError(path, "header is not a JSON object")
@@ -151,9 +168,12 @@ def check_header(path, n, header, file_size):
 def verify_file(path, file_size=None):
     """Read and validate one safetensors file's header; returns ``(summary, raw_header_bytes)``."""
     try:
-        with open(path, "rb") as f:
+        # a FIFO or a device in the file's place is refused without blocking (it has no header to read)
+        with open_regular(path) as f:
             size = os.fstat(f.fileno()).st_size if file_size is None else file_size
             n, data = read_header_bytes(f, path, size)
+    except UntrustedInput as e:
+        raise CheckpointError(path, _reason(path, e))
     except OSError as e:
         raise CheckpointError(path, "cannot read: %s" % e.strerror)
     header = parse_header(path, n, data)
@@ -163,12 +183,12 @@ def verify_file(path, file_size=None):
 def load_index(path):
     """``weight_map`` of a ``model.safetensors.index.json`` (tensor -> shard file name)."""
     try:
-        with open(path, "rb") as f:
-            doc = json.loads(f.read().decode("utf-8"))
+        doc = load_json(path, max_bytes=MAX_INDEX_BYTES)
+    except UntrustedInput as e:
+        # a FIFO, /dev/zero, a nesting bomb, 1e400: named with its limit (never hung on, never a traceback)
+        raise CheckpointError(path, _reason(path, e))
     except OSError as e:
         raise CheckpointError(path, "cannot read: %s" % e.strerror)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError(path, "not valid JSON (%s)" % e)
     wmap = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
         raise CheckpointError(path, "weight_map must be an object of tensor name -> shard file")

@@ -69,14 +69,8 @@ def _require_regular(st, label, path):
                              file=path, limit="type")
 
 
-def read_bytes(path, field=None, max_bytes=MAX_BYTES, follow=True):
-    """The bytes of the regular file ``path``, at most ``max_bytes``.
-
-    ``field`` is how errors name the file (an option name, ``"marker"``); ``follow=False`` also refuses a
-    symlink as the last component. Raises :class:`UntrustedInput`; a missing file raises the
-    ``FileNotFoundError`` untouched so that callers can treat "absent" apart from "hostile".
-    """
-    label = "%s: %s" % (field, path) if field else str(path)
+def _open_regular_fd(path, label, follow):
+    """``(fd, stat)`` of the regular file ``path``, opened without blocking; the caller closes ``fd``."""
     # The type is checked before the open too: opening a device can have effects of its own (a tape rewinds,
     # a watchdog arms), and a socket cannot be opened at all. fstat after the open closes the race.
     try:
@@ -106,6 +100,32 @@ def read_bytes(path, field=None, max_bytes=MAX_BYTES, follow=True):
     try:
         st = os.fstat(fd)
         _require_regular(st, label, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def open_regular(path, field=None, follow=True):
+    """A binary file object on the regular file ``path`` (for readers that take only part of a large file,
+    such as a safetensors header), opened and type-checked like :func:`read_bytes`: a FIFO, a device, a
+    socket or a directory raises :class:`UntrustedInput` without blocking; a missing file raises
+    ``FileNotFoundError``."""
+    label = "%s: %s" % (field, path) if field else str(path)
+    fd, _st = _open_regular_fd(path, label, follow)
+    return os.fdopen(fd, "rb")
+
+
+def read_bytes(path, field=None, max_bytes=MAX_BYTES, follow=True):
+    """The bytes of the regular file ``path``, at most ``max_bytes``.
+
+    ``field`` is how errors name the file (an option name, ``"marker"``); ``follow=False`` also refuses a
+    symlink as the last component. Raises :class:`UntrustedInput`; a missing file raises the
+    ``FileNotFoundError`` untouched so that callers can treat "absent" apart from "hostile".
+    """
+    label = "%s: %s" % (field, path) if field else str(path)
+    fd, st = _open_regular_fd(path, label, follow)
+    try:
         if st.st_size > max_bytes:
             raise UntrustedInput("%s is %d bytes, over the %d-byte limit for this file; it is not read"
                                  % (label, st.st_size, max_bytes), file=path, limit="size")
@@ -183,18 +203,23 @@ def _check_number(value, field, file):
                              limit="number")
 
 
+class _NumberOutOfRange(ValueError):
+    pass
+
+
 def _refuse_constant(name):
-    raise ValueError("%s is not a finite JSON number" % name)
+    raise _NumberOutOfRange("%s is not a finite JSON number" % name)
 
 
 def _parse_int(text):
     if len(text.lstrip("-")) > _MAX_INT_DIGITS:
-        raise ValueError("an integer of %d digits is out of range" % len(text.lstrip("-")))
+        raise _NumberOutOfRange("an integer of %d digits is out of range" % len(text.lstrip("-")))
     return int(text)
 
 
-def loads_json(data, field, max_depth=MAX_DEPTH, file=None, max_bytes=MAX_BYTES):
-    """Parse a JSON body (``bytes`` or ``str``) under the rules above."""
+def loads_json(data, field, max_depth=MAX_DEPTH, file=None, max_bytes=MAX_BYTES, object_pairs_hook=None):
+    """Parse a JSON body (``bytes`` or ``str``) under the rules above. ``object_pairs_hook`` is json's (a
+    ``ValueError`` it raises, such as a duplicate key, is a ``syntax`` refusal with its message)."""
     if len(data) > max_bytes:
         raise UntrustedInput("%s is %d bytes, over the %d-byte limit; it is not parsed" % (field, len(data), max_bytes),
                              file=file, limit="size")
@@ -204,12 +229,15 @@ def loads_json(data, field, max_depth=MAX_DEPTH, file=None, max_bytes=MAX_BYTES)
         raise UntrustedInput("%s nests deeper than %d levels, so it is refused" % (field, max_depth),
                              file=file, limit="depth")
     try:
-        doc = json.loads(text, parse_constant=_refuse_constant, parse_int=_parse_int)
+        doc = json.loads(text, parse_constant=_refuse_constant, parse_int=_parse_int,
+                         object_pairs_hook=object_pairs_hook)
     except json.JSONDecodeError as e:
         raise UntrustedInput("%s is not JSON (%s at line %d column %d)" % (field, e.msg, e.lineno, e.colno),
                              file=file, limit="syntax")
-    except ValueError as e:
+    except _NumberOutOfRange as e:
         raise UntrustedInput("%s is refused: %s" % (field, e), file=file, limit="number")
+    except ValueError as e:  # Python's own integer-size limit, or object_pairs_hook's refusal
+        raise UntrustedInput("%s is refused: %s" % (field, str(e)[:160]), file=file, limit="syntax")
     except RecursionError:
         raise UntrustedInput("%s nests too deeply to parse, so it is refused" % field, file=file, limit="depth")
     return check_value(doc, field, max_depth, file)

@@ -208,3 +208,84 @@ def test_json_error_does_not_echo_the_header(tmp_path):
     with pytest.raises(st.CheckpointError) as e:
         st.verify_file(path)
     assert secret not in str(e.value)
+
+
+# --- what is in a shard's or the index's place is not a file, or the index is hostile ---------------------------
+
+def _no_hang(fn, timeout=5):
+    import threading
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # inspected below
+            box["error"] = e
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), "blocked for over %ss" % timeout
+    return box
+
+
+@pytest.mark.parametrize("what", ["shard", "index"])
+def test_fifo_in_place_of_a_shard_or_the_index_is_refused_without_blocking(tmp_path, what):
+    import os
+    p = tmp_path / ("m.safetensors" if what == "shard" else st.INDEX_NAME)
+    os.mkfifo(p)
+    fn = (lambda: st.verify_file(str(p), 100)) if what == "shard" else (lambda: st.load_index(str(p)))
+    err = _no_hang(fn).get("error")
+    assert isinstance(err, st.CheckpointError) and err.path == str(p)
+    assert err.reason.startswith("is a FIFO, not a regular file")
+
+
+def test_index_linked_to_dev_zero_is_refused_before_reading(tmp_path):
+    p = tmp_path / st.INDEX_NAME
+    p.symlink_to("/dev/zero")
+    err = _no_hang(lambda: st.load_index(str(p))).get("error")
+    assert isinstance(err, st.CheckpointError) and "a character device" in err.reason
+
+
+@pytest.mark.parametrize("body,needle", [
+    ('{"weight_map": ' + "[" * 20000 + "]" * 20000 + "}", "nests deeper than 64 levels"),
+    ('{"metadata": {"total_size": 1e400}, "weight_map": {}}', "not finite"),
+    ('{"metadata": {"total_size": 1%s}, "weight_map": {}}' % ("0" * 400), "out of range"),
+    ('{"weight_map": {"a": "s.safetensors"}, "x": NaN}', "not a finite JSON number"),
+    (b'{"weight_map": {"a": "\xff"}}', "not UTF-8"),
+])
+def test_hostile_index_is_a_clean_checkpoint_error(tmp_path, body, needle):
+    """Before: RecursionError for the nesting bomb; 1e400 and NaN were accepted."""
+    p = tmp_path / st.INDEX_NAME
+    p.write_bytes(body if isinstance(body, bytes) else body.encode())
+    with pytest.raises(st.CheckpointError) as e:
+        st.load_index(str(p))
+    assert e.value.path == str(p) and needle in e.value.reason, e.value.reason
+
+
+def test_index_over_the_size_cap_is_not_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(st, "MAX_INDEX_BYTES", 64)
+    p = tmp_path / st.INDEX_NAME
+    p.write_text(json.dumps({"weight_map": {"t%d" % i: "s.safetensors" for i in range(20)}}))
+    with pytest.raises(st.CheckpointError) as e:
+        st.load_index(str(p))
+    assert "over the 64-byte limit" in e.value.reason
+
+
+def test_header_nesting_up_to_serde_json_limit_is_read_like_safe_open(tmp_path):
+    # an unknown field nested 100 deep: serde_json (limit 128) parses it, safe_open ignores it, so do we
+    hb = ('{"__metadata__": {"format": "pt"}, "a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1], "x": %s}}'
+          % ("[" * 100 + "]" * 100)).encode()
+    path = write(tmp_path, "deep.safetensors", struct.pack("<Q", len(hb)) + hb + b"\0")
+    assert st.verify_file(path)[0]["tensors"] == ["a"]
+    hb = hb.replace(b"[" * 100, b"[" * 130).replace(b"]" * 100, b"]" * 130)
+    path = write(tmp_path, "deeper.safetensors", struct.pack("<Q", len(hb)) + hb + b"\0")
+    with pytest.raises(st.CheckpointError, match="nested too deeply"):
+        st.verify_file(path)
+
+
+def test_header_number_out_of_range_is_a_clean_error(tmp_path):
+    hb = b'{"a": {"dtype": "U8", "shape": [1%s], "data_offsets": [0, 1]}}' % (b"0" * 400)
+    path = write(tmp_path, "big.safetensors", struct.pack("<Q", len(hb)) + hb + b"\0")
+    with pytest.raises(st.CheckpointError, match="header holds a number"):
+        st.verify_file(path)
