@@ -37,10 +37,12 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 import time
 
 from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _http, _inuse, _paths, _probe, _process
+from ansible_collections.llmops.serving.plugins.module_utils._untrusted import load_json, loads_json
 
 MANIFEST = "manifest.json"
 MANIFEST_SCHEMA = 1
@@ -172,12 +174,13 @@ def is_triton_group(path):
     return name.startswith("__grp__") and name.endswith(".json")
 
 
+#: Largest Triton group file read (a few KiB in practice) and largest manifest (one entry per cache file).
+GROUP_MAX_BYTES = 4 * 1024 * 1024
+MANIFEST_MAX_BYTES = 64 * 1024 * 1024
+
+
 def _group_members(full):
-    try:
-        with open(full, "r") as f:
-            data = json.load(f)
-    except RecursionError:
-        raise ValueError("%s: nested too deeply" % full)
+    data = load_json(full, "triton group file", max_bytes=GROUP_MAX_BYTES, follow=False)
     children = data.get("child_paths") if isinstance(data, dict) else None
     if not isinstance(children, dict) or not all(isinstance(v, str) for v in children.values()):
         raise ValueError("%s: no child_paths" % full)
@@ -279,12 +282,12 @@ def write_manifest(path, engine, fingerprint, components, label="", host=None, c
 
 
 def read_manifest(path):
-    """The parsed ``manifest.json`` of ``path`` (an object with a ``files`` list), or ValueError."""
-    try:
-        with open(os.path.join(path, MANIFEST), "r") as f:
-            data = json.load(f)
-    except RecursionError:
-        raise ValueError("manifest.json is nested too deeply to be a kernel-cache manifest")
+    """The parsed ``manifest.json`` of ``path`` (an object with a ``files`` list), or ValueError.
+
+    Read through ``_untrusted`` (a regular file, not a symlink, size, nesting and numbers capped): a FIFO, a
+    device or a nesting bomb is a ValueError naming the file and the limit, never a hang or a traceback.
+    """
+    data = load_json(os.path.join(path, MANIFEST), "manifest.json", max_bytes=MANIFEST_MAX_BYTES, follow=False)
     if not isinstance(data, dict) or not isinstance(data.get("files"), list):
         raise ValueError("not a kernel-cache manifest (an object with a 'files' list)")
     return data
@@ -519,13 +522,16 @@ def _default_http_post(url, body, timeout):
 def response_text(payload):
     """Text of an OpenAI-style completion or chat response, or '' when there is none."""
     try:
-        choice = json.loads(payload)["choices"][0]
+        choice = loads_json(payload, "warm-up response")["choices"][0]
     except (ValueError, KeyError, IndexError, TypeError):
+        return ""
+    if not isinstance(choice, dict):
         return ""
     if isinstance(choice.get("text"), str):
         return choice["text"]
-    msg = choice.get("message") or {}
-    return msg.get("content") or ""
+    msg = choice.get("message")
+    content = msg.get("content") if isinstance(msg, dict) else None
+    return content if isinstance(content, str) else ""
 
 
 def run_warmup(warmup, env, log, logfile, http_post=None, poll=2.0):
@@ -792,7 +798,11 @@ def checkout(cache_root, engine, fingerprint, components, instance=DEFAULT_INSTA
     entries = manifest_entries(read_manifest(published))
 
     def current():
-        if not os.path.isdir(rd):
+        if os.path.islink(rd):
+            # not a copy this module made: never read, relocated or deleted through; the link itself is replaced
+            res["replaced_link"] = _link_entry(rd, "engine copy")
+            return "link"
+        if not _is_real_dir(rd):
             return None
         busy = users_of([rd], proc_root)
         if busy:
@@ -831,6 +841,8 @@ def checkout(cache_root, engine, fingerprint, components, instance=DEFAULT_INSTA
             res["relocated_files"] = relocate(partial, base)
             if state == "stale":
                 shutil.rmtree(rd)
+            elif state == "link":
+                os.unlink(rd)
             os.rename(partial, rd)
             _fsync_dir(os.path.dirname(rd))
         except BaseException:
@@ -914,23 +926,64 @@ def _listdir(path):
         return []
 
 
+def _is_real_dir(path):
+    """``path`` itself (never what a symlink there points to) is a directory."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+LINK_FIX = ("a symlink in the kernel-cache root is never followed, counted or removed as a cache; remove the link "
+            "itself (rm %s, not rm -r) and put a real directory there with operation=prebuild or sync")
+
+
+def _link_entry(path, what):
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = None
+    return {"path": path, "target": target, "what": what, "fix": LINK_FIX % path}
+
+
+def _managed(cache_root, engine):
+    """``(dirs, links)`` below ``<cache_root>/<engine>``: ``dirs`` maps each real published fingerprint
+    directory and ``.run/`` copy to its fingerprint; ``links`` lists the symlinks found where those (or a
+    ``.partial-*`` build directory) would be, by ``lstat``: reported, never followed, never counted."""
+    eroot = engine_root(cache_root, engine)
+    dirs, links = {}, []
+    for d in _listdir(eroot):
+        full = os.path.join(eroot, d)
+        if _FP_RE.match(d) or d.startswith(".partial-"):
+            if os.path.islink(full):
+                links.append(_link_entry(full, "fingerprint directory" if _FP_RE.match(d) else "build directory"))
+            elif _FP_RE.match(d) and _is_real_dir(full):
+                dirs[full] = d
+    runs = os.path.join(eroot, RUNS)
+    if os.path.islink(runs):
+        links.append(_link_entry(runs, "engine copies directory"))
+        return dirs, links
+    for d in _listdir(runs):
+        fp = d.split("-", 1)[0]
+        full = os.path.join(runs, d)
+        if not (_FP_RE.match(fp) and "-" in d):
+            continue
+        if os.path.islink(full):
+            links.append(_link_entry(full, "engine copy"))
+        elif _is_real_dir(full):
+            dirs[full] = fp
+    return dirs, links
+
+
 def fingerprint_users(cache_root, engine, proc_root="/proc"):
     """``({fingerprint: [user, ...]}, {dir: fingerprint})`` for the published and ``.run/`` dirs of ``engine``.
 
     One ``_inuse.users_of`` scan (environment paths included): a process counts whatever path it reaches
     the directory by (a symlinked ``cache_root``, a bind mount in a pod's mount namespace, an open file,
-    a mapping, its working directory or a cache variable in its environment).
+    a mapping, its working directory or a cache variable in its environment). Only real directories count
+    (a symlink there is never followed, see :func:`gc`).
     """
-    eroot = engine_root(cache_root, engine)
-    dirs = {}
-    for d in _listdir(eroot):
-        if _FP_RE.match(d) and os.path.isdir(os.path.join(eroot, d)):
-            dirs[os.path.join(eroot, d)] = d
-    for d in _listdir(os.path.join(eroot, RUNS)):
-        fp = d.split("-", 1)[0]
-        full = os.path.join(eroot, RUNS, d)
-        if _FP_RE.match(fp) and "-" in d and os.path.isdir(full) and not os.path.islink(full):
-            dirs[full] = fp
+    dirs = _managed(cache_root, engine)[0]
     found = {}
     for u in users_of(sorted(dirs), proc_root) if dirs else []:
         found.setdefault(dirs[u["path"]], []).append(u)
@@ -950,54 +1003,105 @@ def _created(path):
     except (OSError, ValueError):
         pass
     try:
-        return _utc(os.path.getmtime(path))
+        return _utc(os.lstat(path).st_mtime)
     except OSError:
         return ""
+
+
+def check_in_use(in_use):
+    """``in_use`` entries are fingerprints or paths (strings without NUL); refused before anything changes."""
+    for i, entry in enumerate(in_use or ()):
+        if not isinstance(entry, str) or not entry or "\x00" in entry:
+            raise KCacheError("in_use[%d]: must be a fingerprint or a path to a fingerprint directory (or below "
+                              "it); fix the entry" % i)
+        if "/" not in entry and not _FP_RE.match(entry):
+            raise KCacheError("in_use[%d]: %r is neither a hex fingerprint nor a path; pass the fingerprint "
+                              "returned by llmops.serving.kernel_fingerprint or the cache directory an engine uses"
+                              % (i, entry[:80]))
+
+
+def _declared(in_use, dirs):
+    """Fingerprints named by ``in_use``: by name, or by a path that is (or lies below) one of ``dirs`` however it
+    is spelt (``_paths.is_within``: symlinked root, ``..``, ``//``, a bind mount)."""
+    out = set()
+    for entry in in_use or ():
+        if "/" not in entry:
+            out.add(entry)
+            continue
+        for d, fp in dirs.items():
+            if _paths.is_within(entry, d):
+                out.add(fp)
+    return out
+
+
+def _remove(path, res, check_mode):
+    """Delete the real directory ``path``; a symlink found there instead is reported, never followed, and an
+    error is recorded with the path while gc goes on. True when removed (or would be)."""
+    if os.path.islink(path):
+        res["links"].append(_link_entry(path, "entry replaced by a symlink during gc"))
+        return False
+    if check_mode:
+        return True
+    try:
+        shutil.rmtree(path)
+    except OSError as e:
+        res["errors"].append({"path": path, "reason": "not removed: %s; fix its permissions or remove it by hand"
+                                                      % (e.strerror or e)})
+        return False
+    return True
 
 
 def gc(cache_root, engine, keep, in_use=(), proc_root="/proc", check_mode=False, partial_max_age=86400):
     """Keep the newest ``keep`` fingerprints of ``engine``; never remove one that is in use.
 
-    A fingerprint is in use when listed in ``in_use`` or when a process uses its published directory or
-    one of its ``.run/`` copies. A copy no process uses goes with its fingerprint; copies of kept
-    fingerprints stay (the next start of that instance replaces its own).
+    A fingerprint is in use when ``in_use`` names it (by fingerprint, or by a path to its directory or below,
+    however spelt) or when a process uses its published directory or one of its ``.run/`` copies. A copy no
+    process uses goes with its fingerprint; copies of kept fingerprints stay (the next start of that instance
+    replaces its own). Only real directories count: a symlink where a fingerprint directory, an engine copy or
+    a build directory would be is never followed, counted or removed, and is listed in ``links`` with the fix;
+    a directory that cannot be removed is listed in ``errors``; gc goes on with the rest either way.
     """
+    check_in_use(in_use)
     eroot = engine_root(cache_root, engine)
     res = {"kept": [], "removed": [], "protected": [], "removed_partials": [], "removed_runs": [], "changed": False,
-           "in_use_by": {}}
+           "in_use_by": {}, "links": [], "errors": []}
     if not os.path.isdir(eroot):
         return res
     users, dirs = fingerprint_users(cache_root, engine, proc_root)
+    res["links"] = _managed(cache_root, engine)[1]
     mounted = set(users)
-    protected = set(in_use or ()) | mounted
-    fps = sorted(set(fp for d, fp in dirs.items() if os.path.dirname(d) == eroot))
+    protected = _declared(in_use, dirs) | mounted
+    published = dict((d, fp) for d, fp in dirs.items() if os.path.dirname(d) == eroot)
+    fps = sorted(published.values())
     fps.sort(key=lambda d: (_created(os.path.join(eroot, d)), d), reverse=True)
     for i, d in enumerate(fps):
         if d in protected:
             res["protected"].append(d)
         elif i < keep:
             res["kept"].append(d)
-        else:
+        elif _remove(os.path.join(eroot, d), res, check_mode):
             res["removed"].append(d)
-            if not check_mode:
-                shutil.rmtree(os.path.join(eroot, d))
-    live = set(res["kept"]) | set(res["protected"])
+    live = set(fps) - set(res["removed"])  # kept, protected, and any that could not be removed
     busy_runs = set(u["path"] for us in users.values() for u in us)
     for d, fp in sorted(dirs.items()):
-        if os.path.dirname(d) == eroot or d in busy_runs or fp in live:
+        if d in published or d in busy_runs or fp in live:
             continue
-        res["removed_runs"].append(os.path.basename(d))
-        if not check_mode:
-            shutil.rmtree(d, ignore_errors=True)
+        if _remove(d, res, check_mode):
+            res["removed_runs"].append(os.path.basename(d))
     now = time.time()
     for d in _listdir(eroot):
         m = re.match(r"^\.partial-([0-9a-f]+)-", d)
         full = os.path.join(eroot, d)
-        if not m or now - os.path.getmtime(full) < partial_max_age or not lock_is_free(cache_root, engine, m.group(1)):
+        if not m or not _is_real_dir(full):
             continue
-        res["removed_partials"].append(d)
-        if not check_mode:
-            shutil.rmtree(full, ignore_errors=True)
+        try:
+            age = now - os.lstat(full).st_mtime
+        except OSError:
+            continue
+        if age < partial_max_age or not lock_is_free(cache_root, engine, m.group(1)):
+            continue
+        if _remove(full, res, check_mode):
+            res["removed_partials"].append(d)
     res["mounted"] = sorted(mounted)
     res["in_use_by"] = dict((fp, us[:5]) for fp, us in sorted(users.items()))
     res["changed"] = bool(res["removed"] or res["removed_partials"] or res["removed_runs"])

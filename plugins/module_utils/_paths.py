@@ -15,6 +15,12 @@ is opened, written, listed in a diff or deleted. The rule:
 
 Refusal raises :class:`PathEscape` (a ``ValueError``) that names the field, the root and the fix, never the
 content of the file the entry came from.
+
+A path given by a user (``dest``, ``pinned``, ``in_use``, a root) has one identity however it is spelt: a symlinked
+root, a trailing slash, ``..`` (resolved after the symlink before it, as the kernel does), ``//``, a relative
+spelling or a bind mount of the same directory. :func:`identity` is that identity (``realpath`` and
+``(st_dev, st_ino)``); :func:`same_path`, :func:`is_within` and :func:`overlaps` compare identities, never strings,
+and every retention, pin and in-use decision goes through them.
 """
 from __future__ import annotations
 
@@ -73,13 +79,68 @@ def contained(root, rel, field="path"):
     return os.path.join(real_root, *parts)
 
 
+def identity(path):
+    """``(realpath, (st_dev, st_ino))`` of ``path``; the key is None when nothing exists there (yet).
+
+    The realpath resolves every symlink and every ``..`` after the component before it; the key is the
+    directory or file itself, so a bind mount of it at another place has the same key.
+    """
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+    except (OSError, ValueError):
+        return real, None
+    return real, (st.st_dev, st.st_ino)
+
+
+def _key(path):
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def same_path(a, b):
+    """``a`` and ``b`` name the same file or directory: same device and inode when both exist, else the same
+    realpath."""
+    ra, ka = identity(a)
+    rb, kb = identity(b)
+    if ka is not None and kb is not None:
+        return ka == kb
+    return ra == rb
+
+
 def is_within(path, root):
-    """``path`` is ``root`` or below it, after resolving symlinks on both."""
+    """``path`` is ``root`` or below it, however either is spelt.
+
+    Decided on the realpaths first, then by walking up from ``path`` (from its nearest existing ancestor when it
+    does not exist yet) and comparing each directory's device and inode with ``root``'s, so a bind mount of
+    ``root`` (or of a directory above it) at another place is seen too.
+    """
     p = os.path.realpath(path)
     r = os.path.realpath(root)
-    return p == r or p.startswith(r.rstrip("/") + "/")
+    if p == r or p.startswith(r.rstrip("/") + "/"):
+        return True
+    rkey = _key(r)
+    if rkey is None:
+        return False
+    probe = p
+    key = _key(probe)
+    while key is None and probe != "/":
+        probe = os.path.dirname(probe)
+        key = _key(probe)
+    while key is not None:
+        if key == rkey:
+            return True
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            return False
+        probe = parent
+        key = _key(probe)
+    return False
 
 
 def overlaps(a, b):
-    """One of the two directories contains the other (or they are the same), after resolving symlinks."""
+    """One of the two paths contains the other (or they are the same), however either is spelt."""
     return is_within(a, b) or is_within(b, a)

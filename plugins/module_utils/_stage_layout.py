@@ -44,10 +44,15 @@ class Layout(object):
 
     def __init__(self, dest):
         self.dest = os.path.abspath(dest)
-        name = os.path.basename(self.dest)
+        # the name as given and its parent resolved as the kernel resolves it: "root/link/../rev" is the
+        # revision beside link's target, not "root/rev" (what a lexical normalisation would say)
+        given = dest.rstrip("/") or dest
+        name = os.path.basename(given)
         if not name or name in (".", ".."):
             raise StageError("dest: %s does not name a directory; use <root>/<name>/<revision>" % dest)
-        self.parent = os.path.realpath(os.path.dirname(self.dest))
+        self.parent = os.path.realpath(os.path.dirname(given) or ".")
+        if os.path.realpath(os.path.dirname(self.dest)) != self.parent:
+            self.dest = os.path.join(self.parent, name)  # never show a spelling that names another directory
         self.real = os.path.join(self.parent, name)
         self.partial = self.real + PARTIAL_SUFFIX
         self.lock = self.real + LOCK_SUFFIX
@@ -86,7 +91,7 @@ def resolve(src, dest):
         if _paths.overlaps(path, src_real):
             raise StageError("src: %s%s is (or is inside) %s, the %s model_stage writes and deletes for dest %s; "
                              "move the revision or choose another dest" % (src_abs, shown, path, what, lay.dest))
-    if os.path.dirname(src_real) == lay.parent and os.path.basename(src_real).startswith(lay.name + REMOVING_INFIX):
+    if _paths.same_path(os.path.dirname(src_real), lay.parent) and os.path.basename(src_real).startswith(lay.name + REMOVING_INFIX):
         raise StageError("src: %s is named like a revision being deleted next to dest %s; rename it or choose "
                          "another dest" % (src_abs, lay.dest))
     lay.check_not_links()
@@ -105,9 +110,9 @@ def check_side_paths(src_real, lay, progress_file=None, checksums=None, fleet_sl
             if _paths.is_within(p, root):
                 raise StageError("progress_file: %s is inside %s %s, which staging replaces; put it outside the "
                                  "revision (e.g. /var/tmp/llmops/)" % (p, what, root))
-        if os.path.realpath(p) == os.path.realpath(lay.lock):
+        if _paths.same_path(p, lay.lock):
             raise StageError("progress_file: %s is dest's lock file; choose another path" % p)
-        if checksums and os.path.realpath(p) == os.path.realpath(checksums):
+        if checksums and _paths.same_path(p, checksums):
             raise StageError("progress_file: %s is the checksums manifest; choose another path" % p)
     if checksums:
         c = os.path.abspath(checksums)

@@ -24,10 +24,32 @@ from ansible_collections.llmops.serving.plugins.module_utils._stage_lock import 
 from ansible_collections.llmops.serving.plugins.module_utils._stage_marker import StageError
 
 
+def check_pinned(pinned):
+    """``pinned`` entries are strings without NUL; refused before anything changes."""
+    for i, p in enumerate(pinned or ()):
+        if not isinstance(p, str) or "\x00" in p:
+            raise StageError("pinned[%d]: must be a revision directory name or a path (a string without NUL); fix "
+                             "the entry" % i)
+
+
 def is_pinned(dest, pinned):
-    dest = os.path.abspath(dest)
-    return any(p and (os.path.abspath(p) == dest if os.sep in p else p == os.path.basename(dest))
-               for p in pinned)
+    """``dest`` is named by an entry of ``pinned``: a bare name (no ``/`` once trailing slashes are dropped) is a
+    revision directory name; anything else is a path (relative to the working directory when relative) and names
+    ``dest`` when it is the same directory however it is spelt (``_paths.same_path``: symlinked root, ``..``,
+    ``//``, a bind mount)."""
+    name = os.path.basename(dest.rstrip("/"))
+    for p in pinned:
+        if not p or not isinstance(p, str):
+            continue
+        bare = p.rstrip("/")
+        if not bare:
+            continue
+        if "/" not in bare:
+            if bare == name:
+                return True
+        elif _paths.same_path(p, dest):
+            return True
+    return False
 
 
 _VIA = {"fd": "has %s open", "map": "maps %s", "cwd": "works in %s", "root": "is chrooted in %s",
@@ -59,6 +81,7 @@ def _check_removable(lay):
 
 def remove(dest, pinned=(), check_mode=False, lock_timeout=3600, proc_root="/proc"):
     """state=absent: remove a staged revision unless pinned or in use (by any path, in any mount namespace)."""
+    check_pinned(pinned)
     lay = _stage_layout.Layout(dest)
     result = {"changed": False, "dest": lay.dest}
     if not os.path.lexists(lay.real) and not os.path.lexists(lay.partial):
@@ -105,7 +128,7 @@ def prune(dest, keep, pinned=(), check_mode=False, proc_root="/proc", protect=()
     revs = []
     for name in sorted(os.listdir(lay.parent)):
         path = os.path.join(lay.parent, name)
-        if path == lay.real or name.endswith(_stage_layout.PARTIAL_SUFFIX) or name.endswith(_stage_layout.LOCK_SUFFIX) \
+        if name == lay.name or name.endswith(_stage_layout.PARTIAL_SUFFIX) or name.endswith(_stage_layout.LOCK_SUFFIX) \
                 or _stage_layout.REMOVING_INFIX in name:
             continue
         try:

@@ -38,7 +38,10 @@ description:
   - O(operation=gc) keeps the newest O(keep) fingerprints of O(engine). A fingerprint listed in
     O(in_use), or whose published directory or C(.run/) copy a running process uses, is never removed.
     Copies no process uses go with their fingerprint; stale C(.partial-*) directories whose lock is free
-    are removed too.
+    are removed too. Only real directories count: a symlink where a fingerprint directory, an engine copy or
+    a build directory would be is never followed, counted or removed; it is reported (C(links) in RV(details),
+    and a warning) with the fix, and gc goes on with the rest. So does a directory that cannot be removed
+    (C(errors)).
   - Use by a process (of a fingerprint directory or its copies, for O(operation=gc), O(operation=checkout)
     and the quarantine of O(operation=verify), O(operation=prebuild) and O(operation=sync)) is found under
     O(proc_root) by device and inode, whatever path the process reaches the directory by - a symlinked
@@ -153,7 +156,10 @@ options:
     type: int
     default: 3
   in_use:
-    description: Fingerprints that O(operation=gc) must keep (mounted by running pods).
+    description:
+      - Fingerprints that O(operation=gc) must keep (mounted by running pods), each a fingerprint or a path to
+        its directory or below (for example an engine's C(TRITON_CACHE_DIR)). A path is compared by device and
+        inode, however it is spelt (a symlinked root, C(..), a trailing slash, a bind mount).
     type: list
     elements: str
     default: []
@@ -264,7 +270,10 @@ details:
     - checkout - C(discarded_files), what a stopped start had left in a copy that was replaced.
     - report - C(new_files) (C(path), C(size), C(change) added or changed), C(missing_files),
       C(published_unchanged), C(worth_publishing) and C(publish_advice).
-    - gc - C(kept), C(removed), C(protected), C(mounted), C(removed_runs), C(removed_partials).
+    - gc - C(kept), C(removed), C(protected), C(mounted), C(removed_runs), C(removed_partials), C(links) (each
+      C(path), C(target), C(what), C(fix)) and C(errors) (each C(path), C(reason)).
+    - checkout - C(replaced_link) when a symlink stood where the copy goes (the link is replaced, its target
+      is never read or written).
   returned: always
   type: dict
 """
@@ -327,6 +336,11 @@ def main():
     try:
         if op == "gc":
             res = _kcache.gc(root, engine, p["keep"], p["in_use"], proc, module.check_mode)
+            for item in res["links"]:
+                module.warn("%s: %s is a symlink (to %s), left alone: %s"
+                            % (item["what"], item["path"], item["target"], item["fix"]))
+            for item in res["errors"]:
+                module.warn("%s: %s" % (item["path"], item["reason"]))
             module.exit_json(changed=res.pop("changed"), status="done", details=res)
         fp = p["fingerprint"]
         cache_dir = _kcache.fingerprint_dir(root, engine, fp)

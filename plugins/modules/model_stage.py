@@ -147,7 +147,11 @@ options:
     type: int
     default: 0
   pinned:
-    description: Revisions never removed, as directory names (revision ids) or absolute paths.
+    description:
+      - Revisions never removed, by O(state=absent) or O(keep_revisions), as directory names (revision ids, an
+        entry without C(/)) or paths (relative ones from the working directory). A path names a revision
+        however it is spelt - a symlinked root, a trailing slash, C(..), C(//), a bind mount - compared by device
+        and inode, never as a string.
     type: list
     elements: str
     default: []
