@@ -56,6 +56,11 @@ import uuid
 CAP_FILE = "fleet.json"
 MAX_RECORD_BYTES = 4096  # a cap record or a lease is well under 1 KiB
 DEFAULT_ACQUIRE_TIMEOUT = 3600.0
+#: A holder rewrites its lease this often (seconds).
+HEARTBEAT = 5.0
+#: Shortest ``stale_after`` a run may ask for (``fleet_stale_seconds``): three missed heartbeats, so a lease whose
+#: holder is alive but slow for a moment is never taken over.
+MIN_STALE_SECONDS = 3 * HEARTBEAT
 _HOST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 
 # Tokens of the leases this process holds, across FleetSlots instances.
@@ -169,7 +174,7 @@ class FleetSlots:
     # How long an unparsable fleet.json may still be its creator's write in progress.
     CAP_SETTLE_SECONDS = 1.0
 
-    def __init__(self, directory, cap, host_id=None, host_max=None, heartbeat=5.0, stale_after=60.0,
+    def __init__(self, directory, cap, host_id=None, host_max=None, heartbeat=HEARTBEAT, stale_after=60.0,
                  poll=0.25, proc_root="/proc", lock_dir=None, acquire_timeout=DEFAULT_ACQUIRE_TIMEOUT):
         if not _positive_int(cap):
             raise FleetSlotError("fleet_read_streams must be at least 1 (got %r)" % (cap,), reason="bad_cap")

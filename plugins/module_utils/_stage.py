@@ -91,13 +91,11 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
         raise StageError("fleet_read_streams: required when fleet_slots_dir is set")
     peers = list(peers or [])
     pieces_on = bool(record_pieces or peers)
-    if pieces_on and not _marker.valid_piece_size(piece_size):
-        raise StageError("piece_size: must be a positive multiple of %d bytes (got %r); use e.g. %d (64 MiB)"
-                         % (_marker.PIECE_ALIGN, piece_size, PIECE_SIZE))
-    for i, peer in enumerate(peers):
-        if not _peer_url_ok(peer.get("url") if isinstance(peer, dict) else None):
-            raise StageError("peers[%d].url: must be http://<address>:<port>/r/<name>/<revision> (no credentials "
-                             "in it; the token goes in peer_token)" % i)
+    try:  # the options that shape the fan-out protocol, before anything is prepared
+        _stage_fanout.check_options(piece_size if pieces_on else None, peers, peer_token, fleet_slots_dir,
+                                    fleet_stale_seconds, dest)
+    except ValueError as e:
+        raise StageError(str(e))
     if peers and not peer_token:
         raise StageError("peer_token: required with peers (the run's token the peers' servers expect)")
     for what, v in (("peer_rate_limit", peer_rate_limit), ("read_rate_limit", read_rate_limit)):
@@ -278,13 +276,6 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
         if diff:
             result["diff"] = _diff(mstate.marker.records if mstate.marker else [], files, lay.dest)
         return _finish()
-
-
-def _peer_url_ok(url):
-    if not isinstance(url, str) or not url.startswith("http://"):  # the piece servers speak plain HTTP
-        return False
-    netloc = url.split("/", 3)[2] if url.count("/") >= 2 else ""
-    return bool(netloc) and "@" not in netloc
 
 
 def _on_board(board, files, content):

@@ -36,15 +36,17 @@ from __future__ import annotations
 import errno
 import hashlib
 import http.client
-import json
+import math
 import mmap
 import os
 import random
+import socket
 import threading
 import time
 from collections import deque
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
+from ansible_collections.llmops.serving.plugins.module_utils import _fleet_slots
 from ansible_collections.llmops.serving.plugins.module_utils import _fsutil
 from ansible_collections.llmops.serving.plugins.module_utils import _http
 from ansible_collections.llmops.serving.plugins.module_utils import _paths
@@ -56,13 +58,186 @@ from ansible_collections.llmops.serving.plugins.module_utils import _stage_verif
 from ansible_collections.llmops.serving.plugins.module_utils._stage_copy import RawFile
 from ansible_collections.llmops.serving.plugins.module_utils._stage_marker import StageError
 from ansible_collections.llmops.serving.plugins.module_utils._stage_progress import human_bytes
+from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, loads_json
 
 _HEX = _marker._HEX
-_stage_peer_limit = 64 * 1024 * 1024   # most bytes of a JSON answer read from a peer
 socket_timeout = TimeoutError
 # pulls in flight per read stream: a peer's uplink is shared by every receiver, so one transfer gets a fraction
 # of it, and filling this node's downlink takes several; reads from src stay at ``streams`` (and the fleet slots)
 PEER_STREAMS = 2
+#: A peer is dropped after this many failed tries in a row: piece lists that are no answer or not a piece list,
+#: or transfers that end in an error answer, break off, stall, or ask for a piece it lists but does not serve.
+#: A bad piece, a lie about digests or a refused token drops it at once.
+MAX_PEER_TRIES = 3
+#: Slowest rate a transfer may keep: a piece not in within ``timeout + size / MIN_PEER_RATE`` seconds has
+#: stalled (however the bytes trickle in), and a piece list not in within ``timeout`` seconds likewise.
+MIN_PEER_RATE = 4 * 1024 * 1024
+#: A ``/pieces`` answer: at most this many bytes plus ``PIECES_BYTES_PER_PIECE`` per piece of the files
+#: received (the ``have`` and ``sent`` strings), nested at most ``PIECES_MAX_DEPTH`` levels (answer, files,
+#: entry, ``src``).
+PIECES_MAX_BYTES = 4 * 1024 * 1024
+PIECES_BYTES_PER_PIECE = 4
+PIECES_MAX_DEPTH = 4
+#: A ``/digests`` answer: this much plus 80 bytes per piece of the file (``"<64 hex>",``).
+DIGESTS_MAX_BYTES = 64 * 1024
+#: Largest ``load`` (transfers in flight) a peer may report; a peer's server admits far fewer connections.
+MAX_PEER_LOAD = 4096
+PEER_STATES = ("idle", "copying", "failed", "done", "complete")
+#: Largest piece: a piece is one buffer per pulling worker.
+MAX_PIECE_SIZE = 1024 * 1024 * 1024
+
+
+class PeerLie(ValueError):
+    """A peer's answer that is not what the protocol says; ``str()`` says what is wrong, never quotes it."""
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _hex64(v, what):
+    if v is None:
+        return None
+    if not isinstance(v, str) or len(v) != 64 or not set(v) <= _HEX:
+        raise PeerLie("%s is not a sha256 (64 lowercase hex digits)" % what)
+    return v
+
+
+def parse_piece_list(body, piece_size, max_bytes=PIECES_MAX_BYTES):
+    """The ``/pieces`` answer ``body`` (bytes) of a peer, checked field by field; raises :class:`PeerLie`.
+
+    Parsed with ``_untrusted.loads_json`` (``max_bytes``, ``PIECES_MAX_DEPTH``, finite numbers). Returns
+    ``{"state", "board_age", "load", "files": {rel: {"size", "src", "header_sha256", "sha256", "have",
+    "sent"}}}``; ``have`` is ASCII ``0``/``1`` per piece, ``sent`` ASCII ``0``-``9`` per piece or None.
+    """
+    try:
+        doc = loads_json(body, "the piece list", max_depth=PIECES_MAX_DEPTH, max_bytes=max_bytes)
+    except UntrustedInput as e:
+        raise PeerLie(str(e))
+    if not isinstance(doc, dict):
+        raise PeerLie("the piece list is not a JSON object")
+    if not _is_int(doc.get("piece_size")) or doc["piece_size"] != piece_size:
+        raise PeerLie("the piece list is not at this run's piece size (%d)" % piece_size)
+    state = doc.get("state")
+    if state is not None and state not in PEER_STATES:
+        raise PeerLie("state is not one of %s" % ", ".join(PEER_STATES))
+    age = doc.get("board_age")
+    if age is not None and (isinstance(age, bool) or not isinstance(age, (int, float)) or not 0 <= age < 1e9):
+        raise PeerLie("board_age is not a number of seconds")
+    load = doc.get("load", 0)
+    if not _is_int(load) or not 0 <= load <= MAX_PEER_LOAD:
+        raise PeerLie("load is not a count of transfers (0-%d)" % MAX_PEER_LOAD)
+    files = doc.get("files", {})
+    if not isinstance(files, dict):
+        raise PeerLie("files is not an object")
+    out = {}
+    for rel, e in files.items():
+        what = "files[%d]" % len(out)
+        if not isinstance(e, dict):
+            raise PeerLie("%s is not an object" % what)
+        size = e.get("size")
+        if not _is_int(size) or size < 0:
+            raise PeerLie("%s.size is not a byte count" % what)
+        src = e.get("src")
+        if not (isinstance(src, list) and len(src) == 3 and all(_is_int(x) and x >= 0 for x in src)):
+            raise PeerLie("%s.src is not [ino, mtime_ns, ctime_ns]" % what)
+        n = _marker.piece_count(size, piece_size)
+        have = e.get("have")
+        if not isinstance(have, str) or len(have) != n or not set(have) <= set("01"):
+            raise PeerLie("%s.have is not one ASCII 0 or 1 per piece" % what)
+        sent = e.get("sent")
+        if sent is not None and (not isinstance(sent, str) or len(sent) != n or not set(sent) <= set("0123456789")):
+            raise PeerLie("%s.sent is not one ASCII digit per piece" % what)
+        out[rel] = {"size": size, "src": list(src), "have": have, "sent": sent,
+                    "header_sha256": _hex64(e.get("header_sha256"), what + ".header_sha256"),
+                    "sha256": _hex64(e.get("sha256"), what + ".sha256")}
+    return {"state": state, "board_age": age, "load": load, "files": out}
+
+
+def parse_digests(body, n):
+    """The ``/digests`` answer of a file of ``n`` pieces: a list of ``n`` sha256 or None; raises :class:`PeerLie`."""
+    try:
+        doc = loads_json(body, "the digest list", max_depth=2, max_bytes=DIGESTS_MAX_BYTES + 80 * n)
+    except UntrustedInput as e:
+        raise PeerLie(str(e))
+    digests = doc.get("digests") if isinstance(doc, dict) else None
+    if not isinstance(digests, list) or len(digests) != n:
+        raise PeerLie("the digest list does not hold one entry per piece")
+    return [_hex64(d, "digests[%d]" % i) for i, d in enumerate(digests)]
+
+
+def check_peer_url(url, field):
+    """``url`` as ``http://<host>:<port>/r/<name>/<revision>`` or :class:`ValueError` naming ``field``."""
+    fix = "write it as http://<address>:<port>/r/<name>/<revision> (the role builds it)"
+    if not isinstance(url, str) or not url.strip():
+        raise ValueError("%s: must be a URL; %s" % (field, fix))
+    if any(c.isspace() or ord(c) < 32 for c in url):
+        raise ValueError("%s: holds whitespace or control characters; %s" % (field, fix))
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme != "http":
+        raise ValueError("%s: the piece servers speak plain http:// only; %s" % (field, fix))
+    netloc = rest.split("/", 1)[0]
+    if "@" in netloc:
+        raise ValueError("%s: holds credentials (user@ or user:password@); the token goes in peer_token" % field)
+    try:
+        u = urlsplit(url)
+        port = u.port
+    except ValueError:
+        raise ValueError("%s: the port is not a number 1-65535; %s" % (field, fix))
+    if not u.hostname:
+        raise ValueError("%s: has no host; %s" % (field, fix))
+    if port is None or not 0 < port < 65536:
+        raise ValueError("%s: needs an explicit port 1-65535; %s" % (field, fix))
+    if u.query or u.fragment or "?" in url or "#" in url:
+        raise ValueError("%s: must not have a query or fragment; %s" % (field, fix))
+    parts = u.path.rstrip("/").split("/")
+    if len(parts) != 4 or parts[:2] != ["", "r"] or any(unquote(p) in ("", ".", "..") or "/" in unquote(p)
+                                                        for p in parts[2:]):
+        raise ValueError("%s: the path must be /r/<name>/<revision>; %s" % (field, fix))
+    return url
+
+
+def check_options(piece_size=None, peers=None, peer_token=None, fleet_slots_dir=None, fleet_stale_seconds=None,
+                  dest=None):
+    """Refuse options that shape the fan-out protocol before anything is prepared; ``ValueError`` names the
+    option and the fix. ``piece_size`` None: no pieces this run (not checked)."""
+    if dest is not None:
+        if not isinstance(dest, str) or not dest or "\x00" in dest:
+            raise ValueError("dest: must be a path; set it to <dest root>/<name>/<revision> on node-local storage")
+        if not os.path.isabs(dest):
+            raise ValueError("dest: %s is relative; give an absolute path under the node-local dest root" % dest)
+        if os.path.normpath(dest) == "/":
+            raise ValueError("dest: must not be the root directory; use <dest root>/<name>/<revision>")
+    if piece_size is not None:
+        if not _marker.valid_piece_size(piece_size) or piece_size > MAX_PIECE_SIZE:
+            raise ValueError("piece_size: must be a positive multiple of %d bytes up to %d (1 GiB) (got %r); use "
+                             "e.g. 67108864 (64 MiB), the same on every node" % (_marker.PIECE_ALIGN, MAX_PIECE_SIZE,
+                                                                                piece_size))
+    peers = list(peers or [])
+    seen = set()
+    for i, peer in enumerate(peers):
+        if not isinstance(peer, dict):
+            raise ValueError("peers[%d]: must be a mapping {url, seed}" % i)
+        url = check_peer_url(peer.get("url"), "peers[%d].url" % i)
+        if not isinstance(peer.get("seed", False), (bool, type(None))):
+            raise ValueError("peers[%d].seed: must be true or false" % i)
+        key = url.rstrip("/")
+        if key in seen:
+            raise ValueError("peers[%d].url: is listed twice; list each peer once" % i)
+        seen.add(key)
+    if peers:
+        if not isinstance(peer_token, str) or not peer_token:
+            raise ValueError("peer_token: required with peers (the run's token the peers' servers expect)")
+        if len(peer_token) < 16 or any(c.isspace() or not c.isprintable() or ord(c) > 126 for c in peer_token):
+            raise ValueError("peer_token: must be at least 16 printable ASCII characters without spaces; use "
+                             "the run's generated token")
+    if fleet_slots_dir and fleet_stale_seconds is not None:
+        v = fleet_stale_seconds
+        least = _fleet_slots.MIN_STALE_SECONDS
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not least <= v <= 86400:
+            raise ValueError("fleet_stale_seconds: must be %g-86400 seconds (got %r): a lease refreshed every %g s "
+                             "must not be taken over while its holder lives; the default is 60"
+                             % (least, v, _fleet_slots.HEARTBEAT))
 
 
 class Throttle(object):
@@ -123,6 +298,30 @@ class SourcedProgress(_stage_progress.Progress):
         return doc
 
 
+class _Watchdog(object):
+    """Shuts ``conn``'s socket down ``seconds`` from now unless cancelled: a read blocked on a peer that
+    trickles bytes then returns at once (``fired`` says why)."""
+
+    def __init__(self, conn, seconds):
+        self.fired = False
+        self._conn = conn
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self):
+        self.fired = True
+        sock = getattr(self._conn, "sock", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cancel(self):
+        self._timer.cancel()
+
+
 class PeerLink(object):
     """One peer as this receiver sees it."""
 
@@ -135,7 +334,9 @@ class PeerLink(object):
         self.seed = bool(seed)
         self.alive = True
         self.why_dropped = None
-        self.failures = 0
+        self.failures = 0          # piece lists in a row that were no answer or not a piece list
+        self.strikes = 0           # transfers in a row that failed (error answer, break, stall, not served)
+        self.lied = False
         self.inflight = 0
         self.load = 0
         self.state = None          # the peer's last /pieces "state"
@@ -147,6 +348,7 @@ class PeerLink(object):
         self.bad = 0
         self.seen_at = None
         self.mismatch = set()      # files whose entry here is not today's source file
+        self.claimed = {}          # rel -> indices of the pieces whose digest this (seed) peer gave
 
     def holds(self, rel, i):
         h = self.have.get(rel)
@@ -168,6 +370,9 @@ class _FileState(object):
         self.inflight = set()
         self.excluded = [set() for _i in range(self.n)]
         self.sent_at = [None] * self.n      # when a seed was first seen to have sent the piece to some peer
+        self.claims = [dict() for _i in range(self.n)]  # seeds' digests: {PeerLink: sha256}
+        self.disputed = set()               # pieces whose seeds disagree, being judged on the shared filesystem
+        self.judged = [False] * self.n      # trusted[i] is the shared filesystem's own digest
         self.final = _paths.contained(partial, self.rel, "src")
         self.part = self.final + _marker.PART_SUFFIX
         self.created = False
@@ -182,7 +387,7 @@ class Receiver(object):
 
     def __init__(self, src, partial, mode, content, peers, token, piece_size, streams, slots, progress, do_fsync,
                  direct_io=True, journal=None, board=None, peer_rate_limit=0, read_rate_limit=0, poll=0.25,
-                 seed_wait=120.0, seed_stale=15.0, timeout=30.0, max_failures=3):
+                 seed_wait=120.0, seed_stale=15.0, timeout=30.0, max_failures=MAX_PEER_TRIES):
         self.src = src
         self.partial = partial
         self.mode = mode
@@ -210,8 +415,10 @@ class Receiver(object):
         self.bytes_from_source = 0
         self.bytes_from_peers = 0
         self.bad_pieces_rejected = 0
+        self.pieces_judged = 0
         self.direct_files = 0
         self.dropped = []
+        self._pieces_limit = PIECES_MAX_BYTES
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._errors = []
@@ -224,25 +431,30 @@ class Receiver(object):
     def _headers(self):
         return {"Authorization": "Bearer " + self.token}
 
-    def _request(self, link, path, headers):
-        """GET ``path`` (below the peer's revision URL) on this thread's connection to ``link``; the response
-        (status read, body not). Transport failures are ``_http.HttpError`` without a status."""
+    def _request(self, link, path, headers, seconds):
+        """GET ``path`` (below the peer's revision URL) on this thread's connection to ``link``; ``(response,
+        watchdog)`` (status read, body not; the watchdog shuts the connection down ``seconds`` after the request
+        started, so a peer that trickles bytes cannot hold this thread: cancel it once the body is read).
+        Transport failures are ``_http.HttpError`` without a status."""
         conns = self._local.__dict__.setdefault("conns", {})
         url = link.url + path
         for attempt in (0, 1):
             conn = conns.get(link.url)
             if conn is None:
                 conn = conns[link.url] = http.client.HTTPConnection(link.host, link.port, timeout=self.timeout)
+            wd = _Watchdog(conn, seconds)
             try:
                 conn.request("GET", link.base + path, headers=headers)
-                return conn.getresponse()
+                return conn.getresponse(), wd
             except (OSError, http.client.HTTPException) as e:
+                wd.cancel()
                 conn.close()
                 conns.pop(link.url, None)
+                timed_out = wd.fired or isinstance(e, socket_timeout)
                 # a kept-alive connection the peer closed meanwhile is retried once on a new one
-                if attempt or isinstance(e, (ConnectionRefusedError, socket_timeout)):
-                    raise _http.HttpError("GET", url, str(e) or type(e).__name__,
-                                          timed_out=isinstance(e, socket_timeout),
+                if attempt or timed_out or isinstance(e, ConnectionRefusedError):
+                    why = ("no answer within %g s" % seconds) if wd.fired else (str(e) or type(e).__name__)
+                    raise _http.HttpError("GET", url, why, timed_out=timed_out,
                                           refused=isinstance(e, ConnectionRefusedError))
         raise AssertionError("unreachable")
 
@@ -251,30 +463,43 @@ class Receiver(object):
         if conn is not None:
             conn.close()
 
-    def _get_json(self, link, path):
-        resp = self._request(link, path, self._headers())
+    def _get_body(self, link, path, limit):
+        """The body of a 200 answer to ``GET path``, at most ``limit`` bytes (else :class:`PeerLie`), all of it
+        within ``timeout`` seconds."""
+        resp, wd = self._request(link, path, self._headers(), self.timeout)
         try:
-            body = resp.read(_stage_peer_limit)
+            body = resp.read(limit + 1)
         except (OSError, http.client.HTTPException) as e:
             self._close_conn(link)
-            raise _http.HttpError("GET", link.url + path, "the answer broke off: %s" % (e or type(e).__name__))
+            why = "no whole answer within %g s" % self.timeout if wd.fired else (str(e) or type(e).__name__)
+            raise _http.HttpError("GET", link.url + path, "the answer broke off: %s" % why, timed_out=wd.fired)
+        finally:
+            wd.cancel()
+        if wd.fired or not resp.isclosed():
+            self._close_conn(link)  # the rest of an answer not read is no start for the next request
+        if wd.fired:
+            raise _http.HttpError("GET", link.url + path, "no whole answer within %g s" % self.timeout,
+                                  timed_out=True)
         if resp.status != 200:
             raise _http.HttpError("GET", link.url + path, "HTTP %d" % resp.status, status=resp.status)
-        return json.loads(body.decode("utf-8"))
+        if len(body) > limit:
+            raise PeerLie("the answer is over the %d-byte limit for it" % limit)
+        return body
 
-    def _drop(self, link, why):
+    def _drop(self, link, why, lied=False):
         with self._cond:
             if link.alive:
                 link.alive = False
+                link.lied = lied
                 link.why_dropped = why
-                self.dropped.append({"url": link.url, "reason": why})
+                self.dropped.append({"url": link.url, "reason": why, "lied": bool(lied), "seed": link.seed})
             self._cond.notify_all()
 
     def _poll_loop(self, link):
         while not self._stop.is_set() and link.alive:
             try:
-                doc = self._get_json(link, "/pieces")
-                self._absorb(link, doc)
+                body = self._get_body(link, "/pieces", self._pieces_limit)
+                self._absorb(link, parse_piece_list(body, self.piece_size, self._pieces_limit))
                 link.failures = 0
             except _http.HttpError as e:
                 if e.status == 403:
@@ -282,59 +507,64 @@ class Receiver(object):
                     return
                 link.failures += 1
                 if link.failures >= self.max_failures:
-                    self._drop(link, "unreachable (%s)" % (e.status or "no answer"))
+                    self._drop(link, "unreachable after %d tries (%s)" % (
+                        link.failures, e.status or ("stalled" if e.timed_out else "no answer")))
                     return
-            except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError):
+            except PeerLie as e:
                 link.failures += 1
                 if link.failures >= self.max_failures:
-                    self._drop(link, "answers /pieces with something that is not a piece list")
+                    self._drop(link, "answered %d times with something that is not a piece list (%s)"
+                               % (link.failures, e))
                     return
+            except (StageError, _safetensors.CheckpointError) as e:  # judging a dispute could not read src
+                with self._cond:
+                    self._errors.append(e)
+                    self._cond.notify_all()
+                return
             self._stop.wait(self.poll)
 
     def _absorb(self, link, doc):
-        if not isinstance(doc, dict) or doc.get("piece_size") != self.piece_size:
-            raise ValueError("piece size")
-        files = doc.get("files") if isinstance(doc.get("files"), dict) else {}
+        """Take in a piece list (:func:`parse_piece_list`'s form) from ``link``."""
+        files = doc["files"]
         fetch = []
         with self._cond:
             # the pulling workers are woken only when there is something new to take: a piece list arrives
             # several times a second per peer, and waking every worker for each costs more CPU than the transfers
-            state = doc.get("state") if isinstance(doc.get("state"), str) else None
+            state = doc["state"]
             changed = state != link.state
             link.state = state
-            age = doc.get("board_age")
-            link.board_age = age if isinstance(age, (int, float)) and not isinstance(age, bool) else None
-            load = doc.get("load")
-            link.load = load if isinstance(load, int) and not isinstance(load, bool) else 0
+            link.board_age = doc["board_age"]
+            link.load = doc["load"]
             link.seen_at = time.monotonic()
             for fs in self._files:
                 e = files.get(fs.rel)
-                if not isinstance(e, dict):
+                if e is None:
                     link.have.pop(fs.rel, None)
                     continue
                 if not self._matches(fs, e):
                     link.have.pop(fs.rel, None)
                     link.mismatch.add(fs.rel)
                     continue
-                have = e.get("have")
-                if not isinstance(have, str) or len(have) != fs.n:
-                    continue
+                have = e["have"]
                 changed = changed or link.have.get(fs.rel) != have
                 link.have[fs.rel] = have
                 link.entries[fs.rel] = e
                 sent = e.get("sent") if link.seed else None  # only a seed's uplink is spared
-                if isinstance(sent, str) and len(sent) == fs.n and sent.isdigit():
+                if sent is not None:
                     link.sent[fs.rel] = sent
                     now = time.monotonic()
                     for i, c in enumerate(sent):
                         if c != "0" and fs.sent_at[i] is None:
                             fs.sent_at[i] = now
-                if link.seed and any(h == "1" and fs.trusted[i] is None for i, h in enumerate(have)):
-                    fetch.append(fs)
+                if link.seed:
+                    claimed = link.claimed.get(fs.rel, ())
+                    if any(h == "1" and i not in claimed for i, h in enumerate(have)):
+                        fetch.append(fs)
             if changed:
                 self._cond.notify_all()
         for fs in fetch:
-            self._fetch_digests(link, fs)
+            if link.alive:
+                self._fetch_digests(link, fs)
 
     def _matches(self, fs, e):
         """The peer's entry describes today's source file (size, inode, mtime, ctime, header digest)."""
@@ -345,19 +575,73 @@ class Receiver(object):
         return not (mine and e.get("header_sha256") not in (None, mine))
 
     def _fetch_digests(self, link, fs):
-        doc = self._get_json(link, "/digests?file=" + quote(fs.rel, safe=""))
-        digests = doc.get("digests") if isinstance(doc, dict) else None
-        if not isinstance(digests, list) or len(digests) != fs.n:
-            raise ValueError("digests")
+        """Take a seed's digests of ``fs``'s pieces. The first seed's digest of a piece is trusted; a seed that
+        gives another one starts a dispute the shared filesystem settles (:meth:`_judge`)."""
+        digests = parse_digests(self._get_body(link, "/digests?file=" + quote(fs.rel, safe=""),
+                                               DIGESTS_MAX_BYTES + 80 * fs.n), fs.n)
         e = link.entries.get(fs.rel) or {}
+        disputes, lies = [], []
         with self._cond:
+            claimed = link.claimed.setdefault(fs.rel, set())
             for i, d in enumerate(digests):
-                if isinstance(d, str) and len(d) == 64 and set(d) <= _HEX and fs.trusted[i] is None:
+                if d is None:
+                    continue
+                before = fs.claims[i].get(link)
+                if before is not None:
+                    if before != d:
+                        lies.append("gave two digests of %s piece %d" % (fs.rel, i))
+                    continue
+                claimed.add(i)
+                fs.claims[i][link] = d
+                if fs.judged[i]:
+                    if d != fs.trusted[i]:
+                        lies.append("its digest of %s piece %d is not the shared filesystem's" % (fs.rel, i))
+                elif fs.trusted[i] is None and i not in fs.disputed:
                     fs.trusted[i] = d
+                elif fs.trusted[i] != d and i not in fs.disputed:
+                    fs.disputed.add(i)
+                    disputes.append(i)
             sha = e.get("sha256")
             if isinstance(sha, str) and fs.seed_sha256 is None:
                 fs.seed_sha256 = sha
             self._cond.notify_all()
+        if lies:
+            self._drop(link, "lied: " + lies[0], lied=True)
+        for i in disputes:
+            self._judge(fs, i)
+
+    def _judge(self, fs, i):
+        """Seeds disagree on piece ``i`` (marked disputed by the caller): read it from the shared filesystem,
+        trust that digest, drop every seed that claimed another one, and fetch the piece again if this node
+        holds it under the wrong digest."""
+        buf = mmap.mmap(-1, self.piece_size)
+        try:
+            digest, _n = self._read_source(fs, i, buf, Throttle(self.read_rate_limit))
+        except BaseException:
+            with self._cond:
+                fs.disputed.discard(i)
+                self._cond.notify_all()
+            raise
+        finally:
+            buf.close()
+        with self._cond:
+            fs.trusted[i] = digest
+            fs.judged[i] = True
+            fs.disputed.discard(i)
+            self.pieces_judged += 1
+            liars = [p for p, d in fs.claims[i].items() if d != digest]
+            wrong = fs.held[i] and fs.digests[i] != digest
+            if wrong and not fs.finished:
+                fs.held[i] = False  # taken again, against the shared filesystem's digest
+            self._cond.notify_all()
+        for p in liars:
+            self._drop(p, "lied: its digest of %s piece %d is not the shared filesystem's (the seeds disagreed; "
+                          "the shared filesystem settled it)" % (fs.rel, i), lied=True)
+        if wrong and fs.finished:
+            _stage_layout.try_unlink(fs.final)
+            raise StageError("fan-out: %s was completed from a seed whose digest of piece %d the shared filesystem "
+                             "contradicts (%s); the copy is removed: run again" % (
+                                 fs.rel, i, ", ".join(p.url for p in liars)))
 
     def _seed_can_provide(self, rel):
         """Some seed may still give ``rel``'s digests: waiting for it beats reading the shared filesystem."""
@@ -408,6 +692,9 @@ class Receiver(object):
                     seeds_on = self._seed_can_provide(fs.rel)
                     for i in range(fs.n):
                         if fs.held[i] or i in fs.inflight:
+                            continue
+                        if i in fs.disputed:  # the shared filesystem is being asked which seed is right
+                            waiting = True
                             continue
                         if fs.trusted[i] is not None and not fs.source_only:
                             holders = [p for p in self.links if p.alive and p.holds(fs.rel, i)
@@ -516,33 +803,46 @@ class Receiver(object):
         h = hashlib.sha256()
         got = 0
         t_piece = time.monotonic()
+        rate = min(MIN_PEER_RATE, self.peer_rate_limit) if self.peer_rate_limit else MIN_PEER_RATE
+        seconds = self.timeout + n / float(rate)
         try:
-            resp = self._request(link, path, headers)
-            if resp.status != 206:
-                resp.read(_stage_peer_limit)
-                raise _http.HttpError("GET", link.url + path, "HTTP %d, not 206 with the range" % resp.status,
-                                      status=resp.status)
+            resp, wd = self._request(link, path, headers, seconds)
             try:
-                with memoryview(buf) as mv:
-                    while got < n:
-                        with mv[got:n] as target:
-                            k = resp.readinto(target)
-                        if not k:
-                            break
-                        with mv[got:got + k] as chunk:
-                            h.update(chunk)
-                        got += k
-                        throttle.consume(k)
-                if got != n or resp.read(1):
-                    raise _http.HttpError("GET", link.url + path, "sent %d bytes for a %d-byte piece" % (got, n))
-            except (OSError, http.client.HTTPException) as e:
-                self._close_conn(link)
-                raise _http.HttpError("GET", link.url + path, "the transfer broke off: %s" % (e or type(e).__name__))
+                if resp.status != 206:
+                    resp.read(64 * 1024)
+                    self._close_conn(link)
+                    raise _http.HttpError("GET", link.url + path, "HTTP %d, not 206 with the range" % resp.status,
+                                          status=resp.status)
+                try:
+                    with memoryview(buf) as mv:
+                        while got < n:
+                            with mv[got:n] as target:
+                                k = resp.readinto(target)
+                            if not k:
+                                break
+                            with mv[got:got + k] as chunk:
+                                h.update(chunk)
+                            got += k
+                            throttle.consume(k)
+                    if got != n or resp.read(1):
+                        self._close_conn(link)
+                        raise _http.HttpError("GET", link.url + path, "stalled: %d of %d bytes within %g s" % (
+                            got, n, seconds) if wd.fired else "sent %d bytes for a %d-byte piece" % (got, n),
+                            timed_out=wd.fired)
+                except (OSError, http.client.HTTPException) as e:
+                    self._close_conn(link)
+                    raise _http.HttpError("GET", link.url + path, "the transfer broke off: %s" % (
+                        ("stalled within %g s" % seconds) if wd.fired else (e or type(e).__name__)),
+                        timed_out=wd.fired)
+            finally:
+                wd.cancel()
         except (_http.HttpError, ValueError) as e:
             status = getattr(e, "status", None)
             with self._cond:
                 link.inflight -= 1
                 fs.inflight.discard(i)
+                link.strikes += 1
+                strikes = link.strikes
                 if status == 404:  # not held any more (published meanwhile, or a board race): ask again later
                     h_ = link.have.get(fs.rel)
                     if h_ is not None:
@@ -550,30 +850,64 @@ class Receiver(object):
                 self._cond.notify_all()
             if status == 403:
                 self._drop(link, "refused this run's token (HTTP 403)")
-            elif status != 404:
-                self._drop(link, "broke off a transfer (%s)" % (status or type(e).__name__))
+            elif strikes >= self.max_failures:
+                what = ("listed pieces it did not serve (HTTP 404)" if status == 404 else
+                        "answered HTTP %d" % status if status else
+                        "stalled" if getattr(e, "timed_out", False) else "broke off")
+                self._drop(link, "%d transfers in a row failed, the last one %s" % (strikes, what))
             return
         digest = h.hexdigest()
-        if got != n or digest != fs.trusted[i]:
-            with self._cond:
-                link.inflight -= 1
-                link.bad += 1
-                self.bad_pieces_rejected += 1
-                fs.inflight.discard(i)
-                fs.excluded[i].add(link)
-            self._drop(link, "sent a bad piece (%s piece %d: %s)" % (
-                fs.rel, i, "sha256 differs from the seed's" if got == n else "%d of %d bytes" % (got, n)))
-            return
+        if digest != fs.trusted[i]:
+            self._settle(fs, i, link)
         with self._cond:
-            self._piece_secs.append(time.monotonic() - t_piece)
             link.inflight -= 1
+            if digest == fs.trusted[i]:
+                self._piece_secs.append(time.monotonic() - t_piece)
+                link.strikes = 0
+                ok, quiet = True, False
+            else:
+                ok, quiet = False, i in fs.disputed
+                fs.inflight.discard(i)
+                if not quiet:
+                    link.bad += 1
+                    self.bad_pieces_rejected += 1
+                    fs.excluded[i].add(link)
+                self._cond.notify_all()
+        if not ok:
+            if not quiet:
+                self._drop(link, "lied: sent a bad piece (%s piece %d: sha256 differs from the %s)" % (
+                    fs.rel, i, "shared filesystem's" if fs.judged[i] else "seed's"), lied=True)
+            return
         self._write(fs, i, buf, n)
         with self._cond:
             link.bytes += n
             self.bytes_from_peers += n
         self._held(fs, i, digest, n, peer=True)
 
-    def _from_source(self, fs, i, buf, throttle):
+    def _settle(self, fs, i, link):
+        """A seed sent piece ``i`` with another digest than the trusted one: if its own digest of the piece is
+        that other one, the seeds disagree and the shared filesystem judges (:meth:`_judge`); if its digest is
+        the trusted one, its bytes contradict its own word (judged by the caller, no read needed)."""
+        if not link.seed:
+            return  # digests come from seeds only: a non-seed's bytes are checked against them, nothing more
+        with self._cond:
+            known = link in fs.claims[i]
+        if not known:
+            try:
+                self._fetch_digests(link, fs)
+            except (_http.HttpError, PeerLie):
+                return
+        with self._cond:
+            claim = fs.claims[i].get(link)
+            start = (claim is not None and claim != fs.trusted[i] and not fs.judged[i]
+                     and i not in fs.disputed)
+            if start:
+                fs.disputed.add(i)
+        if start:
+            self._judge(fs, i)
+
+    def _read_source(self, fs, i, buf, throttle):
+        """Read piece ``i`` of ``fs`` from the shared filesystem into ``buf``; ``(sha256, length)``."""
         off, n = self._span(fs, i)
         src_path = os.path.join(self.src, fs.rel)
         self._src_streams.acquire()
@@ -603,6 +937,10 @@ class Receiver(object):
             if lease:
                 self.slots.release(lease)
             self._src_streams.release()
+        return digest, n
+
+    def _from_source(self, fs, i, buf, throttle):
+        digest, n = self._read_source(fs, i, buf, throttle)
         # the shared filesystem is the authority: its bytes stand even where a seed claimed another digest
         self._write(fs, i, buf, n)
         with self._cond:
@@ -706,6 +1044,7 @@ class Receiver(object):
     def run(self, files):
         self._t0 = time.monotonic()
         self._files = [_FileState(f, self.partial, self.piece_size) for f in sorted(files, key=lambda x: x["path"])]
+        self._pieces_limit = PIECES_MAX_BYTES + PIECES_BYTES_PER_PIECE * sum(fs.n for fs in self._files)
         if self.board:
             for fs in self._files:
                 self.board.add(fs.rel, fs.f, self.content.header_digests.get(fs.rel), None)

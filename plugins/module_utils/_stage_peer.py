@@ -25,8 +25,15 @@ given (``/r/<name>/<revision>``):
 * ``GET R/files/<path>`` with one ``Range: bytes=a-b``: those bytes (206), only when every piece they touch is
   held; otherwise 404 (not held) or 416 (bad range).
 
-Every request needs ``Authorization: Bearer <token>``, the per-run token; it is compared in constant time with
-the digest the server keeps (the token itself is kept nowhere), and anything else gets 403. A path is served
+Every request needs ``Authorization: Bearer <token>``, the per-run token; its sha256 is compared in constant time
+with the digest the server was given (the controller gives servers only the digest: the token itself is in no
+memory, file, argument or environment of the daemon), and anything else gets 403 and the connection closed.
+
+The network cannot starve it: at most ``MAX_UNAUTHENTICATED`` connections that have not shown the token are
+kept (one more closes the oldest of them), each must send its request line and headers within
+``HEADER_DEADLINE`` seconds, a kept-alive connection waits at most ``IDLE_TIMEOUT`` for its next request, and at
+most ``MAX_CONNECTIONS`` connections with the token are served (more get 503). So peers with the token are
+served while any number of idle or byte-a-second connections are open. A path is served
 only when it is listed (published marker or board), passes ``_paths`` (relative, no ``..``, no symlink on the
 way) and opens as a regular file without following a symlink. Errors name the path, never a header value.
 
@@ -61,6 +68,18 @@ BOARD_FORMAT = 1
 BOARD_HEARTBEAT = 2.0      # a staging run rewrites its board at least this often
 SEND_CHUNK = 8 * 1024 * 1024
 MAX_BOARD_BYTES = 64 * 1024 * 1024
+#: Connections that have shown the token, served at once (a receiver holds about ``2 * read_streams + 1`` to
+#: each peer); one more that shows it gets 503 and is closed.
+MAX_CONNECTIONS = 1024
+#: Connections that have not shown the token yet: past this, the oldest of them is closed when one more comes, so
+#: idle or slow connections from anybody never keep a peer with the token out.
+MAX_UNAUTHENTICATED = 64
+#: Seconds a connection has to send its first request line and headers in full (slow senders are cut off).
+HEADER_DEADLINE = 10.0
+#: Seconds a kept-alive connection may wait for its next request (receivers poll several times a second).
+IDLE_TIMEOUT = 60.0
+#: How often the deadlines are checked (seconds).
+REAP_INTERVAL = 0.25
 
 
 class PeerError(Exception):
@@ -306,23 +325,133 @@ class PeerServer(ThreadingHTTPServer):
     """Serves ``offers`` (``{"<name>/<revision>": Offer}``) to holders of the token (see the module docstring)."""
 
     daemon_threads = True
+    block_on_close = False
     allow_reuse_address = True
-    request_queue_size = 128
+    request_queue_size = 1024
 
-    def __init__(self, address, port, token_sha256, offers):
+    def __init__(self, address, port, token_sha256, offers, max_connections=MAX_CONNECTIONS,
+                 max_unauthenticated=MAX_UNAUTHENTICATED, header_deadline=HEADER_DEADLINE, idle_timeout=IDLE_TIMEOUT):
+        if not (isinstance(token_sha256, bytes) and len(token_sha256) == 32):
+            raise PeerError("token_sha256: must be the 32-byte sha256 digest of the run's token")
         self.token_sha256 = token_sha256
         self.offers = offers
+        self.max_connections = max_connections
+        self.max_unauthenticated = max_unauthenticated
+        self.header_deadline = header_deadline
+        self.idle_timeout = idle_timeout
         self.active = 0
         self.requests = 0
         self.denied = 0
+        self.evicted = 0      # connections closed before they showed the token (deadline or crowding)
+        self.refused = 0      # connections with the token turned away at the cap (503)
         self._count_lock = threading.Lock()
+        self._conns = {}      # socket -> _Conn
+        self._reaper_stop = threading.Event()
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         self.address_family = family
         ThreadingHTTPServer.__init__(self, (address, port), _Handler)
+        self._reaper = threading.Thread(target=self._reap, name="stage-peer-reaper", daemon=True)
+        self._reaper.start()
 
     def count(self, delta):
         with self._count_lock:
             self.active += delta
+
+    # ---- connections: caps and deadlines ------------------------------------------------------------
+    def process_request(self, request, client_address):
+        now = time.monotonic()
+        with self._count_lock:
+            waiting = [c for c in self._conns.values() if not c.authed and not c.killed]
+            while len(waiting) >= self.max_unauthenticated:
+                oldest = min(waiting, key=lambda c: c.opened)
+                waiting.remove(oldest)
+                oldest.kill()
+                self.evicted += 1
+            self._conns[request] = _Conn(request, now, now + self.header_deadline)
+        try:
+            ThreadingHTTPServer.process_request(self, request, client_address)
+        except RuntimeError:  # no thread could be started: this connection is not served
+            with self._count_lock:
+                self._conns.pop(request, None)
+            self.shutdown_request(request)
+
+    def process_request_thread(self, request, client_address):
+        try:
+            ThreadingHTTPServer.process_request_thread(self, request, client_address)
+        finally:
+            with self._count_lock:
+                self._conns.pop(request, None)
+
+    def phase(self, sock, phase):
+        """``head``: waiting for a request (first one: ``header_deadline``, later ones ``idle_timeout``);
+        ``busy``: answering one (no deadline here: a stalled receiver is the handler's send timeout)."""
+        with self._count_lock:
+            c = self._conns.get(sock)
+            if c is None:
+                return
+            if phase == "busy":
+                c.deadline = None
+            else:
+                c.deadline = time.monotonic() + (self.idle_timeout if c.served else self.header_deadline)
+                c.served = True
+
+    def admit(self, sock):
+        """The connection showed the token: it no longer counts against ``max_unauthenticated``. False when
+        ``max_connections`` are already served."""
+        with self._count_lock:
+            c = self._conns.get(sock)
+            if c is None or c.authed:
+                return True
+            if sum(1 for x in self._conns.values() if x.authed and not x.killed) >= self.max_connections:
+                self.refused += 1
+                return False
+            c.authed = True
+            return True
+
+    def connections(self):
+        """``(with the token, without it yet)``: connections open now."""
+        with self._count_lock:
+            live = [c for c in self._conns.values() if not c.killed]
+        return sum(1 for c in live if c.authed), sum(1 for c in live if not c.authed)
+
+    def _reap(self):
+        while not self._reaper_stop.wait(REAP_INTERVAL):
+            now = time.monotonic()
+            with self._count_lock:
+                for c in list(self._conns.values()):
+                    if not c.killed and c.deadline is not None and now > c.deadline:
+                        c.kill()
+                        if not c.authed:
+                            self.evicted += 1
+
+    def server_close(self):
+        self._reaper_stop.set()
+        with self._count_lock:
+            for c in list(self._conns.values()):
+                c.kill()
+        ThreadingHTTPServer.server_close(self)
+
+
+class _Conn(object):
+    """One client connection as the server tracks it."""
+
+    __slots__ = ("sock", "opened", "deadline", "authed", "served", "killed")
+
+    def __init__(self, sock, opened, deadline):
+        self.sock = sock
+        self.opened = opened
+        self.deadline = deadline
+        self.authed = False
+        self.served = False
+        self.killed = False
+
+    def kill(self):
+        """Close the connection under its handler: a read blocked on it returns at once."""
+        self.killed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -333,6 +462,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args):  # requests are not logged (nothing a peer sends ends up anywhere)
         return
+
+    def handle_one_request(self):
+        self.server.phase(self.connection, "head")
+        BaseHTTPRequestHandler.handle_one_request(self)
 
     def _send_json(self, code, doc):
         body = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
@@ -352,10 +485,15 @@ class _Handler(BaseHTTPRequestHandler):
         return ok and bool(given)
 
     def do_GET(self):
+        self.server.phase(self.connection, "busy")
         with self.server._count_lock:
             self.server.requests += 1
         if not self._authorized():
+            self.close_connection = True
             return self._send_json(403, {"error": "forbidden: send the run's token as 'Authorization: Bearer'"})
+        if not self.server.admit(self.connection):
+            self.close_connection = True
+            return self._send_json(503, {"error": "busy: %d peers are served; try again" % self.server.max_connections})
         url = urlsplit(self.path)
         path = unquote(url.path)
         if path == "/healthz":
@@ -381,6 +519,8 @@ class _Handler(BaseHTTPRequestHandler):
         return self._send_json(404, {"error": "unknown path"})
 
     def do_HEAD(self):
+        self.server.phase(self.connection, "busy")
+        self.close_connection = True
         self._send_json(405, {"error": "only GET"})
 
     do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD
@@ -469,12 +609,21 @@ def running(state_dir, address, port):
         os.close(fd)
 
 
-def start(state_dir, address, port, token, revisions, piece_size, lifetime, timeout=15.0):
+def parse_token_sha256(value):
+    """The 32-byte digest from ``token_sha256`` (64 hex digits) or :class:`PeerError` naming the option."""
+    if not isinstance(value, str) or len(value.strip()) != 64 or not set(value.strip().lower()) <= set("0123456789abcdef"):
+        raise PeerError("token_sha256: must be the sha256 of the run's token as 64 hex digits (the role passes "
+                        "model_stage_fanout_token | hash('sha256')); the token itself never goes to the server")
+    return bytes.fromhex(value.strip().lower())
+
+
+def start(state_dir, address, port, token_sha256, revisions, piece_size, lifetime, timeout=15.0):
     """Start the server daemon (replacing one on ``address:port`` with another configuration).
 
+    ``token_sha256``: the 32-byte sha256 of the run's token (the server never sees the token itself).
     ``revisions``: ``{"<name>/<revision>": dest}``. Returns ``(changed, record)``.
     """
-    tsha = token_digest(token)
+    tsha = token_sha256
     digest = config_digest(address, port, tsha, revisions, piece_size)
     cur = running(state_dir, address, port)
     if cur is not None and cur.get("config") == digest:

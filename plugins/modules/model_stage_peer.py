@@ -17,12 +17,15 @@ description:
     with piece digests at O(piece_size) and an intact copy, or listed in the board of the staging run still
     building it (C(<dest>.partial/.llmops-staged.pieces.json)), there only the pieces verified and written. A
     node so serves a piece onward as soon as it has verified it.
-  - Every request needs C(Authorization Bearer) with O(token), compared in constant time; anything else gets
-    403. Paths are relative, without C(..), never through a symlink, and must be listed. Only C(GET) is
-    answered; file data only for one byte range that lies in held pieces.
+  - Every request needs C(Authorization Bearer) with the run's token, whose sha256 is compared in constant time
+    with O(token_sha256); anything else gets 403. Paths are relative, without C(..), never through a symlink,
+    and must be listed. Only C(GET) is answered; file data only for one byte range that lies in held pieces.
+  - Connections that have not shown the token are bounded (the oldest is closed when too many are open), must
+    send their request within 10 seconds, and a kept-alive connection is closed after 60 seconds without a
+    request, so peers with the token are served while idle or slow connections are open.
   - The server is a daemon holding a lock on its pid file in O(state_dir) for its life; it exits on
-    O(state=stopped), on SIGTERM, or after O(lifetime) seconds, whichever comes first. The token is kept only
-    as its sha256 in the daemon's memory, never in a file, the environment or the command line.
+    O(state=stopped), on SIGTERM, or after O(lifetime) seconds, whichever comes first. The server is given only
+    the token's sha256, never the token: nothing in its memory, files, environment or command line reveals it.
   - Starting it again with the same configuration (token included) changes nothing; another configuration
     replaces the running server.
 options:
@@ -39,10 +42,10 @@ options:
     description: TCP port to listen on.
     type: int
     required: true
-  token:
+  token_sha256:
     description:
-      - Per-run secret the peers send as C(Authorization Bearer). At least 16 characters. Required with
-        O(state=started).
+      - The sha256 (64 hex digits) of the per-run secret the peers send as C(Authorization Bearer), for example
+        C(token | hash('sha256')). Only receivers get the token itself. Required with O(state=started).
     type: str
   revisions:
     description:
@@ -92,7 +95,7 @@ EXAMPLES = r"""
   llmops.serving.model_stage_peer:
     address: "{{ model_stage_fanout_address }}"
     port: 18700
-    token: "{{ stage_token }}"
+    token_sha256: "{{ stage_token | hash('sha256') }}"
     revisions:
       - name: glm-5.2-fp8
         revision: 3f2a9c1d7e44
@@ -126,7 +129,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_marker
+from ansible_collections.llmops.serving.plugins.module_utils import _stage_fanout
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_peer
 
 
@@ -140,7 +143,7 @@ def main():
             state=dict(type="str", choices=["started", "stopped"], default="started"),
             address=dict(type="str", required=True),
             port=dict(type="int", required=True),
-            token=dict(type="str", no_log=True),
+            token_sha256=dict(type="str", no_log=True),
             revisions=dict(type="list", elements="dict", default=[], options=dict(
                 name=dict(type="str", required=True),
                 revision=dict(type="str", required=True),
@@ -149,7 +152,7 @@ def main():
             state_dir=dict(type="path", default="/var/tmp/llmops/stage-peer"),
             lifetime=dict(type="int", default=86400),
         ),
-        required_if=[("state", "started", ("token",))],
+        required_if=[("state", "started", ("token_sha256",))],
         supports_check_mode=True,
     )
     p = module.params
@@ -171,21 +174,23 @@ def main():
             if not module.check_mode:
                 _stage_peer.stop(p["state_dir"], p["address"], p["port"])
         module.exit_json(**result)
-    if len(p["token"]) < 16:
-        module.fail_json(msg="token: must be at least 16 characters; generate one per run (the role does)")
-    if not _stage_marker.valid_piece_size(p["piece_size"]):
-        module.fail_json(msg="piece_size: must be a positive multiple of %d bytes (got %d); use e.g. 67108864 (64 MiB)"
-                         % (_stage_marker.PIECE_ALIGN, p["piece_size"]))
+    try:
+        token_sha256 = _stage_peer.parse_token_sha256(p["token_sha256"])
+    except _stage_peer.PeerError as e:
+        module.fail_json(msg=str(e), **result)
+    try:
+        _stage_fanout.check_options(piece_size=p["piece_size"])
+    except ValueError as e:
+        module.fail_json(msg=str(e), **result)
     if p["lifetime"] < 0:
         module.fail_json(msg="lifetime: must not be negative (got %d)" % p["lifetime"])
     if module.check_mode:
-        digest = _stage_peer.config_digest(p["address"], p["port"], _stage_peer.token_digest(p["token"]), revisions,
-                                           p["piece_size"])
+        digest = _stage_peer.config_digest(p["address"], p["port"], token_sha256, revisions, p["piece_size"])
         same = cur is not None and cur.get("config") == digest
         result.update(changed=not same, pid=cur["pid"] if cur else None)
         module.exit_json(**result)
     try:
-        changed, rec = _stage_peer.start(p["state_dir"], p["address"], p["port"], p["token"], revisions,
+        changed, rec = _stage_peer.start(p["state_dir"], p["address"], p["port"], token_sha256, revisions,
                                          p["piece_size"], p["lifetime"])
     except (_stage_peer.PeerError, OSError) as e:
         module.fail_json(msg=str(e), **result)

@@ -259,7 +259,9 @@ def test_the_piece_server_wants_the_token(tmp_path, collections, revision):
     _stage.stage(revision["src"], dest, record_pieces=True, piece_size=PIECE)
     port = _free_port()
     token = "a-token-of-this-run-0123456789abcdef"
-    args = {"address": "127.0.0.2", "port": port, "token": token, "piece_size": PIECE,
+    # the server is given only the token's digest (receivers alone get the token)
+    args = {"address": "127.0.0.2", "port": port, "token_sha256": hashlib.sha256(token.encode()).hexdigest(),
+            "piece_size": PIECE,
             "state_dir": str(tmp_path / "peer"), "lifetime": 120,
             "revisions": [{"name": "synth", "revision": "r1", "dest": dest}]}
     module = os.path.join(ROOT, "plugins", "modules", "model_stage_peer.py")
@@ -272,8 +274,10 @@ def test_the_piece_server_wants_the_token(tmp_path, collections, revision):
                            timeout=60, check=False)
         return json.loads(p.stdout[p.stdout.index("{"):])
 
+    assert "token_sha256" in run(dict(args, token_sha256=token))["msg"]  # the token itself is refused
     r = run(args)
     assert r["changed"] and r["pid"] and token not in json.dumps(r)
+    assert args["token_sha256"] not in json.dumps(r)
     try:
         assert not run(args)["changed"]  # same configuration: left running
         with open("/proc/%d/cmdline" % r["pid"], "rb") as f:
