@@ -56,6 +56,7 @@ from ansible_collections.llmops.serving.plugins.module_utils import _stage_verif
 from ansible_collections.llmops.serving.plugins.module_utils._stage_lock import DestLock
 from ansible_collections.llmops.serving.plugins.module_utils._stage_marker import StageError
 from ansible_collections.llmops.serving.plugins.module_utils._stage_progress import human_bytes
+from ansible_collections.llmops.serving.plugins.module_utils._stage_prune import check_pinned as _check_pinned
 from ansible_collections.llmops.serving.plugins.module_utils._stage_prune import prune, remove
 
 # Names the module, the tests and the benchmarks use.
@@ -96,6 +97,7 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
                                     fleet_stale_seconds, dest)
     except ValueError as e:
         raise StageError(str(e))
+    _check_pinned(pinned)
     if peers and not peer_token:
         raise StageError("peer_token: required with peers (the run's token the peers' servers expect)")
     for what, v in (("peer_rate_limit", peer_rate_limit), ("read_rate_limit", read_rate_limit)):
