@@ -57,7 +57,7 @@ def _short(err):
     return str(err)[:160]
 
 
-def _reason(path, err):
+def untrusted_reason(path, err):
     """The shared reader's message without its leading file name (CheckpointError puts it first)."""
     text = str(err)
     return text[len(str(path)) + 1:] if text.startswith(str(path) + " ") else text
@@ -173,7 +173,7 @@ def verify_file(path, file_size=None):
             size = os.fstat(f.fileno()).st_size if file_size is None else file_size
             n, data = read_header_bytes(f, path, size)
     except UntrustedInput as e:
-        raise CheckpointError(path, _reason(path, e))
+        raise CheckpointError(path, untrusted_reason(path, e))
     except OSError as e:
         raise CheckpointError(path, "cannot read: %s" % e.strerror)
     header = parse_header(path, n, data)
@@ -186,7 +186,7 @@ def load_index(path):
         doc = load_json(path, max_bytes=MAX_INDEX_BYTES)
     except UntrustedInput as e:
         # a FIFO, /dev/zero, a nesting bomb, 1e400: named with its limit (never hung on, never a traceback)
-        raise CheckpointError(path, _reason(path, e))
+        raise CheckpointError(path, untrusted_reason(path, e))
     except OSError as e:
         raise CheckpointError(path, "cannot read: %s" % e.strerror)
     wmap = doc.get("weight_map") if isinstance(doc, dict) else None

@@ -49,6 +49,8 @@ import time
 
 from ansible_collections.llmops.serving.plugins.module_utils import _fsutil
 from ansible_collections.llmops.serving.plugins.module_utils import _paths
+from ansible_collections.llmops.serving.plugins.module_utils._untrusted import (
+    UntrustedInput, load_json, loads_json, read_bytes)
 
 MARKER = ".llmops-staged.json"
 JOURNAL = ".llmops-staged.journal"
@@ -297,25 +299,17 @@ def parse_marker(doc, where):
 
 
 def _read_json_file(path, limit):
-    """Parsed JSON of a regular file (not followed through a symlink) or RecordError."""
+    """Parsed JSON of a regular file (not followed through a symlink) or RecordError: the shared reader refuses
+    a FIFO or device without blocking, more than ``limit`` bytes, nesting and numbers out of range (a
+    ``staged_at`` of ``10**400`` is an invalid marker, never an OverflowError)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
+        return load_json(path, max_bytes=limit, follow=False)
+    except FileNotFoundError as e:
         raise RecordError("cannot be read (%s)" % e.strerror)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise RecordError("is not a regular file")
-        if st.st_size > limit:
-            raise RecordError("is %d bytes, more than the %d a marker may have" % (st.st_size, limit))
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(limit + 1)
-    finally:
-        os.close(fd)
-    try:
-        return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise RecordError("is not valid UTF-8 JSON")
+    except UntrustedInput as e:
+        if e.limit in ("syntax", "encoding"):
+            raise RecordError("is not valid UTF-8 JSON")
+        raise RecordError(str(e))
 
 
 def read_marker(directory):
@@ -397,14 +391,14 @@ def partial_records(partial):
             out[r.path] = (r, ms.marker.source)
     path = os.path.join(partial, JOURNAL)
     try:
-        lines = _read_bytes_nofollow(path, MAX_MARKER_BYTES).split(b"\n")
-    except RecordError:
-        return out
+        lines = read_bytes(path, max_bytes=MAX_MARKER_BYTES, follow=False).split(b"\n")
+    except (OSError, UntrustedInput):
+        return out  # no journal, or not one this module wrote: the files are copied again
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            doc = json.loads(line.decode("utf-8"))
+            doc = loads_json(line, "%s line %d" % (path, i + 1), file=path)
             ps = doc.get("piece_size") if isinstance(doc, dict) else None
             rec = FileRecord.from_json(doc, "%s line %d" % (path, i + 1), ps if valid_piece_size(ps) else None)
             source = doc.get("source")
@@ -414,20 +408,6 @@ def partial_records(partial):
             continue
         out[rec.path] = (rec, source)
     return out
-
-
-def _read_bytes_nofollow(path, limit):
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as e:
-        raise RecordError("cannot be read (%s)" % e.strerror)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise RecordError("is not a regular file")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read(limit)
-    finally:
-        os.close(fd)
 
 
 # ---- checksums manifests ---------------------------------------------------------------------------
@@ -452,21 +432,23 @@ def load_checksums(path):
     ``./`` is dropped. The file must be a regular UTF-8 text file.
     """
     try:
-        st = os.stat(path)
+        data = read_bytes(path, "checksums", max_bytes=MAX_CHECKSUMS_BYTES)
     except OSError as e:
-        raise StageError("checksums: cannot read %s: %s" % (path, e.strerror))
-    if not stat.S_ISREG(st.st_mode):
-        raise StageError("checksums: %s is not a regular file; point checksums at a sha256sum manifest" % path)
-    if st.st_size > MAX_CHECKSUMS_BYTES:
-        raise StageError("checksums: %s is %d bytes, more than a manifest of a revision can be (%d); point "
-                         "checksums at the revision's sha256sum manifest" % (path, st.st_size, MAX_CHECKSUMS_BYTES))
+        raise StageError("checksums: cannot read %s: %s" % (path, e.strerror), file=path, reason="unreadable")
+    except UntrustedInput as e:
+        if e.limit == "type":
+            raise StageError("checksums: %s is not a regular file; point checksums at a sha256sum manifest" % path,
+                             file=path, reason="not_regular")
+        if e.limit == "size":
+            raise StageError("checksums: %s is over %d bytes, more than a manifest of a revision can be; point "
+                             "checksums at the revision's sha256sum manifest" % (path, MAX_CHECKSUMS_BYTES),
+                             file=path, reason="too_large")
+        raise StageError("%s; point checksums at a sha256sum manifest" % e, file=path, reason="unreadable")
     try:
-        with open(path, "rb") as f:
-            text = f.read(MAX_CHECKSUMS_BYTES + 1).decode("utf-8")
-    except OSError as e:
-        raise StageError("checksums: cannot read %s: %s" % (path, e.strerror))
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise StageError("checksums: %s is not UTF-8 text; point checksums at a sha256sum manifest" % path)
+        raise StageError("checksums: %s is not UTF-8 text; point checksums at a sha256sum manifest" % path,
+                         file=path, reason="not_utf8")
     sums = {}
     for lineno, line in enumerate(text.split("\n"), 1):
         if not line.strip() or line.startswith("#"):

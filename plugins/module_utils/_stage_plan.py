@@ -15,6 +15,7 @@ one-line ``reason`` of the module result.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 
 from ansible_collections.llmops.serving.plugins.module_utils import _fsutil
@@ -23,6 +24,7 @@ from ansible_collections.llmops.serving.plugins.module_utils import _safetensors
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_layout
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_marker as _marker
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_verify as _verify
+from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, open_regular
 
 
 class Plan(object):
@@ -107,7 +109,7 @@ def check_upgrades(plan, lay, files, content, verify):
             sha = rec.sha256
             want = content.sums.get(rel) if verify == "sha256" else None
             if want and sha != want:
-                sha = _fsutil.sha256_file(path)
+                sha = _sha256_copy(path)
                 if sha != want:
                     raise _safetensors.CheckpointError(path, "checksum mismatch: sha256 %s, manifest says %s"
                                                        % (sha, want))
@@ -123,6 +125,21 @@ def check_upgrades(plan, lay, files, content, verify):
                                             rec.pieces, rec.piece_size)
         plan.refresh = True
     plan.upgrade = {}
+
+
+def _sha256_copy(path):
+    """sha256 of a published copy, read only if it is (still) a regular file reached without a symlink: a FIFO or
+    device swapped in after planning is a failed verification (staged again), never a hang."""
+    try:
+        h = hashlib.sha256()
+        with open_regular(path, follow=False) as f:
+            for chunk in iter(lambda: f.read(_fsutil.HASH_BUF), b""):
+                h.update(chunk)
+        return h.hexdigest()
+    except UntrustedInput as e:
+        raise _safetensors.CheckpointError(path, _safetensors.untrusted_reason(path, e))
+    except OSError as e:
+        raise _safetensors.CheckpointError(path, "cannot read: %s" % (e.strerror or e.__class__.__name__))
 
 
 def kept_record(rec, f, content, copy=None):

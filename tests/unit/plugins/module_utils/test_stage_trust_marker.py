@@ -195,3 +195,49 @@ def test_nested_json_bomb_in_a_shard_header_is_a_clean_error_naming_the_shard(ru
     assert r.get("failed") is True, r
     assert r["file"] == shard and "header" in r["msg"], r
     assert not os.path.exists(tree["dest"])
+
+
+@pytest.mark.parametrize("value,needle", [("1" + "0" * 400, "refused"), ("1e400", "not finite"),
+                                          ("NaN", "not a finite JSON number"),
+                                          ("[" * 100 + "]" * 100, "nests deeper than 64 levels")],
+                         ids=["10**400", "1e400", "NaN", "nested-100"])
+def test_marker_number_out_of_range_or_deep_nesting_means_not_staged(run_module, tree, value, needle):
+    """Before: ``staged_at: 10**400`` raised OverflowError (float()), NaN was accepted, and a nesting within the
+    interpreter's recursion limit was walked."""
+    import re
+    run_module(model_stage, {"src": tree["src"], "dest": tree["dest"]})
+    path = os.path.join(tree["dest"], MARKER)
+    with open(path) as f:
+        text = f.read()
+    with open(path, "w") as f:
+        f.write(re.sub(r'"staged_at": [0-9.e+]+', '"staged_at": %s' % value, text))
+    r = run_module(model_stage, {"src": tree["src"], "dest": tree["dest"]})
+    assert not r.get("failed"), r
+    assert r["changed"] is True and r["reason"].startswith("not staged: ") and needle in r["reason"], r["reason"]
+    identical(tree["src"], tree["dest"])
+
+
+def test_journal_lines_out_of_range_or_deep_are_ignored_not_a_traceback(tmp_path):
+    from ansible_collections.llmops.serving.plugins.module_utils import _stage_marker as m
+    good = {"path": "a.bin", "size": 3, "verify": "size", "source": "/src",
+            "src": {"dev": 1, "ino": 2, "mtime_ns": 3, "ctime_ns": 4},
+            "copy": {"ino": 5, "size": 3, "mtime_ns": 6, "ctime_ns": 7}}
+    bad = [json.dumps(dict(good, path="b.bin")).replace('"size": 3', '"size": 1' + "0" * 400),
+           json.dumps(dict(good, path="c.bin", x=[[[[[[[[[[]]]]]]]]]])).replace("[[", "[" * 100).replace("]]", "]" * 100),
+           json.dumps(dict(good, path="d.bin")).replace('"dev": 1', '"dev": NaN'),
+           '{"path": "e.bin", "size": 1e400}',
+           "[" * 100000]
+    (tmp_path / m.JOURNAL).write_text("\n".join(bad + [json.dumps(good)]) + "\n")
+    out = m.partial_records(str(tmp_path))
+    assert sorted(out) == ["a.bin"] and out["a.bin"][1] == "/src"
+
+
+def test_journal_that_is_a_fifo_is_skipped_without_blocking(tmp_path):
+    import threading
+    from ansible_collections.llmops.serving.plugins.module_utils import _stage_marker as m
+    os.mkfifo(tmp_path / m.JOURNAL)
+    box = {}
+    t = threading.Thread(target=lambda: box.update(out=m.partial_records(str(tmp_path))), daemon=True)
+    t.start()
+    t.join(5)
+    assert not t.is_alive() and box["out"] == {}
