@@ -25,6 +25,8 @@ import os
 import stat
 
 from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _paths, _secrets
+from ansible_collections.llmops.serving.plugins.module_utils._untrusted import (
+    UntrustedInput, decode, loads_json, read_bytes)
 
 try:
     from ansible.module_utils.common.yaml import HAS_YAML, yaml_dump
@@ -111,14 +113,24 @@ def _read_marker(plan):
         raise _marker_error(plan, "is a symlink, not the file this module writes", "replace it with a regular file or " + rewrite)
     if not stat.S_ISREG(st.st_mode):
         raise _marker_error(plan, "is not a regular file", rewrite)
-    if st.st_size > MAX_MARKER_BYTES:
-        raise _marker_error(plan, "is larger than %d bytes, so it is not the list this module writes" % MAX_MARKER_BYTES, rewrite)
-    with open(plan.marker, "rb") as f:
-        raw = f.read(MAX_MARKER_BYTES + 1)
+    # read through the shared reader: swapped for a FIFO or a device after the lstat, it is refused without
+    # blocking; nesting, size and numbers are capped
     try:
-        text = raw.decode("utf-8")
-        data = json.loads(text)
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        raw = read_bytes(plan.marker, max_bytes=MAX_MARKER_BYTES, follow=False)
+        text = decode(raw, plan.marker, file=plan.marker)
+        data = loads_json(text, plan.marker, file=plan.marker, max_bytes=MAX_MARKER_BYTES)
+    except FileNotFoundError:
+        return [], None
+    except UntrustedInput as e:
+        if e.limit == "size":
+            raise _marker_error(plan, "is larger than %d bytes, so it is not the list this module writes"
+                                % MAX_MARKER_BYTES, rewrite)
+        if e.limit == "type":
+            raise _marker_error(plan, "is not a regular file", rewrite)
+        if e.limit == "depth":
+            raise _marker_error(plan, "nests deeper than a list of file names, so it is refused", rewrite)
+        if e.limit == "number":
+            raise _marker_error(plan, "holds a number out of range, so it is refused", rewrite)
         raise _marker_error(plan, "is not valid JSON", rewrite)
     if not isinstance(data, dict) or not isinstance(data.get("files"), list):
         raise _marker_error(plan, 'is not {"files": [<file name>, ...]} (found a JSON %s)' % type(data).__name__, rewrite)
@@ -148,8 +160,15 @@ def _read_text(path):
         return None
     if st.st_size > MAX_DIFF_BYTES:
         return "# (previous content not shown: %d bytes)\n" % st.st_size
-    with open(path, "rb") as f:
-        return f.read().decode("utf-8", "replace")
+    try:
+        # swapped for a FIFO, a device or a link after the lstat: not a regular file (never waited on)
+        return read_bytes(path, max_bytes=MAX_DIFF_BYTES, follow=False).decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
+    except UntrustedInput as e:
+        if e.limit == "size":
+            return "# (previous content not shown: over %d bytes)\n" % MAX_DIFF_BYTES
+        return None
 
 
 def plan(directory, files, field="render_dir"):

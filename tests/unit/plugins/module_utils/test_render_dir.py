@@ -200,3 +200,62 @@ def test_interrupted_write_leaves_no_untracked_file(mod, monkeypatch):
     back = mod()
     assert sorted(n for n in os.listdir(mod.out) if n != _render_dir.MARKER) == sorted(first["files"])
     assert back["removed"]
+
+
+@pytest.mark.parametrize("content,needle", [('{"files": ' + "[" * 100 + "]" * 100 + "}", "nests deeper"),
+                                            ('{"files": [1e400]}', "number out of range"),
+                                            ('{"files": [1%s]}' % ("0" * 400), "number out of range"),
+                                            ('{"files": [NaN]}', "number out of range")])
+def test_marker_nesting_and_numbers_are_refused_before_anything_changes(mod, content, needle):
+    mod()
+    _marker(mod.out).write_text(content)
+    before = {n: (mod.out / n).read_bytes() for n in os.listdir(mod.out)}
+    r = mod(**mod.rename)
+    assert r.get("failed") is True and needle in r["msg"] and "Nothing was changed" in r["msg"], r
+    assert r["file"] == str(_marker(mod.out))
+    assert {n: (mod.out / n).read_bytes() for n in os.listdir(mod.out)} == before
+
+
+def _lstat_says_regular(monkeypatch, path, like):
+    real = os.lstat
+    monkeypatch.setattr(_render_dir.os, "lstat", lambda p, *a, **k: real(like) if str(p) == str(path) else real(p, *a, **k))
+
+
+def _no_hang(fn, timeout=5):
+    import threading
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # inspected by the caller
+            box["error"] = e
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), "blocked for over %ss" % timeout
+    return box
+
+
+def test_marker_swapped_for_a_fifo_after_the_lstat_is_refused_without_blocking(tmp_path, monkeypatch):
+    out = tmp_path / "render"
+    out.mkdir()
+    plain = tmp_path / "plain"
+    plain.write_text("{}")
+    os.mkfifo(_marker(out))
+    _lstat_says_regular(monkeypatch, _marker(out), plain)
+    err = _no_hang(lambda: _render_dir.plan(str(out), {"a.yaml": "x\n"})).get("error")
+    assert isinstance(err, _render_dir.RenderDirError) and "is not a regular file" in str(err)
+    assert err.file == str(_marker(out))
+
+
+def test_rendered_file_swapped_for_a_fifo_after_the_lstat_is_replaced_not_read(tmp_path, monkeypatch):
+    out = tmp_path / "render"
+    out.mkdir()
+    plain = tmp_path / "plain"
+    plain.write_text("old\n")
+    os.mkfifo(out / "a.yaml")
+    _lstat_says_regular(monkeypatch, out / "a.yaml", plain)
+    p = _no_hang(lambda: _render_dir.plan(str(out), {"a.yaml": "x\n"}))["value"]
+    assert p.changes["a.yaml"] == ("", "x\n")
