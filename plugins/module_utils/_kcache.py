@@ -42,7 +42,7 @@ import tempfile
 import time
 
 from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _http, _inuse, _paths, _probe, _process
-from ansible_collections.llmops.serving.plugins.module_utils._untrusted import load_json, loads_json
+from ansible_collections.llmops.serving.plugins.module_utils._untrusted import load_json, loads_json, open_regular
 
 MANIFEST = "manifest.json"
 MANIFEST_SCHEMA = 1
@@ -1106,6 +1106,30 @@ def gc(cache_root, engine, keep, in_use=(), proc_root="/proc", check_mode=False,
     res["in_use_by"] = dict((fp, us[:5]) for fp, us in sorted(users.items()))
     res["changed"] = bool(res["removed"] or res["removed_partials"] or res["removed_runs"])
     return res
+
+
+#: The engine log is judged on its last LOG_TAIL_BYTES (every start appends to one log; the latest start is at
+#: the end).
+LOG_TAIL_BYTES = 64 * 1024 * 1024
+
+
+def read_log(path, tail=LOG_TAIL_BYTES):
+    """The last ``tail`` bytes of the engine log ``path`` as text (undecodable bytes replaced).
+
+    Opened through ``_untrusted.open_regular``: a FIFO, a device (``/dev/zero``), a socket or a directory is a
+    :class:`KCacheError` naming ``log_path``, never a hang; a huge log costs at most ``tail`` bytes of memory.
+    """
+    try:
+        with open_regular(path, "log_path") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > tail:
+                f.seek(size - tail)
+            data = f.read(tail)
+    except ValueError as e:  # _untrusted.UntrustedInput: not a regular file; names log_path and the file
+        raise KCacheError("%s; point log_path at the engine's log" % e)
+    except OSError as e:
+        raise KCacheError("log_path: cannot read %s (%s); point it at the engine's log" % (path, e.strerror or e))
+    return data.decode("utf-8", "replace")
 
 
 # ---- hit / miss from the engine log ------------------------------------------------------------------

@@ -366,11 +366,7 @@ def main():
             res = _kcache.checkout(root, engine, fp, p["components"], p["instance"], p["mount_path"],
                                    p["allow_extra"], p["lock_timeout"], module.check_mode, proc)
         else:
-            try:
-                with open(p["log_path"], "r", errors="replace") as f:
-                    text = f.read()
-            except OSError as e:
-                module.fail_json(msg="log_path: cannot read %s (%s); point it at the engine's log" % (p["log_path"], e))
+            text = _kcache.read_log(p["log_path"])
             res = _kcache.start_report(root, engine, fp, text, p["instance"], p["mount_path"])
             engine_dir = res["engine_dir"]
             env = _kcache.cache_env(engine, p["mount_path"] or engine_dir)

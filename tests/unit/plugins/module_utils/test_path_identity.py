@@ -320,3 +320,48 @@ def test_checkout_replaces_a_symlinked_engine_copy_without_touching_its_target(k
     assert r["status"] == "copied" and r["replaced_link"]["path"] == rd, r
     assert not os.path.islink(rd) and os.path.isfile(os.path.join(rd, "triton", "k.so"))
     assert tree_digest(kc["outside"]) == kc["outside_digest"]
+
+
+def test_report_refuses_a_fifo_log_without_blocking_and_reads_only_the_tail(tmp_path):
+    fifo = str(tmp_path / "engine.log")
+    os.mkfifo(fifo)
+    with pytest.raises(_kcache.KCacheError, match="log_path: .*FIFO"):
+        _kcache.read_log(fifo)
+    big = tmp_path / "big.log"
+    data = b"old line\n" * 1000 + b"==== t starting: x\nlatest\n"
+    big.write_bytes(data)
+    assert _kcache.read_log(str(big), tail=30) == data[-30:].decode()
+
+
+def _within(seconds, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` in a thread; fails (instead of hanging the run) when it blocks past ``seconds``."""
+    import threading
+
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # pylint: disable=broad-except
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), "%s blocked for %ss" % (fn.__name__, seconds)
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def test_a_fifo_or_device_manifest_is_refused_without_blocking(kc):
+    fifo_dir = os.path.join(kc["eroot"], FPS[0])
+    os.unlink(os.path.join(fifo_dir, "manifest.json"))
+    os.mkfifo(os.path.join(fifo_dir, "manifest.json"))
+    os.unlink(os.path.join(kc["eroot"], FPS[1], "manifest.json"))
+    os.symlink("/dev/zero", os.path.join(kc["eroot"], FPS[1], "manifest.json"))
+    for fp in FPS[:2]:
+        ver = _within(10, _kcache.verify_dir, os.path.join(kc["eroot"], fp), fp)
+        assert ver["status"] == "no_manifest" and "manifest.json" in ver["problems"][0], ver
+    r = _within(10, _kcache.gc, kc["real"], "vllm", keep=1, proc_root=kc["proc"])
+    assert len(r["kept"]) == 1 and sorted(r["kept"] + r["removed"]) == FPS and r["errors"] == []
