@@ -578,13 +578,26 @@ def _concurrency_axis(ax, cells):
     ax.set_xlabel("client concurrency C (max requests in flight)")
 
 
-def _figures(report):
-    """``[(file name, matplotlib figure)]``; matplotlib is imported here only (the Agg backend)."""
-    import matplotlib  # pylint: disable=import-outside-toplevel
+#: The caveat a report carries when matplotlib is not installed where it was built.
+NO_PLOTS = ("no_plots", "The plots were not drawn: the Python library matplotlib is not installed where the report "
+            "was built (pip install matplotlib, or use the collection's execution environment, which has it); "
+            "the tables above hold every number the plots would show.")
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
 
+def pyplot():
+    """``matplotlib.pyplot`` with the Agg backend, or None when matplotlib cannot be imported."""
+    try:
+        import matplotlib  # pylint: disable=import-outside-toplevel
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        return None
+    return plt
+
+
+def _figures(report, plt):
+    """``[(file name, matplotlib figure)]`` drawn with ``plt`` (:func:`pyplot`)."""
     figs = []
     series = _series(report["cells"])
     if series:
@@ -690,11 +703,15 @@ def _figures(report):
         ax.grid(True, axis="y", alpha=0.3)
         fig.tight_layout()
         figs.append(("coldstart.png", fig))
-    return figs, plt
+    return figs
 
 
 def _render_pngs(report):
-    figs, plt = _figures(report)
+    """``[(file name, PNG bytes)]``; None when matplotlib is missing."""
+    plt = pyplot()
+    if plt is None:
+        return None
+    figs = _figures(report, plt)
     out = []
     try:
         for name, fig in figs:
@@ -711,17 +728,24 @@ def plots(report, out_dir):
     """Write the report's PNGs into ``out_dir`` (created if missing; atomically, one by one); returns their paths."""
     os.makedirs(out_dir, exist_ok=True)
     paths = []
-    for name, data in _render_pngs(report):
+    for name, data in _render_pngs(report) or []:
         paths.append(_fsutil.atomic_write_bytes(os.path.join(out_dir, name), data))
     return paths
 
 
 def write(report, out_dir):
     """Validate, render everything, then write ``report.json``, ``report.md`` and the PNGs into ``out_dir``
-    (created if missing), each atomically; returns the paths written, ``report.json`` first."""
+    (created if missing), each atomically; returns the paths written, ``report.json`` first.
+
+    Without matplotlib there are no PNGs: the report (JSON and Markdown) gets the ``no_plots`` caveat instead."""
     validate(report)
-    md = markdown(report)
     pngs = _render_pngs(report)
+    if pngs is None:
+        pngs = []
+        cav = report.setdefault("caveats", caveats(report))
+        if not any(c.get("code") == NO_PLOTS[0] for c in cav):
+            cav.append({"code": NO_PLOTS[0], "text": NO_PLOTS[1]})
+    md = markdown(report)
     text = json.dumps(report, sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n"
     os.makedirs(out_dir, exist_ok=True)
     paths = []

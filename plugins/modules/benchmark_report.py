@@ -19,6 +19,9 @@ description:
     reported as such, with the rounds done so far.
   - With O(coldstart_file) (written by the cold-start mode) the report holds the engine start timelines
     instead of, or beside, the serving cells.
+requirements:
+  - matplotlib, for the PNG plots; without it the report is written without plots and says so in its caveats
+    (the collection's execution environment has it)
 options:
   out_dir:
     description: The benchmark directory (C(plan.json), C(rounds/)); the report is written there.
@@ -129,6 +132,9 @@ def main():
         module.fail_json(msg=str(e), reason=e.reason, **({"file": e.file} if e.file else {}))
     except ValueError as e:
         module.fail_json(msg="cannot build the report from %s: %s" % (p["out_dir"], e))
+    if any(c.get("code") == _bench_report.NO_PLOTS[0] for c in report.get("caveats") or []):
+        module.warn("the report has no plots: matplotlib is not installed on the host that runs benchmark_report "
+                    "(pip install matplotlib); report.md says so in its caveats")
     cells = report.get("cells") or []
     keys = ("metric", "concurrency", "input_len", "output_len", "target_a", "target_b", "a", "b", "delta_ms",
             "delta_ci95", "verdict")

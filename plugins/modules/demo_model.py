@@ -16,6 +16,8 @@ description:
   - The same inputs give bit-identical files; the revision is derived from the content (first 12 hex of the
     sha256 of C(SHA256SUMS)). The directory is written under a temporary name and renamed into place.
   - Requires numpy, safetensors and tokenizers on the target.
+requirements:
+  - numpy, safetensors and tokenizers on the host that runs the module
 options:
   models_root:
     description: Directory that holds models as C(<name>/<revision>) (the shared filesystem in the demo).

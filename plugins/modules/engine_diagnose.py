@@ -153,7 +153,7 @@ summary:
 
 import importlib
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.llmops.serving.plugins.module_utils import _diagnose, _http, _k8s_client, _process
 
@@ -163,9 +163,9 @@ def _api_client(module):
     try:
         importlib.import_module("kubernetes")
         return _k8s_client.api_client(module.params)
-    except ImportError:
-        module.fail_json(msg="reading the cluster needs the kubernetes Python client on the host that runs the module "
-                             "(pip install kubernetes); or give objects to judge recorded objects")
+    except ImportError as e:
+        module.fail_json(msg=missing_required_lib("kubernetes", reason="to read the cluster (or give objects to "
+                                                  "judge recorded objects)"), exception=str(e))
     except _k8s_client.K8sClientError as e:
         module.fail_json(msg=str(e))
 

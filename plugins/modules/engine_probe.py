@@ -16,6 +16,8 @@ description:
     once with the reason.
   - Records a timeline (port open, /health 200, model listed, first correct response) relative to O(since).
   - Used directly against an engine and again through a gateway such as AIBrix.
+requirements:
+  - jsonschema, optional, for C(json_schema) checks (without it a strict subset of JSON Schema is checked)
 options:
   base_url:
     description:

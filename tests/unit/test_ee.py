@@ -25,7 +25,8 @@ ROOT = awx_harness.ROOT
 BIN = os.path.dirname(sys.executable)
 # Python packages the EE may install: the collections' run-time needs (kubernetes.core's requirements.txt and
 # llmops.serving's meta/ee-requirements.txt).
-RUNTIME = {"kubernetes", "jsonschema", "requests-oauthlib", "jsonpatch"}
+RUNTIME = {"kubernetes", "jsonschema", "matplotlib", "numpy", "safetensors", "tokenizers", "requests-oauthlib",
+           "jsonpatch"}
 
 
 def _load(path):

@@ -6,6 +6,7 @@ import copy
 import json
 import os
 import random
+import sys
 
 import pytest
 
@@ -231,3 +232,22 @@ def test_a_cold_start_report_without_load_cells(tmp_path):
     assert "| shared_fs | 2 | 39.0 (37.0..41.0) |" in md and "| nvme | 3 | 17.0 (17.0..17.0) |" in md
     paths = br.write(rep, str(tmp_path))
     assert sorted(os.path.basename(p) for p in paths) == ["coldstart.png", "report.json", "report.md"]
+
+
+def test_without_matplotlib_the_report_has_no_plots_and_says_why(tmp_path, monkeypatch):
+    """``sys.modules[name] = None`` makes ``import name`` raise ImportError, as on a host without the library."""
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert br.pyplot() is None
+    rep = _report()
+    written = br.write(rep, str(tmp_path))
+    assert sorted(os.path.basename(p) for p in written) == ["report.json", "report.md"]
+    assert sorted(os.listdir(str(tmp_path))) == ["report.json", "report.md"]
+    with open(str(tmp_path / "report.json")) as f:
+        doc = json.load(f)
+    assert [c["code"] for c in doc["caveats"]].count("no_plots") == 1
+    assert "matplotlib" in (tmp_path / "report.md").read_text().split("## What this does not prove", 1)[1]
+    assert br.plots(rep, str(tmp_path / "plots")) == []
+    br.write(rep, str(tmp_path))  # a second write does not repeat the caveat
+    assert [c["code"] for c in rep["caveats"]].count("no_plots") == 1

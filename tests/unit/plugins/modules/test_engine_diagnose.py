@@ -72,7 +72,7 @@ def test_objects_need_no_kubernetes_client(run_module, monkeypatch):
     fx = _fixture("route_dotted_service.yaml")
     assert run_module(engine_diagnose, _k8s_args(fx))["verdict"] == "route_backend_not_found"
     r = run_module(engine_diagnose, _k8s_args(fx, objects=None))
-    assert r["failed"] and "kubernetes Python client" in r["msg"] and "objects" in r["msg"]
+    assert r["failed"] and "required Python library (kubernetes)" in r["msg"] and "objects" in r["msg"]
 
 
 def test_logs_of_the_wrong_shape_are_refused_naming_the_key(run_module):
