@@ -5,6 +5,22 @@
 
 Transient failures (connection refused, timeouts, 502/503/504, 404 on /health while a route settles) are
 retried until the deadline; a wrong answer, an unknown model or a dead engine process fail at once.
+
+Through an AIBrix v0.7.0 gateway (``target="aibrix_gateway"``) the checks follow its route table
+(vllm-project/aibrix v0.7.0, ``config/gateway/gateway-plugin/gateway-plugin.yaml`` and
+``pkg/plugins/gateway/gateway_rsp_headers.go``):
+
+* there is no ``/health`` route (Envoy answers 404 to an unmatched path), so a ``health`` check is refused
+  before anything is sent: check ``/health`` against the Service or the pod;
+* ``model_header: true`` sends the header ``model: <model>``, which the per-model HTTPRoute ``<model>-router``
+  matches on;
+* a ``route`` check without ``header`` requires exactly the headers the gateway plugin sets for the routing in
+  force: ``request-id`` and ``x-went-into-req-headers`` on every request it processed, and ``routing-strategy``,
+  ``target-pod``, ``target-pod-ip`` only when a routing strategy picked a pod (the request's
+  ``routing-strategy`` header, or ``routing_strategy``: the one the pods' ``model.aibrix.ai/config`` profile or
+  the gateway's ``ROUTING_ALGORITHM`` applies), plus ``prefill-target-pod``/``prefill-target-pod-ip`` for ``pd``
+  (``pkg/plugins/gateway/algorithms/pd_disaggregation.go``). It never sends the ``model`` header: a request
+  matched by the per-model route directly bypasses the plugin and carries none of them.
 """
 from __future__ import annotations
 
@@ -15,8 +31,16 @@ import time
 from urllib.parse import urlparse
 
 from ansible_collections.llmops.serving.plugins.module_utils import _http, _timeline
+from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, loads_json
 
 CHECK_TYPES = ("health", "models", "completion", "chat", "json_schema", "tool_call", "stream", "cancel", "route")
+TARGETS = ("engine", "aibrix_gateway")
+#: Response headers AIBrix v0.7.0's gateway plugin sets on every request it processed (gateway_rsp_headers.go).
+PLUGIN_HEADERS = ("request-id", "x-went-into-req-headers")
+#: ... and when a routing strategy picked a pod (``routerCtx.HasRouted()``).
+ROUTED_HEADERS = ("routing-strategy", "target-pod", "target-pod-ip")
+#: ... and under ``pd`` (pd_disaggregation.go, ``ctx.RespHeaders``).
+PD_HEADERS = ("prefill-target-pod", "prefill-target-pod-ip")
 REASONING_MIN_TOKENS = 512
 TRANSIENT_STATUS = (404, 408, 425, 429, 502, 503, 504)
 
@@ -80,19 +104,24 @@ def retry(attempt, end, interval=2.0, process_exited=None, on_retry=None):
 
 
 class Http(object):
-    def __init__(self, base_url, headers=None, timeout=60.0):
+    def __init__(self, base_url, headers=None, timeout=60.0, transient_status=TRANSIENT_STATUS):
         self.base = base_url.rstrip("/")
         self.headers = dict(headers or {})
         self.timeout = timeout
+        self.transient_status = transient_status
 
-    def _open(self, method, path, payload=None, timeout=None):
-        return _http.open_response(method, self.base + path, payload=payload, headers=self.headers,
+    def _headers(self, extra):
+        return dict(self.headers, **(extra or {}))
+
+    def _open(self, method, path, payload=None, timeout=None, headers=None):
+        return _http.open_response(method, self.base + path, payload=payload, headers=self._headers(headers),
                                    timeout=timeout or self.timeout)
 
-    def request(self, method, path, payload=None, timeout=None, transient_status=TRANSIENT_STATUS):
+    def request(self, method, path, payload=None, timeout=None, transient_status=None, headers=None):
         """Return (status, headers, text); raise Transient on retryable transport errors."""
+        transient_status = self.transient_status if transient_status is None else transient_status
         try:
-            resp = _http.request(method, self.base + path, payload=payload, headers=self.headers,
+            resp = _http.request(method, self.base + path, payload=payload, headers=self._headers(headers),
                                  timeout=timeout or self.timeout)
             return resp.status, resp.headers, resp.text
         except _http.HttpError as e:
@@ -102,13 +131,13 @@ class Http(object):
                 raise Transient("HTTP %d from %s: %s" % (e.status, path, e.body[:300]))
             return e.status, e.headers, e.body
 
-    def open_stream(self, path, payload, timeout):
+    def open_stream(self, path, payload, timeout, headers=None):
         try:
-            return self._open("POST", path, payload, timeout)
+            return self._open("POST", path, payload, timeout, headers)
         except _http.HttpError as e:
             if e.status is None:
                 raise Transient("POST %s: %s" % (path, e.reason))
-            if e.status in TRANSIENT_STATUS:
+            if e.status in self.transient_status:
                 raise Transient("HTTP %d from %s: %s" % (e.status, path, e.body[:300]))
             raise CheckFailed("HTTP %d from %s: %s" % (e.status, path, e.body[:500]), status=e.status)
 
@@ -124,10 +153,23 @@ def port_open(base_url, timeout=2.0):
 
 
 def _json(status, body, path):
+    """An answer's JSON under the untrusted-input rules (size, nesting, finite numbers)."""
     try:
-        return json.loads(body)
-    except ValueError:
-        raise CheckFailed("%s answered HTTP %s with a body that is not JSON: %r" % (path, status, body[:300]))
+        doc = loads_json(body, "%s answered HTTP %s with a body that" % (path, status))
+    except UntrustedInput as e:
+        shown = ": %r" % body[:300] if e.limit in ("syntax", "encoding") else ""
+        raise CheckFailed(str(e) + shown)
+    if not isinstance(doc, dict):
+        raise CheckFailed("%s answered HTTP %s with JSON that is not an object: %r" % (path, status, body[:300]))
+    return doc
+
+
+def _check_headers(check, model):
+    """The request headers of one check: its ``headers``, and ``model: <model>`` with ``model_header``."""
+    extra = dict((str(k), str(v)) for k, v in (check.get("headers") or {}).items())
+    if check.get("model_header"):
+        extra["model"] = model
+    return extra
 
 
 def _fail_on_status(status, body, path, model):
@@ -169,7 +211,7 @@ def _messages(check):
 
 
 def _check_health(http, check, model, warnings):
-    status, dummy, body = http.request("GET", check.get("path") or "/health")
+    status, dummy, body = http.request("GET", check.get("path") or "/health", headers=_check_headers(check, model))
     if status != 200:
         raise Transient("/health answered HTTP %d" % status)
     return {"status": status}
@@ -177,14 +219,22 @@ def _check_health(http, check, model, warnings):
 
 def _check_models(http, check, model, warnings):
     path = check.get("path") or "/v1/models"
-    status, dummy, body = http.request("GET", path)
+    status, dummy, body = http.request("GET", path, headers=_check_headers(check, model))
     if status != 200:
         raise CheckFailed("%s answered HTTP %d: %s" % (path, status, body[:300]))
-    ids = [m.get("id") for m in _json(status, body, path).get("data", [])]
+    data = _json(status, body, path).get("data")
+    ids = [m.get("id") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
     if model not in ids:
         raise CheckFailed("%s does not list %r; it serves %s. The served name, the request's model and the "
                           "AIBrix label model.aibrix.ai/name must be identical." % (path, model, ids), models=ids)
     return {"models": ids}
+
+
+def _first_choice(doc, path):
+    choices = doc.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise CheckFailed("%s answered without choices: %s" % (path, json.dumps(doc)[:300]))
+    return choices[0]
 
 
 def _check_completion(http, check, model, warnings):
@@ -193,9 +243,9 @@ def _check_completion(http, check, model, warnings):
     if check.get("expect_token_ids") is not None:
         body["return_token_ids"] = True
     t0 = time.monotonic()
-    status, headers, text = http.request("POST", "/v1/completions", body)
+    status, headers, text = http.request("POST", "/v1/completions", body, headers=_check_headers(check, model))
     _fail_on_status(status, text, "/v1/completions", model)
-    choice = _json(status, text, "/v1/completions")["choices"][0]
+    choice = _first_choice(_json(status, text, "/v1/completions"), "/v1/completions")
     out = {"text": choice.get("text"), "finish_reason": choice.get("finish_reason"),
            "token_ids": choice.get("token_ids"), "latency_ms": round((time.monotonic() - t0) * 1000, 1),
            "headers": _route_headers(headers)}
@@ -215,9 +265,9 @@ def _chat(http, check, model, body_extra=None):
     body["messages"] = _messages(check)
     body.update(body_extra or {})
     t0 = time.monotonic()
-    status, headers, text = http.request("POST", "/v1/chat/completions", body)
+    status, headers, text = http.request("POST", "/v1/chat/completions", body, headers=_check_headers(check, model))
     _fail_on_status(status, text, "/v1/chat/completions", model)
-    choice = _json(status, text, "/v1/chat/completions")["choices"][0]
+    choice = _first_choice(_json(status, text, "/v1/chat/completions"), "/v1/chat/completions")
     msg = choice.get("message") or {}
     content = msg.get("content")
     reasoning = msg.get("reasoning_content") or msg.get("reasoning")
@@ -280,9 +330,9 @@ def _check_json_schema(http, check, model, warnings):
     msg, choice, headers, ms = _chat(http, check, model, {"response_format": rf})
     content = msg.get("content") or ""
     try:
-        doc = json.loads(content)
-    except ValueError as e:
-        raise CheckFailed("json_schema: the output is not JSON (%s): %r" % (e, content[:300]), output=content)
+        doc = loads_json(content, "json_schema: the output")
+    except UntrustedInput as e:
+        raise CheckFailed("%s: %r" % (e, content[:300]), output=content)
     errors = validate_schema(doc, schema)
     if errors:
         raise CheckFailed("json_schema: the output does not validate: %s" % "; ".join(errors[:5]), output=content)
@@ -308,9 +358,9 @@ def _check_tool_call(http, check, model, warnings):
     if check.get("expect_function") and name != check["expect_function"]:
         raise CheckFailed("tool_call: called %r, expected %r" % (name, check["expect_function"]))
     try:
-        args = json.loads(fn.get("arguments") or "{}")
-    except ValueError as e:
-        raise CheckFailed("tool_call: arguments of %r are not JSON (%s): %r" % (name, e, fn.get("arguments")))
+        args = loads_json(fn.get("arguments") or "{}", "tool_call: the argument text of %r" % (name,))
+    except UntrustedInput as e:
+        raise CheckFailed("%s: %r" % (e, fn.get("arguments")))
     spec = next((t.get("function", {}) for t in tools if t.get("function", {}).get("name") == name), None)
     if spec is None:
         raise CheckFailed("tool_call: called %r, which is not among the offered tools" % name)
@@ -346,9 +396,11 @@ def _sse_events(resp, deadline):
 
 def _delta_text(event, chat):
     try:
-        doc = json.loads(event)
-    except ValueError:
-        raise CheckFailed("stream: an event is not JSON: %r" % event[:200])
+        doc = loads_json(event, "stream: an event")
+    except UntrustedInput as e:
+        raise CheckFailed("%s: %r" % (e, event[:200]))
+    if not isinstance(doc, dict):
+        raise CheckFailed("stream: an event is not a JSON object: %r" % event[:200])
     if "error" in doc:
         raise CheckFailed("stream: the server sent an error event: %s" % json.dumps(doc["error"])[:300])
     ch = (doc.get("choices") or [{}])[0]
@@ -362,7 +414,7 @@ def _check_stream(http, check, model, warnings):
     path, body, chat = _stream_request(check, model)
     timeout = float(check.get("stream_timeout") or 60)
     t0 = time.monotonic()
-    resp = http.open_stream(path, body, timeout)
+    resp = http.open_stream(path, body, timeout, _check_headers(check, model))
     parts, ttft, chunks, done = [], None, 0, False
     try:
         for ev in _sse_events(resp, t0 + timeout):
@@ -390,7 +442,7 @@ def _check_cancel(http, check, model, warnings):
     path, body, chat = _stream_request(check, model)
     body["max_tokens"] = int(check.get("max_tokens") or 64)
     t0 = time.monotonic()
-    resp = http.open_stream(path, body, float(check.get("stream_timeout") or 60))
+    resp = http.open_stream(path, body, float(check.get("stream_timeout") or 60), _check_headers(check, model))
     try:
         first = None
         for ev in _sse_events(resp, t0 + float(check.get("stream_timeout") or 60)):
@@ -419,18 +471,50 @@ def _route_headers(headers):
                          "routing-strategy", "request-id", "x-went-into-req-headers"))
 
 
+def route_strategy(check, headers):
+    """The routing strategy AIBrix applies to a route check's request: its ``routing-strategy`` header (the
+    check's own, then the probe's), else the check's ``routing_strategy`` (the pods' profile or the gateway's
+    ``ROUTING_ALGORITHM``); None when no strategy picks a pod."""
+    for source in (check.get("headers") or {}, headers or {}):
+        for k, v in source.items():
+            if str(k).lower() == "routing-strategy" and str(v).strip():
+                return str(v).strip()
+    return check.get("routing_strategy") or None
+
+
+def expected_route_headers(strategy):
+    """The response headers AIBrix v0.7.0 sets on a request its gateway plugin processed under ``strategy``
+    (``gateway_rsp_headers.go``: ``target-pod``/``target-pod-ip``/``routing-strategy`` only when a strategy
+    picked a pod; ``pd_disaggregation.go``: the prefill pod's too)."""
+    expected = list(PLUGIN_HEADERS)
+    if strategy:
+        expected += list(ROUTED_HEADERS)
+    if strategy == "pd":
+        expected += list(PD_HEADERS)
+    return expected
+
+
 def _check_route(http, check, model, warnings):
-    header = (check.get("header") or "target-pod").lower()
     body = _gen_body(check, model)
     body["prompt"] = check.get("prompt") or "Hello"
-    status, headers, text = http.request("POST", "/v1/completions", body)
+    extra = dict((str(k), str(v)) for k, v in (check.get("headers") or {}).items())
+    status, headers, text = http.request("POST", "/v1/completions", body, headers=extra)
     _fail_on_status(status, text, "/v1/completions", model)
-    if header not in headers:
-        raise CheckFailed("route: response has no %r header (got %s); the request did not go through the "
-                          "gateway's router" % (header, sorted(headers)), headers=headers)
+    strategy = route_strategy(check, http.headers)
+    wanted = [check["header"].lower()] if check.get("header") else expected_route_headers(strategy)
+    missing = [h for h in wanted if h not in headers]
+    if missing:
+        why = ("routing strategy %r" % strategy) if strategy else "no routing strategy"
+        raise CheckFailed("route: the answer lacks %s (got %s); under %s AIBrix v0.7.0's gateway plugin sets %s, so "
+                          "the request did not go through it (a model header sends it straight to <model>-router)"
+                          % (", ".join(missing), sorted(headers), why, ", ".join(wanted)), headers=_route_headers(headers))
+    header = wanted[-1] if not check.get("header") else wanted[0]
+    if strategy and not check.get("header") and headers.get("routing-strategy") != strategy:
+        raise CheckFailed("route: the gateway routed with %r, not %r" % (headers.get("routing-strategy"), strategy),
+                          headers=_route_headers(headers))
     if check.get("expect_regex") and not re.search(check["expect_regex"], headers[header]):
         raise CheckFailed("route: %s=%r does not match /%s/" % (header, headers[header], check["expect_regex"]))
-    return {"header": header, "value": headers[header], "headers": _route_headers(headers)}
+    return {"header": header, "value": headers[header], "headers": _route_headers(headers), "strategy": strategy}
 
 
 CHECKS = {
@@ -443,12 +527,21 @@ MILESTONE = {"health": "health_ok", "models": "model_listed", "completion": "fir
              "chat": "first_correct_response"}
 
 
-def validate_checks(checks):
+def validate_checks(checks, target="engine"):
     """Raise ValueError naming the bad entry before anything is sent."""
+    if target not in TARGETS:
+        raise ValueError("target: must be one of %s (got %r)" % (", ".join(TARGETS), target))
     for i, c in enumerate(checks):
         if not isinstance(c, dict) or c.get("type") not in CHECK_TYPES:
             raise ValueError("checks[%d]: 'type' must be one of %s (got %r)"
                              % (i, ", ".join(CHECK_TYPES), c.get("type") if isinstance(c, dict) else c))
+        if target == "aibrix_gateway" and (c["type"] in ("health", "cancel")):
+            raise ValueError(
+                "checks[%d]: a %s check GETs /health, and AIBrix v0.7.0's gateway has no /health route (Envoy "
+                "answers 404 to an unmatched path); check /health against the engine's Service or pod (a probe with "
+                "target=engine) and keep models, chat and route checks for the gateway" % (i, c["type"]))
+        if c.get("headers") is not None and not isinstance(c.get("headers"), dict):
+            raise ValueError("checks[%d].headers: must be a dict of request headers" % i)
         if c.get("expect_regex"):
             try:
                 re.compile(c["expect_regex"])
@@ -461,12 +554,14 @@ def validate_checks(checks):
 
 
 def run(base_url, model, checks, headers=None, deadline=600, interval=2.0, timeout=60.0, since=None,
-        process_exited=None):
+        process_exited=None, target="engine"):
     """Run checks in order. Returns (ok, results, timeline, warnings, msg).
 
-    ``process_exited`` is a callable returning a message when the engine process is known dead.
+    ``process_exited`` is a callable returning a message when the engine process is known dead. ``target``
+    ``aibrix_gateway``: 404 is an answer, not a route settling (AIBrix has no route for the path).
     """
-    http = Http(base_url, headers, timeout)
+    gateway_transient = tuple(s for s in TRANSIENT_STATUS if s != 404)
+    http = Http(base_url, headers, timeout, gateway_transient if target == "aibrix_gateway" else TRANSIENT_STATUS)
     start_wall = time.time()
     origin = since if since is not None else start_wall
     end = time.monotonic() + deadline

@@ -34,6 +34,15 @@ options:
     description: Extra request headers (for example C(routing-strategy) or an authorization header).
     type: dict
     default: {}
+  target:
+    description:
+      - What O(base_url) is. V(engine) is the engine, its Service or its pod.
+      - V(aibrix_gateway) is an AIBrix v0.7.0 gateway. It has no C(/health) route, so C(health) and C(cancel) checks
+        are refused before anything is sent (check C(/health) against the Service or pod), and an HTTP 404 is an
+        answer (no route for the path), not a route still settling.
+    type: str
+    choices: [engine, aibrix_gateway]
+    default: engine
   deadline:
     description: Seconds to keep retrying transient failures, for all checks together.
     type: int
@@ -67,8 +76,16 @@ options:
         match C(expect_function) when given, and its arguments must parse and validate.
       - C(stream) reads server-sent events until C([DONE]) within C(stream_timeout) and records TTFT.
       - C(cancel) drops a stream after its first chunk; C(/health) must still answer 200.
-      - C(route) requires a response header C(header) (default C(target-pod)), optionally matching C(expect_regex).
-      - Optional keys for all C(name), C(body) (extra request fields), C(endpoint) (C(chat) for streams), C(seed).
+      - C(route) sends a completion without the C(model) header and requires the response headers AIBrix v0.7.0's
+        gateway plugin sets for the routing in force (C(gateway_rsp_headers.go)) - C(request-id) and
+        C(x-went-into-req-headers) always; C(routing-strategy), C(target-pod) and C(target-pod-ip) only when a
+        routing strategy picked a pod (a C(routing-strategy) request header, or C(routing_strategy) - the strategy
+        the pods' C(model.aibrix.ai/config) profile or the gateway's C(ROUTING_ALGORITHM) applies); the
+        C(prefill-target-pod) pair too under C(pd). C(header) requires that one header instead; C(expect_regex)
+        matches its value.
+      - Optional keys for all C(name), C(body) (extra request fields), C(endpoint) (C(chat) for streams), C(seed),
+        C(headers) (request headers of this check only) and C(model_header) (send C(model) = O(model), the header
+        AIBrix's per-model HTTPRoute matches on).
     type: list
     elements: dict
     default: [{type: health}, {type: models}]
@@ -100,9 +117,16 @@ EXAMPLES = r"""
   llmops.serving.engine_probe:
     base_url: http://aibrix-gateway.example:80
     model: glm-5.2-fp8-vllm
+    target: aibrix_gateway
     checks:
+      - type: models
+      - type: chat
+        prompt: "Reply with exactly FP8_OK"
+        expect: FP8_OK
+        max_tokens: 16
+        model_header: true
       - type: route
-        header: target-pod
+        routing_strategy: least-request
       - type: stream
         prompt: Count to five.
         max_tokens: 32
@@ -140,13 +164,14 @@ def main():
             since=dict(type="float"),
             process_state_file=dict(type="path"),
             checks=dict(type="list", elements="dict", default=[{"type": "health"}, {"type": "models"}]),
+            target=dict(type="str", choices=list(_probe.TARGETS), default="engine"),
         ),
         supports_check_mode=True,
     )
     _http.refuse_url_credentials(module, {"base_url": "send them as an Authorization header in headers (no_log)"})
     p = module.params
     try:
-        _probe.validate_checks(p["checks"])
+        _probe.validate_checks(p["checks"], p["target"])
     except ValueError as e:
         module.fail_json(msg=str(e))
     if p["deadline"] < 0:
@@ -162,7 +187,7 @@ def main():
 
     ok, results, timeline, warnings, msg = _probe.run(
         p["base_url"], p["model"], p["checks"], headers=p["headers"], deadline=p["deadline"],
-        interval=p["interval"], timeout=p["timeout"], since=p["since"], process_exited=exited)
+        interval=p["interval"], timeout=p["timeout"], since=p["since"], process_exited=exited, target=p["target"])
     for w in warnings:
         module.warn(w)
     if not ok:

@@ -96,8 +96,8 @@ options:
       - Failed transfers fail O(expect=rdma) and O(expect=tcp); expired KV requests
         (C(vllm:nixl_num_kv_expired_reqs)) and failed notifications warn, and under O(expect=tcp) the warning
         says the control load may not have moved the KV at all.
-      - A URL with credentials (C(user:password@)) is refused here and in O(prefill_metrics): results and logs
-        show the URL.
+      - A URL with credentials (C(user:password@)) is refused here and in O(prefill_metrics), since results and
+        logs show the URL.
     type: str
   prefill_metrics:
     description:

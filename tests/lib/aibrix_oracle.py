@@ -44,6 +44,29 @@ Sources (vllm-project/aibrix at tag v0.7.0 unless named otherwise):
   namespace* whose ``from`` names (group, HTTPRoute, the route's namespace) and whose ``to`` names (``""``,
   Service) with no name or the Service's name, else ``RefNotPermitted``; "When a HTTPBackendRef refers to a
   Service that has no ready endpoints, implementations SHOULD return a 503".
+* The gateway's route table (:func:`gateway`), vllm-project/aibrix v0.7.0:
+  ``config/gateway/gateway-plugin/gateway-plugin.yaml``: HTTPRoute ``reserved-router`` (deployed as
+  ``aibrix-reserved-router``) sends :data:`RESERVED_ROUTER_PATHS` to the gateway plugin (EnvoyExtensionPolicy
+  ``gateway-plugins-extension-policy``, ext_proc with the request body buffered, ``messageTimeout: 60s``);
+  HTTPRoute ``reserved-router-metadata-endpoint`` sends :data:`METADATA_PATHS` to ``aibrix-metadata-service:8090``
+  with ext_proc skipped; nothing else routes (no ``/health``: Envoy answers 404 to a path no route matches).
+  ``config/gateway/gateway.yaml``: the EnvoyPatchPolicy ``epp`` inserts ``original_route`` as the first route
+  of the listener's virtual host: prefix ``/`` with any ``routing-strategy`` header, to
+  ``original_destination_cluster`` (ORIGINAL_DST on the ``target-pod`` request header), ``timeout: 120s``,
+  ext_proc enabled; Helm ``dist/chart/values.yaml`` ``gateway.envoyPatchPolicy.route.timeout: 120s``,
+  ``idleTimeout: 300s`` (``dist/chart/templates/gateway-instance/gateway.yaml``).
+  ``pkg/plugins/gateway/gateway_req_headers.go``/``gateway_req_body.go``: the plugin reads the model from the
+  body; without a strategy it checks ``<model>-router`` and sets the request header ``model`` (route cache
+  cleared, so Envoy re-matches onto the per-model route and its ``timeouts.request`` applies); with one it sets
+  ``routing-strategy`` and ``target-pod`` (IP:port), which lands on ``original_route``.
+  ``pkg/plugins/gateway/gateway_rsp_headers.go``: every response the plugin processed gets ``x-went-into-req-headers:
+  true`` and ``request-id``; ``routing-strategy``, ``target-pod`` (pod name) and ``target-pod-ip`` only when
+  ``routerCtx.HasRouted()``; ``pd_disaggregation.go`` adds ``prefill-target-pod``/``prefill-target-pod-ip``.
+  Gateway API v1.4.1 ``apis/v1/httproute_types.go`` (HTTPRouteRule, "Precedence"): among matching rules the
+  longest path prefix wins, then the largest number of header matches, so a request that already carries
+  ``model: <name>`` takes ``<model>-router`` directly and never reaches the plugin.
+  ``python/aibrix/aibrix/metadata/api/v1/models.py``: ``/v1/models`` (and ``/v1/models/``) lists the
+  ``model.aibrix.ai/name`` of Running pods, ``owned_by: aibrix``, no ``root``.
 * The fronts: ``roles/pd_disagg/files/pd_proxy.py`` speaks vLLM NixlConnector ``kv_transfer_params`` only;
   SGLang's router (``sgl-model-gateway/bindings/python/src/sglang_router/router_args.py``,
   ``docs/advanced_features/sgl_model_gateway.md``): ``--prefill URL [BOOTSTRAP_PORT]``/``--decode URL``, or
@@ -597,3 +620,168 @@ def models_listed(objects):
     """The ``/v1/models`` ids the metadata service returns: label values of (running) model pods, sorted."""
     return sorted({p.labels[NAME] for p in Cluster(objects).pods if NAME in p.labels
                    and p.labels.get("ray.io/node-type") != "worker"})
+
+
+# --------------------------------------------------------------------------------------------- #
+# The gateway's route table (AIBrix v0.7.0): what a client request meets, hop one
+# --------------------------------------------------------------------------------------------- #
+
+# config/gateway/gateway-plugin/gateway-plugin.yaml, HTTPRoute reserved-router (ext_proc: the gateway plugin).
+RESERVED_ROUTER_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/v1/classify",
+                         "/v1/images/generations", "/v1/video/generations")
+# ... HTTPRoute reserved-router-metadata-endpoint (to aibrix-metadata-service:8090, ext_proc skipped).
+METADATA_PATHS = ("/v1/models", "/v1/files", "/v1/batches")
+# config/gateway/gateway.yaml EnvoyPatchPolicy epp, route original_route: timeout 120s (Helm
+# dist/chart/values.yaml gateway.envoyPatchPolicy.route.timeout: 120s).
+ORIGINAL_ROUTE = "original_route"
+ORIGINAL_ROUTE_TIMEOUT_S = 120
+# pkg/plugins/gateway/types.go and gateway_rsp_headers.go.
+PLUGIN_HEADERS = ("x-went-into-req-headers", "request-id")
+ROUTED_HEADERS = ("routing-strategy", "target-pod", "target-pod-ip")
+# pkg/plugins/gateway/algorithms/pd_disaggregation.go (HeaderPrefillTargetPod / HeaderPrefillTargetPodIP).
+PD_HEADERS = ("prefill-target-pod", "prefill-target-pod-ip")
+
+
+@dataclass
+class GatewayAnswer:
+    """What the client sees: ``status``, response ``headers`` AIBrix adds, the Envoy ``route`` that carried the
+    request, its ``timeout_s`` (0 = none), the ``verdict`` behind it and, for ``/v1/models``, the JSON ``body``."""
+    status: int
+    route: str
+    headers: dict = field(default_factory=dict)
+    timeout_s: float = 0
+    verdict: object = None
+    body: object = None
+
+    @property
+    def ok(self):
+        return self.status == 200
+
+
+def _duration_s(text):
+    """Seconds of an Envoy/Gateway API duration such as ``120s``, ``2m``, ``1h30m``, ``0s``."""
+    total, num = 0.0, ""
+    units = {"h": 3600, "m": 60, "s": 1}
+    text = str(text).strip()
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c.isdigit() or c == ".":
+            num += c
+        elif text[i:i + 2] == "ms":
+            total += float(num) / 1000
+            num = ""
+            i += 1
+        else:
+            total += float(num) * units[c]
+            num = ""
+        i += 1
+    return total
+
+
+def original_route_timeout(cluster):
+    """``original_route``'s timeout in seconds from the EnvoyPatchPolicy objects in the cluster (Envoy's route
+    ``timeout``: 0 disables it), else the v0.7.0 install's 120 s."""
+    for epp in cluster.all("gateway.envoyproxy.io", "EnvoyPatchPolicy"):
+        for patch in (epp.get("spec") or {}).get("jsonPatches") or []:
+            value = (patch.get("operation") or {}).get("value") or {}
+            if isinstance(value, dict) and value.get("name") == ORIGINAL_ROUTE:
+                return _duration_s((value.get("route") or {}).get("timeout", "15s"))  # Envoy's default is 15 s
+    return ORIGINAL_ROUTE_TIMEOUT_S
+
+
+def _prefix_matches(prefix, path):
+    return path == prefix or path.startswith(prefix.rstrip("/") + "/")
+
+
+def _table(cluster, path, headers):
+    """Matching HTTPRoute rules, best first by Gateway API precedence (longest prefix, then most headers)."""
+    found = []
+    for prefix in RESERVED_ROUTER_PATHS:
+        if _prefix_matches(prefix, path):
+            found.append((len(prefix), 0, "reserved-router", None))
+    for prefix in METADATA_PATHS:
+        if _prefix_matches(prefix, path):
+            found.append((len(prefix), 0, "reserved-router-metadata-endpoint", None))
+    for rt in cluster.all(GATEWAY_GROUP, "HTTPRoute", GATEWAY_NAMESPACE):
+        for rule in rt["spec"].get("rules") or []:
+            for m in rule.get("matches") or []:
+                prefix = (m.get("path") or {}).get("value", "/")
+                hdrs = m.get("headers") or []
+                if _prefix_matches(prefix, path) and all(headers.get(h["name"].lower()) == h["value"] for h in hdrs):
+                    found.append((len(prefix), len(hdrs), rt["metadata"]["name"], rt))
+    return sorted(found, key=lambda f: (-f[0], -f[1]))
+
+
+def _per_model(cluster, rt, model, path, extra_headers):
+    """Envoy follows ``<model>-router``: its backend, with the route's own request timeout."""
+    name = rt["metadata"]["name"]
+    timeout = _duration_s(((rt["spec"]["rules"][0].get("timeouts") or {}).get("request")) or "0s")
+    accepted, resolved = route_conditions(cluster, rt)
+    if accepted != "Accepted" or resolved != "ResolvedRefs":
+        # Gateway API: a rule whose backendRefs are all invalid answers 500.
+        return GatewayAnswer(500, name, dict(extra_headers), timeout, Verdict(500, "%s/%s" % (accepted, resolved)))
+    v = _via_route(cluster, model, path)
+    return GatewayAnswer(v.status, name, dict(extra_headers) if v.ok else {}, timeout, v)
+
+
+def gateway(objects, method, path, headers=None, model=None, gateway_default=None, extra=()):
+    """One request through AIBrix v0.7.0's gateway: ``headers`` as the client sends them, ``model`` the body's.
+
+    Returns a :class:`GatewayAnswer`. ``gateway_default`` is the plugins Deployment's ``ROUTING_ALGORITHM``.
+    """
+    cluster = objects if isinstance(objects, Cluster) else Cluster(objects, extra)
+    headers = dict((str(k).lower(), str(v)) for k, v in (headers or {}).items())
+    path = path.split("?", 1)[0]
+    if "routing-strategy" in headers:
+        # original_route is routes/0: any path with the header. The plugin only acts on the paths it parses a
+        # model from; without target-pod the ORIGINAL_DST cluster has no host (503, "no healthy upstream").
+        if method != "POST" or not any(_prefix_matches(p, path) for p in RESERVED_ROUTER_PATHS + MODEL_PATHS):
+            return GatewayAnswer(503, ORIGINAL_ROUTE, {}, original_route_timeout(cluster),
+                                 Verdict(503, "original_route without target-pod"))
+        return _plugin(cluster, path, headers, model, gateway_default, ORIGINAL_ROUTE)
+    table = _table(cluster, path, headers)
+    if not table:
+        return GatewayAnswer(404, "", {}, 0, Verdict(404, "no route matches %s %s" % (method, path)))
+    dummy, dummy2, name, rt = table[0]
+    if name == "reserved-router-metadata-endpoint":
+        if path.rstrip("/") != "/v1/models" or method != "GET":
+            return GatewayAnswer(404, name, {}, 0, Verdict(404, "metadata service: %s %s" % (method, path)))
+        body = {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "aibrix"}
+                                           for m in models_listed(list(cluster.store.values()))]}
+        return GatewayAnswer(200, name, {}, 0, Verdict(200, "metadata service"), body)
+    if rt is not None:  # the client's model header matched the per-model route: the plugin never sees it
+        return _per_model(cluster, rt, headers.get("model"), path, {})
+    return _plugin(cluster, path, headers, model, gateway_default, name)
+
+
+def _plugin(cluster, path, headers, model, gateway_default, first_route):
+    """The gateway plugin (ext_proc) on a request it parses: gateway_req_body.go, then the route it lands on."""
+    plugin = {"x-went-into-req-headers": "true", "request-id": "req-1"}
+    if not model:
+        return GatewayAnswer(400, first_route, {"x-error-no-model-in-request": "true"}, 0,
+                             Verdict(400, "no model in the request body"))
+    labelled = [p for p in cluster.pods if p.labels.get(NAME) == model and p.labels.get("ray.io/node-type") != "worker"]
+    if not labelled:
+        return GatewayAnswer(400, first_route, {"x-error-no-model-backends": model}, 0,
+                             Verdict(400, "model %s does not exist" % model))
+    strategy = headers.get("routing-strategy") or profile_strategy(labelled) or gateway_default
+    if not strategy:
+        v = _via_route(cluster, model, path)
+        if v.status == 503 and "httproute" in v.reason:
+            return GatewayAnswer(503, first_route, {"x-error-routing": "true"}, 0, v)
+        rt = cluster.get(GATEWAY_GROUP, "HTTPRoute", GATEWAY_NAMESPACE, "%s-router" % model)
+        return _per_model(cluster, rt, model, path, plugin)
+    v = route(cluster, model, path, strategy=strategy)
+    if not v.ok:
+        return GatewayAnswer(v.status, ORIGINAL_ROUTE, {"x-error-routing": "true"} if v.status == 503 else {},
+                             original_route_timeout(cluster), v)
+    if strategy == "pd":  # hops: prefill <pod>, decode <pod>; target-pod is the decode pod
+        target, prefill = v.hops[-1].split()[-1], v.hops[0].split()[-1]
+    else:  # hops[0]: <ns>/<pod> (<strategy>)
+        target, prefill = v.hops[0].split()[0].split("/")[-1], None
+    hdrs = dict(plugin, **{"routing-strategy": strategy, "target-pod": target,
+                           "target-pod-ip": "10.0.0.1:%d" % DEFAULT_MODEL_PORT})
+    if prefill:
+        hdrs.update({"prefill-target-pod": prefill, "prefill-target-pod-ip": "10.0.0.2"})
+    return GatewayAnswer(200, ORIGINAL_ROUTE, hdrs, original_route_timeout(cluster), v)

@@ -73,7 +73,8 @@ def pd_set(engine, model, workload, transport="rdma", **extra):
     params = dict(engine=engine, workload=workload, transport=transport, model_name=model, namespace="llm-lab",
                   image=("lmsysorg/sglang:v0.5.16" if engine == "sglang" else "vllm/vllm-openai:v0.11.0"),
                   model_path="/models/glm", model_host_path="/mnt/nvme/models/glm/3f2a9c1",
-                  ucx_net_devices={"rdma": "mlx5_0:1,mlx5_1:1", "tcp": "eth0"}, proxy_source=PROXY_SRC)
+                  ucx_net_devices={"rdma": "mlx5_0:1,mlx5_1:1", "tcp": "eth0"}, proxy_source=PROXY_SRC,
+                  proxy_image="registry.example/python:3.11-slim@sha256:" + "b" * 64)
     params.update(extra)
     return pd.build(params)
 
@@ -232,3 +233,155 @@ def test_every_rendered_set_validates_and_routes(kind, engine, transport, model)
         # those must be the engine or the P/D front, never a bare prefill or decode engine
         v = oracle.route(objs, model, gateway_default="random")
         assert v.ok and v.disaggregated == (kind != "engine"), v
+
+
+# --------------------------------------------------------------------------------------------- #
+# The gateway's route table and the readiness checks that pass through it (AIBrix v0.7.0)
+# --------------------------------------------------------------------------------------------- #
+
+with open(os.path.join(ROOT, "roles", "engine", "defaults", "main", "kubernetes.yml")) as _f:
+    ENGINE_K8S_DEFAULTS = yaml.safe_load(_f)
+# The defaults before they followed the route table: /health through the gateway, target-pod without a strategy.
+OLD_DEFAULT_CHECKS = [{"type": "health"}, {"type": "models"},
+                      {"type": "chat", "prompt": "Reply with exactly FP8_OK and nothing else.", "expect": "FP8_OK",
+                       "max_tokens": 512}, {"type": "route", "header": "target-pod"}]
+
+
+def test_the_route_table_is_aibrix_v070s():
+    """config/gateway/gateway-plugin/gateway-plugin.yaml (reserved-router, reserved-router-metadata-endpoint),
+    config/gateway/gateway.yaml (EnvoyPatchPolicy original_route, timeout: 120s), gateway_req_body.go,
+    gateway_rsp_headers.go, pd_disaggregation.go, python/aibrix/aibrix/metadata/api/v1/models.py (v0.7.0)."""
+    objs = engine_set("vllm", DOTTED)
+    # no /health route at all: Envoy answers 404 to an unmatched path; /v1/responses is no reserved-router path
+    assert oracle.gateway(objs, "GET", "/health").status == 404
+    assert oracle.gateway(objs, "POST", "/v1/responses", model=DOTTED).status == 404
+    # ... but it is one of <model>-router's paths, so with the model header it routes
+    assert oracle.gateway(objs, "POST", "/v1/responses", {"model": DOTTED}, model=DOTTED).route == "glm-5.2-fp8-router"
+    # /v1/models: the metadata service, no plugin, no root field
+    a = oracle.gateway(objs, "GET", "/v1/models")
+    assert a.route == "reserved-router-metadata-endpoint" and a.headers == {}
+    assert a.body["data"] == [{"id": DOTTED, "object": "model", "created": 0, "owned_by": "aibrix"}]
+    # the model header matches <model>-router directly (more header matches): the plugin never sees the request
+    a = oracle.gateway(objs, "POST", "/v1/chat/completions", {"model": DOTTED}, model=DOTTED)
+    assert a.ok and a.route == "glm-5.2-fp8-router" and a.headers == {} and a.timeout_s == 0
+    # without it: reserved-router -> plugin -> (no strategy) model header set -> <model>-router, its own timeout
+    a = oracle.gateway(objs, "POST", "/v1/chat/completions", model=DOTTED)
+    assert a.ok and a.route == "glm-5.2-fp8-router" and set(a.headers) == {"request-id", "x-went-into-req-headers"}
+    # a routing strategy (header, profile or ROUTING_ALGORITHM) lands on original_route: 120 s, pod headers
+    for a in (oracle.gateway(objs, "POST", "/v1/completions", {"routing-strategy": "least-request"}, model=DOTTED),
+              oracle.gateway(objs, "POST", "/v1/completions", model=DOTTED, gateway_default="least-request")):
+        assert a.ok and a.route == "original_route" and a.timeout_s == 120
+        assert set(a.headers) == {"request-id", "x-went-into-req-headers", "routing-strategy", "target-pod",
+                                  "target-pod-ip"} and a.headers["target-pod"] == "glm-5-2-fp8-0"
+    # a StormService always goes that way (its pods' profile says pd); the prefill pod is named too
+    a = oracle.gateway(pd_set("vllm", DOTTED, "stormservice"), "POST", "/v1/chat/completions", model=DOTTED)
+    assert a.ok and a.route == "original_route" and a.timeout_s == 120 and a.verdict.disaggregated
+    assert a.headers["prefill-target-pod"].endswith("-prefill-0") and a.headers["target-pod"].endswith("-decode-0")
+    # the timeout is whatever the cluster's EnvoyPatchPolicy says (Helm gateway.envoyPatchPolicy.route.timeout)
+    epp = {"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "EnvoyPatchPolicy",
+           "metadata": {"name": "aibrix-epp", "namespace": "aibrix-system"},
+           "spec": {"jsonPatches": [{"operation": {"op": "add", "path": "/virtual_hosts/0/routes/0", "value": {
+               "name": "original_route", "route": {"cluster": "original_destination_cluster", "timeout": "1h"}}}}]}}
+    a = oracle.gateway(objs + [epp], "POST", "/v1/completions", {"routing-strategy": "random"}, model=DOTTED)
+    assert a.route == "original_route" and a.timeout_s == 3600
+    # an unknown model: the plugin's 400
+    assert oracle.gateway(objs, "POST", "/v1/completions", model="nope").status == 400
+
+
+def _gateway_server(objs, gateway_default=None, seen=None):
+    """An HTTP server answering as the gateway in front of ``objs`` would, the engines answering FP8_OK."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    import json
+    import threading
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _answer(self, method):
+            body = {}
+            if method == "POST":
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            answer = oracle.gateway(objs, method, self.path, dict(self.headers.items()), model=body.get("model"),
+                                    gateway_default=gateway_default)
+            if seen is not None:
+                seen.append((method, self.path, answer.route, answer.status))
+            if not answer.ok:
+                doc = {"error": {"message": answer.verdict.reason}}
+            elif answer.body is not None:
+                doc = answer.body
+            elif self.path.startswith("/v1/chat/completions"):
+                doc = {"choices": [{"message": {"role": "assistant", "content": "FP8_OK"}, "finish_reason": "stop"}]}
+            else:
+                doc = {"choices": [{"text": "FP8_OK", "finish_reason": "length"}]}
+            data = json.dumps(doc).encode()
+            self.send_response(answer.status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for k, v in answer.headers.items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._answer("GET")
+
+        def do_POST(self):
+            self._answer("POST")
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, "http://127.0.0.1:%d" % srv.server_address[1]
+
+
+@pytest.mark.parametrize("kind,gateway_default", [("engine", None), ("engine", "least-request"),
+                                                  ("stormservice", None), ("deployments", None)])
+def test_the_default_readiness_checks_pass_through_the_gateway(kind, gateway_default):
+    from ansible_collections.llmops.serving.plugins.module_utils import _probe
+
+    checks = ENGINE_K8S_DEFAULTS["engine_k8s_probe_checks"]
+    assert ENGINE_K8S_DEFAULTS["engine_k8s_probe_target"] == "aibrix_gateway"
+    _probe.validate_checks(checks, "aibrix_gateway")
+    objs = _render(kind, "vllm", "rdma", DOTTED)
+    seen = []
+    srv, url = _gateway_server(objs, gateway_default, seen)
+    try:
+        ok, results, dummy, dummy2, msg = _probe.run(url, DOTTED, checks, deadline=5, interval=0.1, timeout=5,
+                                                     target="aibrix_gateway")
+    finally:
+        srv.shutdown()
+    assert ok, (msg, seen)
+    assert [r["type"] for r in results] == ["models", "chat", "route"]
+    assert results[1]["text"] == "FP8_OK"
+    routed = dict(((m, p), r) for m, p, r, dummy in seen)
+    assert routed[("GET", "/v1/models")] == "reserved-router-metadata-endpoint"
+    # the chat answer: sent with the model header, so on <model>-router wherever one exists (a StormService has
+    # none and its pods' profile says pd: original_route)
+    assert routed[("POST", "/v1/chat/completions")] == ("original_route" if kind == "stormservice" else "glm-5.2-fp8-router")
+    # the route check asked only for what AIBrix sets: target-pod appears only when a strategy picked a pod
+    picked = kind == "stormservice" or gateway_default is not None
+    assert ("target-pod" in results[2]["headers"]) == picked
+    assert ("prefill-target-pod" in results[2]["headers"]) == (kind == "stormservice")
+
+
+def test_the_old_default_checks_fail_through_the_gateway():
+    from ansible_collections.llmops.serving.plugins.module_utils import _probe
+
+    with pytest.raises(ValueError) as e:
+        _probe.validate_checks(OLD_DEFAULT_CHECKS, "aibrix_gateway")
+    assert str(e.value).startswith("checks[0]: a health check GETs /health") and "Service or pod" in str(e.value)
+    srv, url = _gateway_server(engine_set("vllm", DOTTED))
+    try:
+        # as the engine role sent them: /health is a 404 retried to the deadline
+        ok, results, dummy, dummy2, msg = _probe.run(url, DOTTED, OLD_DEFAULT_CHECKS, deadline=1, interval=0.2)
+        assert not ok and results[0]["type"] == "health" and "HTTP 404" in msg
+        # without /health, target-pod is demanded of a request no strategy routed
+        ok, results, dummy, dummy2, msg = _probe.run(url, DOTTED, OLD_DEFAULT_CHECKS[1:], deadline=5, interval=0.1,
+                                                     target="aibrix_gateway")
+        assert not ok and results[-1]["type"] == "route" and "lacks target-pod" in msg
+        # a strategy declared by the caller but not in force is caught too
+        ok, results, dummy, dummy2, msg = _probe.run(url, DOTTED, [{"type": "route", "routing_strategy": "pd"}],
+                                                     deadline=5, interval=0.1, target="aibrix_gateway")
+        assert not ok and "lacks routing-strategy, target-pod" in msg
+    finally:
+        srv.shutdown()

@@ -186,7 +186,7 @@ def test_json_schema_and_tool_call(run_module, server):
     assert r["failed"] and "do not validate" in r["msg"]
     server.tool_args = '{"city": "Par'
     r = run_module(engine_probe, _probe_args(server, [{"type": "tool_call", "tools": tools}]))
-    assert r["failed"] and "are not JSON" in r["msg"]
+    assert r["failed"] and "the argument text of 'get_weather' is not JSON" in r["msg"]
 
 
 def test_stream_done_and_teardown_hang(run_module, server):
@@ -205,10 +205,14 @@ def test_cancel_then_health(run_module, server):
 
 
 def test_route_header(run_module, server):
+    # an engine reached directly sets none of the gateway plugin's headers
     r = run_module(engine_probe, _probe_args(server, [{"type": "route"}]))
-    assert r["failed"] and "no 'target-pod' header" in r["msg"]
+    assert r["failed"] and "lacks request-id, x-went-into-req-headers" in r["msg"] and "no routing strategy" in r["msg"]
+    r = run_module(engine_probe, _probe_args(server, [{"type": "route", "header": "target-pod"}]))
+    assert r["failed"] and "lacks target-pod" in r["msg"]
     server.route_header = "glm-vllm-7d9f-abcde"
-    r = run_module(engine_probe, _probe_args(server, [{"type": "route", "expect_regex": "^glm-vllm-"}]))
+    r = run_module(engine_probe, _probe_args(server, [{"type": "route", "header": "target-pod",
+                                                       "expect_regex": "^glm-vllm-"}]))
     assert not r.get("failed") and r["checks"][0]["value"] == "glm-vllm-7d9f-abcde"
 
 
