@@ -1074,10 +1074,10 @@ def gc(cache_root, engine, keep, in_use=(), proc_root="/proc", check_mode=False,
     published = dict((d, fp) for d, fp in dirs.items() if os.path.dirname(d) == eroot)
     fps = sorted(published.values())
     fps.sort(key=lambda d: (_created(os.path.join(eroot, d)), d), reverse=True)
-    for i, d in enumerate(fps):
+    for d in fps:  # in-use fingerprints are kept on top of the newest ``keep``
         if d in protected:
             res["protected"].append(d)
-        elif i < keep:
+        elif len(res["kept"]) < keep:
             res["kept"].append(d)
         elif _remove(os.path.join(eroot, d), res, check_mode):
             res["removed"].append(d)

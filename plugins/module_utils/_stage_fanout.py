@@ -582,6 +582,10 @@ class Receiver(object):
         e = link.entries.get(fs.rel) or {}
         disputes, lies = [], []
         with self._cond:
+            have = link.have.get(fs.rel) or ""
+            silent = [i for i, h in enumerate(have) if h == "1" and i < fs.n and digests[i] is None]
+            if silent:
+                raise PeerLie("it lists %s piece %d held but gives no digest for it" % (fs.rel, silent[0]))
             claimed = link.claimed.setdefault(fs.rel, set())
             for i, d in enumerate(digests):
                 if d is None:
@@ -696,6 +700,9 @@ class Receiver(object):
                         if i in fs.disputed:  # the shared filesystem is being asked which seed is right
                             waiting = True
                             continue
+                        if any(p.seed and p.alive and p.holds(fs.rel, i) and p not in fs.claims[i] for p in self.links):
+                            waiting = True  # every seed listing the piece gives its digest first: disputes
+                            continue        # are settled before a byte of it is taken
                         if fs.trusted[i] is not None and not fs.source_only:
                             holders = [p for p in self.links if p.alive and p.holds(fs.rel, i)
                                        and p not in fs.excluded[i]]

@@ -34,10 +34,12 @@ def check_pinned(pinned):
 
 def is_pinned(dest, pinned):
     """``dest`` is named by an entry of ``pinned``: a bare name (no ``/`` once trailing slashes are dropped) is a
-    revision directory name; anything else is a path (relative to the working directory when relative) and names
+    revision directory name, or the name of a symlink beside the revisions that points at one (``current``);
+    anything else is a path (relative to the working directory when relative) and names
     ``dest`` when it is the same directory however it is spelt (``_paths.same_path``: symlinked root, ``..``,
     ``//``, a bind mount)."""
     name = os.path.basename(dest.rstrip("/"))
+    parent = os.path.dirname(dest.rstrip("/"))
     for p in pinned:
         if not p or not isinstance(p, str):
             continue
@@ -45,7 +47,8 @@ def is_pinned(dest, pinned):
         if not bare:
             continue
         if "/" not in bare:
-            if bare == name:
+            # the revision's name, or a link beside it naming it ("current" -> the revision it points to)
+            if bare == name or (bare not in (".", "..") and _paths.same_path(os.path.join(parent, bare), dest)):
                 return True
         elif _paths.same_path(p, dest):
             return True

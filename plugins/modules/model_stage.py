@@ -149,7 +149,8 @@ options:
   pinned:
     description:
       - Revisions never removed, by O(state=absent) or O(keep_revisions), as directory names (revision ids, an
-        entry without C(/)) or paths (relative ones from the working directory). A path names a revision
+        entry without C(/); the name of a symlink beside the revisions, such as C(current), pins the revision it
+        points at) or paths (relative ones from the working directory). A path names a revision
         however it is spelt - a symlinked root, a trailing slash, C(..), C(//), a bind mount - compared by device
         and inode, never as a string.
     type: list

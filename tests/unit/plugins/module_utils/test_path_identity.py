@@ -365,3 +365,18 @@ def test_a_fifo_or_device_manifest_is_refused_without_blocking(kc):
         assert ver["status"] == "no_manifest" and "manifest.json" in ver["problems"][0], ver
     r = _within(10, _kcache.gc, kc["real"], "vllm", keep=1, proc_root=kc["proc"])
     assert len(r["kept"]) == 1 and sorted(r["kept"] + r["removed"]) == FPS and r["errors"] == []
+
+
+def test_pinned_by_the_name_of_a_link_beside_the_revisions(revs):
+    # "current" -> rev1 next to the revisions: pinned: [current] keeps what it points at
+    os.symlink("rev1", os.path.join(revs["real"], "m", "current"))
+    r = _stage.stage(revs["src"]["rev3"], os.path.join(revs["real"], "m", "rev3"), fsync=False, keep_revisions=1,
+                     pinned=["current"], proc_root=revs["proc"])
+    assert r["pruned"] == [os.path.join(revs["real"], "m", "rev2")]
+    assert tree_digest(revs["rev1"]) == revs["rev1_digest"]
+    assert os.path.islink(os.path.join(revs["real"], "m", "current"))
+
+
+def test_gc_keeps_in_use_fingerprints_on_top_of_the_newest_keep(kc):
+    r = _kcache.gc(kc["real"], "vllm", keep=2, in_use=[FPS[2]], proc_root=kc["proc"])
+    assert r["protected"] == [FPS[2]] and r["kept"] == [FPS[1], FPS[0]] and r["removed"] == [], r

@@ -400,6 +400,7 @@ def _picker(tmp_path, links, n=6):
     rx._t0 = time.monotonic()
     fs = _stage_fanout._FileState({"path": "f", "size": n * PIECE}, str(tmp_path / "p"), PIECE)
     fs.trusted = ["0" * 64] * n
+    fs.claims = [dict((link, "0" * 64) for link in links if link.seed) for _i in range(n)]  # the seeds' digests
     rx._files = [fs]
     return rx, fs
 

@@ -1,0 +1,165 @@
+"""Property-based harness for the fan-out's peers: every peer may lie, and lying costs bounded time.
+
+A receiver stages a small revision from a random set of peers (``tests/lib/fake_peers.py``): honest ones, ones
+that list pieces but do not serve them, answer errors, stall, break off, send malformed piece lists (non-ASCII
+digits, nesting, absurd counters, wrong types, not JSON, oversized), send flipped bytes, or, as a seed, claim
+digests of flipped bytes. After every run the invariants a user relies on are checked:
+
+* the run succeeds (the shared filesystem is always there as the last resort) and ``dest`` is byte-identical to
+  the source;
+* it took bounded time (``MAX_PEER_TRIES`` tries of at most ``timeout + piece / MIN_PEER_RATE`` per bad peer);
+* verified bytes came only from peers that serve bytes at all; no peer that told no lie is reported ``lied``;
+* when an honest seed and a lying seed are both there, the liar is dropped and reported ``lied``, the honest
+  seed is not dropped.
+
+Every piece list any peer may send is also thrown at the parser: it returns a well-formed list or raises
+``PeerLie``, never anything else.
+
+CI runs a bounded number of examples with a fixed seed; ``make fuzz`` runs many more (``LLMOPS_FUZZ_EXAMPLES``).
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import tempfile
+import time
+
+from hypothesis import HealthCheck, Phase, example, given, settings, strategies as st
+
+from ansible_collections.llmops.serving.plugins.module_utils import _stage
+from ansible_collections.llmops.serving.plugins.module_utils import _stage_fanout
+from ansible_collections.llmops.serving.plugins.module_utils import _stage_peer
+from ansible_collections.llmops.serving.tests.lib import fake_peers, stage_synth
+
+EXAMPLES = int(os.environ.get("LLMOPS_FUZZ_EXAMPLES", "25"))
+PHASES = [Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if os.environ.get("LLMOPS_FUZZ_SHRINK") else [])
+PIECE = 256 * 1024
+TIMEOUT = 1.5        # the receiver's per-request timeout here (30 s in a real run)
+TOKEN = fake_peers.TOKEN
+# peers whose bytes can be verified at all (the others never get a piece list in, or never deliver)
+DELIVERING = ("honest", "lie_bytes", "lie_seed")
+
+_TREE = {}
+
+
+def _tree():
+    """One source revision and one seed's staged copy of it, made once per process."""
+    if not _TREE:
+        root = tempfile.mkdtemp(prefix="llmops-peer-props-")
+        src = os.path.join(root, "shared", "m", "r1")
+        stage_synth.write_checkpoint(src, 2 * 1024 * 1024, shards=2, seed=11)
+        seed = os.path.join(root, "seed", "m", "r1")
+        _stage.stage(src, seed, record_pieces=True, piece_size=PIECE, fsync=False)
+        _TREE.update(root=root, src=src, seed=seed,
+                     listing=json.dumps(_stage_peer.Offer(seed, PIECE, ttl=0).public(0)))
+        atexit.register(shutil.rmtree, root, True)
+    return _TREE
+
+
+def _settings(n):
+    return settings(max_examples=n, deadline=None, derandomize=True, database=None, phases=PHASES,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+# half of the peers drawn behave one of the ways that move bytes (or fail to), half send a malformed list
+behaviours = st.one_of(st.sampled_from([b for b in fake_peers.BEHAVIOURS if not b.startswith("malformed:")]),
+                       st.sampled_from([b for b in fake_peers.BEHAVIOURS if b.startswith("malformed:")]))
+peer_specs = st.lists(st.tuples(behaviours, st.booleans()), min_size=1, max_size=3)
+
+
+@_settings(max(4, EXAMPLES // 3))
+@given(specs=peer_specs, honest_seed=st.booleans())
+@example(specs=[("lie_seed", True), ("stall", False)], honest_seed=True)
+@example(specs=[("unserved", True), ("lie_bytes", False), ("errors", False)], honest_seed=True)
+def test_lying_peers_cost_bounded_time_and_never_a_wrong_byte(specs, honest_seed):
+    tree = _tree()
+    if os.environ.get("LLMOPS_PEER_PROPS_TRACE"):
+        print("peers:", specs, "honest seed:", honest_seed)
+    work = tempfile.mkdtemp(prefix="run-", dir=tree["root"])
+    made, links, kinds = [], [], {}
+    init = _stage_fanout.Receiver.__init__
+
+    def short(self, *args, **kwargs):
+        kwargs["timeout"] = TIMEOUT
+        init(self, *args, **kwargs)
+    _stage_fanout.Receiver.__init__ = short
+    try:
+        if honest_seed:
+            specs = [("honest", True)] + list(specs)
+        for k, (behaviour, seed) in enumerate(specs):
+            dest = tree["seed"]
+            if behaviour in ("lie_bytes", "lie_seed"):
+                seed = seed or behaviour == "lie_seed"
+                dest = fake_peers.flipped_copy(tree["seed"], os.path.join(work, "liar%d" % k, "m", "r1"), PIECE,
+                                               consistent=behaviour == "lie_seed")
+            p = fake_peers.FakePeer(dest, PIECE, behaviour)
+            made.append(p)
+            links.append({"url": p.url, "seed": seed})
+            kinds[p.url] = (behaviour, seed)
+        d = os.path.join(work, "n1", "m", "r1")
+        t0 = time.monotonic()
+        r = _stage.stage(tree["src"], d, peers=links, peer_token=TOKEN, piece_size=PIECE, read_streams=1,
+                         fsync=False, verify="headers")
+        took = time.monotonic() - t0
+    finally:
+        _stage_fanout.Receiver.__init__ = init
+        for p in made:
+            p.close()
+    try:
+        assert fake_peers.same_tree(tree["src"], d), "dest differs from the source"
+        bad = sum(1 for b, _s in kinds.values() if b != "honest")
+        bound = bad * _stage_fanout.MAX_PEER_TRIES * (TIMEOUT + PIECE / float(_stage_fanout.MIN_PEER_RATE)) + 20
+        assert took < bound, "took %.1f s with %d bad peer(s) (bound %.1f s)" % (took, bad, bound)
+        for url in r["bytes_per_peer"]:
+            assert kinds[url][0] in DELIVERING, "verified bytes from a %s peer" % kinds[url][0]
+        assert r["bytes_from_peers"] + r["bytes_from_source"] == r["bytes_total"]
+        dropped = dict((x["url"], x) for x in r["peers_dropped"])
+        for url, x in dropped.items():
+            if x["lied"]:
+                assert kinds[url][0] in fake_peers.LYING, "a %s peer reported as lying" % kinds[url][0]
+        honest_seeds = [u for u, (b, s) in kinds.items() if b == "honest" and s]
+        for url, (behaviour, seed) in kinds.items():
+            if behaviour == "lie_seed" and honest_seeds:
+                assert dropped.get(url, {}).get("lied"), "the lying seed was not named: %s" % r["peers_dropped"]
+        for url in honest_seeds:
+            assert not dropped.get(url, {}).get("lied"), "an honest seed was called a liar"
+        assert TOKEN not in json.dumps(r)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(alphabet=st.sampled_from("01\u0660\u0661\u00b2\u2070 9a"), max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=20)
+FIELDS = ["piece_size", "state", "board_age", "load", "files"]
+ENTRY_FIELDS = ["size", "src", "have", "sent", "header_sha256", "sha256"]
+
+
+@_settings(EXAMPLES * 4)
+@given(field=st.sampled_from(FIELDS + ENTRY_FIELDS), value=json_values, raw=st.binary(max_size=64),
+       use_raw=st.booleans())
+def test_the_piece_list_parser_returns_a_wellformed_list_or_peerlie(field, value, raw, use_raw):
+    doc = json.loads(_tree()["listing"])
+    if field in FIELDS:
+        doc[field] = value
+    else:
+        for e in doc["files"].values():
+            e[field] = value
+    try:
+        body = raw if use_raw else json.dumps(doc, ensure_ascii=False).encode("utf-8")
+    except ValueError:
+        return
+    try:
+        parsed = _stage_fanout.parse_piece_list(body, PIECE)
+    except _stage_fanout.PeerLie:
+        return
+    assert 0 <= parsed["load"] <= _stage_fanout.MAX_PEER_LOAD
+    assert parsed["state"] in _stage_fanout.PEER_STATES + (None,)
+    for e in parsed["files"].values():
+        n = (e["size"] + PIECE - 1) // PIECE
+        assert len(e["have"]) == n and set(e["have"]) <= set("01")
+        assert e["sent"] is None or (len(e["sent"]) == n and set(e["sent"]) <= set("0123456789"))
