@@ -99,7 +99,10 @@ class FakeEngine:
             if out is RESET:
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 return
-            conn.sendall(out)
+            try:
+                conn.sendall(out)
+            except OSError:  # the proxy stopped reading (an answer over its cap) and closed
+                pass
 
     def close(self):
         self.stop = True
@@ -120,13 +123,15 @@ def engines():
 
 @pytest.fixture
 def proxy(engines):
-    """Start the proxy server object in this process: proxy(prefill=, decode=, **limits) -> (port, router)."""
+    """Start the proxy server object in this process: proxy(prefill=, decode=, max_answer_bytes=, **limits) ->
+    (port, router)."""
     servers = []
 
-    def start(prefill=None, decode=None, **limits):
+    def start(prefill=None, decode=None, max_answer_bytes=pd_proxy.DEFAULT_MAX_BODY_BYTES, **limits):
         prefill = prefill or engines()
         decode = decode or prefill
-        router = pd_proxy.Router([prefill.url], [decode.url], prefill_timeout=5, decode_timeout=5)
+        router = pd_proxy.Router([prefill.url], [decode.url], prefill_timeout=5, decode_timeout=5,
+                                 max_answer_bytes=max_answer_bytes)
         server = pd_proxy.build_server("127.0.0.1", 0, router, **limits)
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         servers.append(server)
@@ -448,6 +453,53 @@ def test_prefill_answering_garbage_is_a_502_naming_it(proxy, engines, kind):
     assert status == 502 and prefill.addr in error_message(body)
     assert decode.seen == []  # nothing was sent on to decode
     assert router.snapshot()["outcomes"] == {"bad_gateway": 1}
+
+
+def _big(size, status=200, role="decode"):
+    """An engine whose answer as ``role`` is ``size`` bytes (a JSON object padded with spaces); its other role
+    is a well-behaved engine's."""
+    body = b'{"choices": [{"text": "x"}], "kv_transfer_params": %s}' % json.dumps(KV).encode()
+    body += b" " * (size - len(body))
+
+    def answer(method, path, b):
+        kv = (b or {}).get("kv_transfer_params") or {}
+        prefill = bool(kv.get("do_remote_decode"))
+        return http_answer(status, body) if prefill == (role == "prefill") else engine(method, path, b)
+    return answer
+
+
+@pytest.mark.parametrize("status", [200, 500])
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_buffered_answer_over_the_cap_is_a_502_for_decode_as_for_prefill(proxy, engines, status, role):
+    """A buffered (non-streamed) answer is read at most --max-body-bytes + 1 bytes, from decode as from prefill."""
+    big = engines(_big(8 * 1024 * 1024, status, role))
+    port, router = proxy(prefill=big, decode=big, max_answer_bytes=4096)
+    t0 = time.monotonic()
+    got, _h, body = post(port, {"prompt": "x", "max_tokens": 2})
+    assert time.monotonic() - t0 < 3
+    msg = error_message(body)
+    assert got == 502 and msg.startswith(role + " " + big.addr) and "larger than 4096 bytes" in msg, msg
+    assert router.snapshot()["outcomes"] == {"bad_gateway": 1}
+
+
+def test_decode_answer_at_the_cap_is_passed_on_whole(proxy, engines):
+    port, _router = proxy(decode=engines(_big(4096)), max_answer_bytes=4096)
+    got, _h, body = post(port, {"prompt": "x", "max_tokens": 2})
+    assert got == 200 and len(body) == 4096 and json.loads(body)["choices"][0]["text"] == "x"
+
+
+def test_streamed_decode_answer_longer_than_the_cap_is_not_cut(proxy, engines):
+    """A stream is relayed as it comes (never held whole), so the buffer cap does not cut a long generation."""
+    sse = b"".join(b'data: {"choices": [{"text": "%d"}]}\n\n' % i for i in range(500)) + b"data: [DONE]\n\n"
+
+    def answer(method, path, b):
+        kv = (b or {}).get("kv_transfer_params") or {}
+        return engine(method, path, b) if kv.get("do_remote_decode") else (
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n" % len(sse) + sse)
+    port, router = proxy(decode=engines(answer), max_answer_bytes=4096)
+    got, _h, body = post(port, {"prompt": "x", "max_tokens": 500, "stream": True})
+    assert got == 200 and body == sse and len(body) > 4096
+    assert router.snapshot()["outcomes"] == {"completed": 1}
 
 
 def test_models_and_health_with_a_garbage_backend_answer_instead_of_dropping(proxy, engines):

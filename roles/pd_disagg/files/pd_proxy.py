@@ -129,10 +129,13 @@ def _why(e):
 
 
 def read_capped(resp, limit):
-    """The whole body of a backend answer; ValueError past ``limit`` bytes."""
+    """The whole body of a backend answer; ValueError past ``limit`` bytes, http.client.IncompleteRead when the
+    backend closed before the Content-Length it declared (``read(n)`` alone returns the short body silently)."""
     data = resp.read(limit + 1)
     if len(data) > limit:
         raise ValueError("answer larger than %d bytes" % limit)
+    if resp.length:  # declared bytes still missing: the connection ended early
+        raise http.client.IncompleteRead(data, resp.length)
     return data
 
 
@@ -629,8 +632,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
             route = {"prefill-target-pod-ip": p.addr, "target-pod-ip": d.addr, "x-request-id": request_id}
             ctype = resp.getheader("Content-Type", "application/json")
             if not stream:
+                # buffered whole (its JSON is checked before it is sent on): capped like a prefill answer
                 try:
-                    data = resp.read()
+                    data = read_capped(resp, r.max_answer_bytes)
+                except ValueError as e:
+                    fail(502, "decode %s: %s (pd_proxy --max-body-bytes); raise the limit or lower max_tokens"
+                         % (d.addr, e))
+                    return
                 except (OSError, http.client.HTTPException) as e:
                     fail(502, "decode %s broke off mid-answer: %s" % (d.addr, _why(e)))
                     return
@@ -660,6 +668,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 self.send_header("Connection", "close")
                 self.close_connection = True
             self.end_headers()
+            # a streamed answer is passed on as it comes, at most 64 KiB held at a time (never buffered whole,
+            # so --max-body-bytes does not cut a long generation); decode_timeout bounds each read
             while True:
                 try:
                     chunk = resp.read1(65536)
