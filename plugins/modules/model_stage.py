@@ -351,7 +351,11 @@ bad_pieces_rejected:
   returned: state=present
   type: int
 peers_dropped:
-  description: Peers this run stopped using, each with C(url) and C(reason).
+  description:
+    - Peers this run stopped using, each with C(url), C(reason), C(seed) and C(lied).
+    - C(lied) is true for a peer whose bytes or digests the authority contradicted (a seed's digests, or, where
+      two seeds disagreed, the shared filesystem's); a peer dropped for failing C(3) tries in a row (error
+      answers, pieces listed but not served, stalls, malformed piece lists) or refusing the token has C(lied=false).
   returned: state=present
   type: list
   elements: dict
