@@ -1164,8 +1164,7 @@ def analyze_log(text, engine, cache_dir=None):
             dirs.append(next(g for g in m.groups() if g).rstrip(","))
     outside = []
     if cache_dir:
-        root = os.path.realpath(cache_dir).rstrip("/") + "/"
-        outside = [d for d in dirs if not os.path.realpath(d).startswith(root)]
+        outside = [d for d in dirs if not _paths.is_within(d, cache_dir)]
     if misses or poison or outside:
         result = "miss"
     elif hits:

@@ -380,3 +380,12 @@ def test_pinned_by_the_name_of_a_link_beside_the_revisions(revs):
 def test_gc_keeps_in_use_fingerprints_on_top_of_the_newest_keep(kc):
     r = _kcache.gc(kc["real"], "vllm", keep=2, in_use=[FPS[2]], proc_root=kc["proc"])
     assert r["protected"] == [FPS[2]] and r["kept"] == [FPS[1], FPS[0]] and r["removed"] == [], r
+
+
+def test_log_report_counts_the_cache_dir_itself_and_its_spellings_as_inside(kc):
+    cache_dir = os.path.join(kc["eroot"], FPS[0])
+    for used in (cache_dir, cache_dir + "/", os.path.join(kc["link"], "vllm", FPS[0], "torch_compile")):
+        log = "INFO Using cache directory: %s for vLLM's torch.compile\n" % used
+        assert _kcache.analyze_log(log, "vllm", cache_dir)["cache_dirs_outside"] == [], used
+    log = "INFO Using cache directory: /root/.cache/vllm for vLLM's torch.compile\n"
+    assert _kcache.analyze_log(log, "vllm", cache_dir)["cache_dirs_outside"] == ["/root/.cache/vllm"]
