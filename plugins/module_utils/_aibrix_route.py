@@ -198,3 +198,132 @@ def route_objects(model, service, namespace, port, gateway_name=DEFAULT_GATEWAY_
         },
     })
     return dict(objects=objects, route_name=route, reference_grant_name=grant_name, warnings=warnings)
+
+
+# ---- original_route: where every routing-strategy request goes ----------------------------------------- #
+#
+# AIBrix v0.7.0 ``config/gateway/gateway.yaml``: the EnvoyPatchPolicy ``epp`` (deployed as ``aibrix-epp``;
+# Helm ``dist/chart/templates/gateway-instance/gateway.yaml``: ``<release>-epp``) inserts the Envoy route
+# ``original_route`` first in the gateway's virtual host: any request with a ``routing-strategy`` header, which
+# the gateway plugin sets whenever a strategy picks the pod (the request's header, the pods'
+# ``model.aibrix.ai/config`` profile, the plugins' ``ROUTING_ALGORITHM``; ``gateway_req_body.go``), goes to the
+# picked pod with ``timeout: 120s`` (Helm ``gateway.envoyPatchPolicy.route.timeout``). A StormService has no
+# HTTPRoute, so all its requests take that route, and an HTTPRoute's ``timeouts.request`` never applies there.
+
+ORIGINAL_ROUTE = "original_route"
+ORIGINAL_ROUTE_TIMEOUT_S = 120
+#: Envoy's route timeout when a route sets none (``envoy.config.route.v3.RouteAction.timeout``).
+ENVOY_DEFAULT_ROUTE_TIMEOUT_S = 15
+#: The v0.7.0 install (``config/gateway/gateway-plugin/gateway-plugin.yaml``, Helm ``dist/chart/values.yaml``)
+#: sets ``AIBRIX_PREFILL_REQUEST_TIMEOUT=60`` on the gateway plugins; the code's default is 30
+#: (``pkg/plugins/gateway/algorithms/pd_disaggregation.go``).
+PREFILL_REQUEST_TIMEOUT_S = 60
+EPP_GROUP = "gateway.envoyproxy.io"
+
+_ENVOY_DURATION = re.compile(r"^\s*((?:[0-9]+(?:\.[0-9]+)?(?:h|ms|m|s))+)\s*$")
+_ENVOY_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(h|ms|m|s)")
+
+
+def envoy_duration(text):
+    """Seconds of an Envoy/Helm duration (``120s``, ``1.5s``, ``2m``, ``0s``); ``ValueError`` otherwise."""
+    m = _ENVOY_DURATION.match(str(text))
+    if not m:
+        raise ValueError(text)
+    return sum(float(n) * _UNIT_S[u] for n, u in _ENVOY_PART.findall(m.group(1)))
+
+
+def original_route_timeout(objects):
+    """``(seconds, where)`` of ``original_route`` in the EnvoyPatchPolicy objects read from the cluster (``0`` is
+    no timeout), or ``(None, None)`` when none defines it. ``where`` names the policy for messages."""
+    for obj in objects or []:
+        if not isinstance(obj, dict) or obj.get("kind") != "EnvoyPatchPolicy":
+            continue
+        meta = obj.get("metadata") or {}
+        where = "EnvoyPatchPolicy %s/%s" % (meta.get("namespace"), meta.get("name"))
+        patches = (obj.get("spec") or {}).get("jsonPatches") or []
+        for patch in patches if isinstance(patches, list) else []:
+            value = ((patch or {}).get("operation") or {}).get("value") if isinstance(patch, dict) else None
+            if not isinstance(value, dict) or value.get("name") != ORIGINAL_ROUTE:
+                continue
+            route = value.get("route") if isinstance(value.get("route"), dict) else {}
+            if "timeout" not in route:
+                return float(ENVOY_DEFAULT_ROUTE_TIMEOUT_S), where
+            try:
+                return envoy_duration(route["timeout"]), where
+            except ValueError:
+                raise RouteError("%s: original_route timeout %r is not an Envoy duration" % (where, route["timeout"]))
+    return None, None
+
+
+def longest_answer(max_tokens, request_timeout=DEFAULT_REQUEST_TIMEOUT, tokens_per_s=SINGLE_STREAM_TOKENS_PER_S):
+    """``(seconds, why)`` the longest answer of the profile may stream, by the documented rule: the configured
+    request timeout when it is set (non-zero: the operator's own bound on one request), else ``max_tokens``
+    (the profile's context length, the most one answer can hold) at ``tokens_per_s`` (65: one GLM-5.2 FP8
+    stream on 8 x H20, the field report)."""
+    seconds = parse_duration(request_timeout) if request_timeout else 0
+    if seconds > 0:
+        return seconds, "an answer within the request timeout %s" % request_timeout
+    return float(max_tokens) / tokens_per_s, "an answer of %d tokens at %d tok/s" % (max_tokens, tokens_per_s)
+
+
+def _fix(need):
+    return ("Raise it to at least %ds (or 0s for none): helm upgrade ... --set gateway.envoyPatchPolicy.route.timeout=%ds "
+            "(Helm install), or set the timeout of the original_route patch in the EnvoyPatchPolicy aibrix-epp "
+            "(aibrix-system, kustomize install)" % (int(need) + 1, int(need) + 1))
+
+
+def check_original_route(timeout_s, where, need_s, why):
+    """The error for an ``original_route`` timeout that would cut the longest answer (None when it does not)."""
+    if timeout_s is None or timeout_s == 0 or timeout_s >= need_s:
+        return None
+    return ("%s: original_route (every routing-strategy request, the StormService path) times out after %gs, but %s "
+            "streams for %ds; the gateway would cut it with a 504. %s" % (where, timeout_s, why, need_s, _fix(need_s)))
+
+
+def original_route_note(need_s, why):
+    """What a render-mode run says next to the objects: the cluster's ``original_route`` timeout is not read."""
+    if need_s <= ORIGINAL_ROUTE_TIMEOUT_S:
+        return None
+    return ("AIBrix sends every routing-strategy request (the StormService path) through its original_route, whose "
+            "timeout is %ds in the v0.7.0 install (config/gateway/gateway.yaml; Helm gateway.envoyPatchPolicy.route."
+            "timeout), and an HTTPRoute's request timeout does not apply there; %s streams for %ds. Rendered only, so "
+            "the cluster's EnvoyPatchPolicy was not read. %s" % (ORIGINAL_ROUTE_TIMEOUT_S, why, need_s, _fix(need_s)))
+
+
+def answer_tokens(flags):
+    """The longest answer the engine allows, in tokens: its context length (vLLM ``max-model-len``, SGLang
+    ``context-length`` in the final flags); None when the flags leave it to the model's config."""
+    for name in ("max-model-len", "context-length"):
+        value = (flags or {}).get(name)
+        try:
+            if value is not None and int(value) > 0:
+                return int(value)
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
+def original_route_findings(flags, request_timeout=DEFAULT_REQUEST_TIMEOUT, policies=None):
+    """``(error, warning)`` about ``original_route`` for a model whose requests a routing strategy routes.
+
+    ``policies``: the EnvoyPatchPolicy objects read from the cluster (apply mode), or None (render mode, where
+    only a warning can be given). The need is :func:`longest_answer` of the engine's context length
+    (:func:`answer_tokens`) or of ``request_timeout`` when that is set.
+    """
+    tokens = answer_tokens(flags)
+    if parse_duration(request_timeout or "0s") == 0 and tokens is None:
+        return None, ("AIBrix sends every routing-strategy request (the StormService path) through its original_route, "
+                      "which times out after %ds in the v0.7.0 install: about %d tokens at %d tok/s. The profile sets "
+                      "no context length (max-model-len / context-length) to check it against; set one, or raise "
+                      "Helm gateway.envoyPatchPolicy.route.timeout for longer answers"
+                      % (ORIGINAL_ROUTE_TIMEOUT_S, ORIGINAL_ROUTE_TIMEOUT_S * SINGLE_STREAM_TOKENS_PER_S,
+                         SINGLE_STREAM_TOKENS_PER_S))
+    need, why = longest_answer(tokens or 0, request_timeout)
+    if policies is None:
+        return None, original_route_note(need, why)
+    timeout, where = original_route_timeout(policies)
+    if where is None:
+        return None, ("no EnvoyPatchPolicy in the cluster defines original_route, which AIBrix's routing-strategy "
+                      "requests (the StormService path) need; install AIBrix's gateway configuration "
+                      "(config/gateway/gateway.yaml, or the Helm chart's gateway-instance)")
+    return check_original_route(timeout, where, need, why), None

@@ -105,7 +105,7 @@ DEFAULTS = dict(
     engine_resources={}, engine_cpu_request=None, engine_memory_request=None, startup_timeout=3600, probe_period=10,
     shm_size="64Gi", routing_strategy=None,
     gateway_name=aroute.DEFAULT_GATEWAY_NAME, gateway_namespace=aroute.DEFAULT_GATEWAY_NAMESPACE,
-    route_request_timeout=aroute.DEFAULT_REQUEST_TIMEOUT, route_paths=list(aroute.ROUTE_PATHS),
+    route_request_timeout=aroute.DEFAULT_REQUEST_TIMEOUT, route_paths=list(aroute.ROUTE_PATHS), gateway_policies=None,
     proxy_image="python:3.11-slim", proxy_port=8000, proxy_source="", proxy_replicas=1, proxy_resources=None,
     proxy_prefill_timeout=600, proxy_decode_timeout=3600, router_image="", router_policy="",
 )
@@ -708,6 +708,14 @@ def render(params):
     net.objects(objects)
     net.refuse(SpecError)
     _command, _args, final = engine_command(p, "decode")
+    if p["routing_strategy"]:  # every request takes AIBrix's original_route and its timeout, not the HTTPRoute's
+        try:
+            error, note = aroute.original_route_findings(final, p["route_request_timeout"], p["gateway_policies"])
+        except aroute.RouteError as e:
+            raise SpecError("gateway_policies: %s" % e)
+        if error:
+            raise SpecError("gateway_policies: " + error)
+        warnings.extend([note] if note else [])
     try:
         reads = k8s_engine.read_concurrency(p["engine"], p["model_source"], p["prefill_replicas"] + p["decode_replicas"],
                                             p["tp_size"], final)

@@ -27,7 +27,9 @@ description:
     AIBrix labels (with C(model.aibrix.ai/metric-port)), C(model.aibrix.ai/sglang-bootstrap-port) on SGLang prefill
     pods and the C(model.aibrix.ai/config) annotation with O(routing_strategy) (default C(pd)); without a strategy
     the AIBrix gateway answers 503 for StormService models. AIBrix's prefill request timeout
-    (C(AIBRIX_PREFILL_REQUEST_TIMEOUT), 30 s by default, on the gateway-plugins Deployment) can kill very long prefills.
+    (C(AIBRIX_PREFILL_REQUEST_TIMEOUT) on the gateway-plugins Deployment, 60 s in the v0.7.0 install, 30 s where
+    it is unset) can kill very long prefills, and the whole answer must fit in C(original_route)'s timeout (see
+    O(gateway_policies)).
   - O(workload=deployments) renders a Deployment per role and a front that pairs them - the collection's P/D proxy
     for vLLM (ConfigMap with O(proxy_source)), SGLang's own router for SGLang (C(sglang_router.launch_router
     --pd-disaggregation) with Kubernetes service discovery, its ServiceAccount, Role and RoleBinding) - behind a
@@ -291,6 +293,19 @@ options:
     description: HTTPRoute request timeout (Gateway API duration); C(0s) is no timeout. Below 1800s warns.
     type: str
     default: 0s
+  gateway_policies:
+    description:
+      - The EnvoyPatchPolicy objects of the AIBrix gateway as read from the cluster (for example the C(resources)
+        of C(kubernetes.core.k8s_info) kind C(EnvoyPatchPolicy) in O(gateway_namespace)).
+      - With a routing strategy (always with O(workload=stormservice)) every request goes through AIBrix's Envoy
+        route C(original_route), whose timeout (120s in the v0.7.0 install, Helm
+        C(gateway.envoyPatchPolicy.route.timeout)) applies instead of O(route_request_timeout). The longest answer
+        streams for O(route_request_timeout) when that is set, else for the profile's context length
+        (C(max-model-len) / C(context-length)) at 65 tokens/s; a shorter C(original_route) timeout fails here
+        with the fix, before anything is written.
+      - Unset (render only), the same comparison against the v0.7.0 default is a warning.
+    type: list
+    elements: dict
   route_paths:
     description: Path prefixes of the HTTPRoute (AIBrix v0.7.0's list by default, C(/v1/responses) included).
     type: list
@@ -484,6 +499,7 @@ def main():
             gateway_namespace=dict(type="str", default="aibrix-system"),
             route_request_timeout=dict(type="str", default="0s"),
             route_paths=dict(type="list", elements="str"),
+            gateway_policies=dict(type="list", elements="dict"),
             proxy_image=dict(type="str", default="python:3.11-slim"),
             proxy_port=dict(type="int", default=8000),
             proxy_source=dict(type="str", default=""),

@@ -732,7 +732,7 @@ def main(argv=None):
     ap.add_argument("--prefill", action="append", required=True, help="prefill engine URL (repeatable)")
     ap.add_argument("--decode", action="append", required=True, help="decode engine URL (repeatable)")
     ap.add_argument("--prefill-timeout", type=_positive(float), default=30.0,
-                    help="seconds a prefill may take (AIBrix's AIBRIX_PREFILL_REQUEST_TIMEOUT is 30)")
+                    help="seconds a prefill may take (AIBrix v0.7.0's install sets AIBRIX_PREFILL_REQUEST_TIMEOUT=60)")
     ap.add_argument("--decode-timeout", type=_positive(float), default=600.0)
     ap.add_argument("--rewrite-remote-host", action="store_true",
                     help="replace kv_transfer_params.remote_host with the prefill host (as AIBrix does)")

@@ -253,3 +253,80 @@ def test_the_route_oracle_catches_what_aibrix_would_break():
     labelled = yaml.safe_load(yaml.safe_dump(objs))
     labelled[-1]["metadata"]["labels"]["model.aibrix.ai/name"] = "glm-5.2-fp8"
     assert any("wakes the route controller" in p for p in route_problems(labelled, "glm-5.2-fp8"))
+
+
+# ---- original_route: the timeout every routing-strategy request gets --------------------------------------- #
+
+def _epp(timeout="120s", name="aibrix-epp"):
+    """The EnvoyPatchPolicy of AIBrix v0.7.0's config/gateway/gateway.yaml (kustomize prefix aibrix-), trimmed to
+    the original_route patch; Helm dist/chart/templates/gateway-instance/gateway.yaml renders the same route from
+    gateway.envoyPatchPolicy.route.timeout (120s in dist/chart/values.yaml)."""
+    route_action = {"cluster": "original_destination_cluster"}
+    if timeout is not None:
+        route_action["timeout"] = timeout
+    return {"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "EnvoyPatchPolicy",
+            "metadata": {"name": name, "namespace": "aibrix-system"},
+            "spec": {"type": "JSONPatch", "targetRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                                                        "name": "aibrix-eg"},
+                     "jsonPatches": [{"type": "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
+                                      "name": "aibrix-system/aibrix-eg/http",
+                                      "operation": {"op": "add", "path": "/virtual_hosts/0/routes/0", "value": {
+                                          "name": "original_route",
+                                          "match": {"prefix": "/", "headers": [{"name": "routing-strategy",
+                                                                                "string_match": {"safe_regex": {"regex": ".*"}}}]},
+                                          "route": route_action}}}]}}
+
+
+def test_original_route_timeout_is_read_from_the_clusters_policy():
+    assert route.original_route_timeout([_epp()]) == (120, "EnvoyPatchPolicy aibrix-system/aibrix-epp")
+    assert route.original_route_timeout([{"kind": "ConfigMap"}, _epp("1h", "aibrix-epp")])[0] == 3600
+    assert route.original_route_timeout([_epp("0s")])[0] == 0
+    # Envoy's RouteAction.timeout defaults to 15 s when the patch sets none
+    assert route.original_route_timeout([_epp(None)])[0] == 15
+    assert route.original_route_timeout([]) == (None, None)
+    with pytest.raises(route.RouteError) as e:
+        route.original_route_timeout([_epp("two minutes")])
+    assert "aibrix-system/aibrix-epp" in str(e.value) and "not an Envoy duration" in str(e.value)
+
+
+def test_the_longest_answer_is_the_request_timeout_else_the_context_at_the_measured_rate():
+    assert route.longest_answer(131072) == (131072 / 65.0, "an answer of 131072 tokens at 65 tok/s")
+    assert route.longest_answer(131072, "30m")[0] == 1800
+    assert route.answer_tokens({"max-model-len": "131072"}) == 131072
+    assert route.answer_tokens({"context-length": 32768}) == 32768
+    assert route.answer_tokens({}) is None
+
+
+def test_original_route_findings_fail_in_apply_mode_and_warn_in_render_mode():
+    flags = {"max-model-len": 131072}
+    error, note = route.original_route_findings(flags, "0s", [_epp()])
+    assert note is None and error.startswith("EnvoyPatchPolicy aibrix-system/aibrix-epp: original_route")
+    assert "times out after 120s" in error and "streams for 2016s" in error
+    assert "gateway.envoyPatchPolicy.route.timeout=2017s" in error
+    assert route.original_route_findings(flags, "0s", [_epp("0s")]) == (None, None)
+    assert route.original_route_findings(flags, "0s", [_epp("3600s")]) == (None, None)
+    # the operator's own request timeout is the bound when set: 100 s fits in 120 s
+    assert route.original_route_findings(flags, "100s", [_epp()]) == (None, None)
+    error, dummy = route.original_route_findings(flags, "30m", [_epp()])
+    assert "within the request timeout 30m streams for 1800s" in error
+    # render mode: the same comparison against v0.7.0's 120 s, as a warning
+    error, note = route.original_route_findings(flags, "0s", None)
+    assert error is None and "Rendered only" in note and "gateway.envoyPatchPolicy.route.timeout=2017s" in note
+    assert route.original_route_findings({"max-model-len": 4096}, "0s", None) == (None, None)
+    # no policy defines original_route: a warning that routing-strategy requests have no route
+    assert "no EnvoyPatchPolicy" in route.original_route_findings(flags, "0s", [])[1]
+
+
+def test_the_stormservice_render_checks_original_route():
+    from ansible_collections.llmops.serving.plugins.module_utils import _pd_manifests as pd
+
+    params = dict(engine="vllm", workload="stormservice", transport="tcp", model_name="glm-5.2-fp8",
+                  namespace="llm-lab", image="vllm/vllm-openai:v0.11.0@sha256:" + "a" * 64, model_path="/models/glm",
+                  model_host_path="/mnt/nvme/models/glm/3f2a9c1", engine_args={"max-model-len": 131072})
+    r = pd.render(dict(params))
+    assert any("original_route" in w and "Rendered only" in w for w in r["warnings"])
+    with pytest.raises(pd.SpecError) as e:
+        pd.render(dict(params, gateway_policies=[_epp()]))
+    assert str(e.value).startswith("gateway_policies: EnvoyPatchPolicy aibrix-system/aibrix-epp: original_route")
+    r = pd.render(dict(params, gateway_policies=[_epp("0s")]))
+    assert not any("original_route" in w for w in r["warnings"])
