@@ -21,6 +21,7 @@ from ansible_collections.llmops.serving.plugins.module_utils import _aibrix_rout
 from ansible_collections.llmops.serving.plugins.module_utils import _k8s_names as names
 from ansible_collections.llmops.serving.plugins.module_utils import _process
 from ansible_collections.llmops.serving.plugins.module_utils import _secrets
+from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, loads_json
 
 AIBRIX_NAME = route.AIBRIX_NAME
 AIBRIX_PORT = route.AIBRIX_PORT
@@ -138,6 +139,8 @@ DEFAULTS = dict(
     route_request_timeout=route.DEFAULT_REQUEST_TIMEOUT,
     labels={},
     annotations={},
+    staged_nodes=None,
+    rdma={},
 )
 
 
@@ -513,11 +516,12 @@ def read_concurrency(engine, model_source, replicas, tp_size, final):
 
 def _json_or_error(raw):
     try:
-        value = json.loads(raw)
-    except (TypeError, ValueError):
-        raise SpecError("engine_args: model-loader-extra-config must be a JSON object, got %r" % (raw,))
+        value = loads_json(raw if isinstance(raw, (str, bytes)) else "", "engine_args: model-loader-extra-config")
+    except UntrustedInput as e:
+        raise SpecError("%s; give it as a JSON object such as {\"enable_multithread_load\": true, \"num_threads\": 8}" % e)
     if not isinstance(value, dict):
-        raise SpecError("engine_args: model-loader-extra-config must be a JSON object, got %r" % (raw,))
+        raise SpecError("engine_args: model-loader-extra-config must be a JSON object such as "
+                        "{\"enable_multithread_load\": true, \"num_threads\": 8}")
     return value
 
 
@@ -573,17 +577,177 @@ def container_command(p, command):
 
 
 # --------------------------------------------------------------------------------------------- #
+# Placement: engine pods run only on the nodes that staged the revision
+# --------------------------------------------------------------------------------------------- #
+
+# The node label the kubelet sets to the node's name (k8s.io/api/core/v1 well_known_labels.go LabelHostname).
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+def check_staged_nodes(nodes, pods, field="staged_nodes", what="the engine", hint="lower replicas"):
+    """``nodes`` (kubernetes.io/hostname values) as a sorted list; SpecError when it cannot hold ``pods`` pods.
+
+    Each engine pod holds a whole GPU node (and a required anti-affinity-free node choice): ``pods`` pods need
+    ``pods`` distinct nodes that hold the revision, else one of them is scheduled where the hostPath is missing.
+    """
+    if nodes is None:
+        return None
+    if not isinstance(nodes, list) or not all(isinstance(n, str) and n for n in nodes):
+        raise SpecError("%s: must be a list of node names (kubernetes.io/hostname values)" % field)
+    bad = [n for n in nodes if not names.is_label_value(n)]
+    if bad:
+        raise SpecError("%s: %s is not a node name (a kubernetes.io/hostname label value); set the host's "
+                        "k8s_node_name to the name `kubectl get nodes` shows" % (field, ", ".join(repr(b) for b in bad)))
+    unique = sorted(set(nodes))
+    if len(unique) < pods:
+        raise SpecError(
+            "%s: the revision is staged on %d node(s) (%s) but %s needs %d pod(s), one node each; stage it on "
+            "more nodes or %s" % (field, len(unique), ", ".join(unique) or "none", what, pods, hint))
+    return unique
+
+
+def pin_to_nodes(affinity, nodes):
+    """``affinity`` with a required node affinity to exactly ``nodes`` (ANDed with what it already requires).
+
+    The scheduler ORs ``nodeSelectorTerms`` and ANDs the expressions inside one term
+    (k8s.io/component-helpers scheduling/corev1/nodeaffinity/nodeaffinity.go), so the hostname expression is
+    added to every existing term: no term can then admit a node outside ``nodes``.
+    """
+    out = json.loads(json.dumps(affinity or {}))
+    if nodes is None:
+        return out
+    expr = {"key": HOSTNAME_LABEL, "operator": "In", "values": list(nodes)}
+    node_aff = out.setdefault("nodeAffinity", {})
+    required = node_aff.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = [t for t in required.get("nodeSelectorTerms") or [] if t.get("matchExpressions") or t.get("matchFields")]
+    if not terms:
+        terms = [{}]
+    for term in terms:
+        term["matchExpressions"] = list(term.get("matchExpressions") or []) + [dict(expr, values=list(nodes))]
+    required["nodeSelectorTerms"] = terms
+    return out
+
+
+# --------------------------------------------------------------------------------------------- #
+# RDMA: one definition for multi-node engines and the P/D roles
+# --------------------------------------------------------------------------------------------- #
+
+MULTUS_NETWORKS = "k8s.v1.cni.cncf.io/networks"
+RDMA_KEYS = {"resource", "count", "networks", "host_network", "nccl_ib_hca", "socket_ifname"}
+# Environment the RDMA knobs set; env entries cannot also set them.
+RDMA_ENV = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+def check_rdma(rdma, field="rdma"):
+    """The RDMA knobs, normalised; ``None`` when off (``{}``/unset).
+
+    ``resource``/``count``: the RDMA device plugin's extended resource (``rdma/rdma_shared_device_a``: the
+    /dev/infiniband devices in the pod); ``networks``: the Multus secondary networks of the RDMA NICs;
+    ``host_network``: the node's own interfaces instead; ``nccl_ib_hca``: NCCL_IB_HCA; ``socket_ifname``:
+    NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME (the interface the ranks bootstrap over). IPC_LOCK is always added:
+    verbs memory registration needs RLIMIT_MEMLOCK lifted (else ``ibv_create_cq() failed: Cannot allocate memory``).
+    """
+    if not rdma:
+        return None
+    if not isinstance(rdma, dict):
+        raise SpecError("%s: must be a mapping with %s" % (field, ", ".join(sorted(RDMA_KEYS))))
+    unknown = sorted(set(rdma) - RDMA_KEYS)
+    if unknown:
+        raise SpecError("%s: unknown key(s) %s; allowed: %s" % (field, ", ".join(unknown), ", ".join(sorted(RDMA_KEYS))))
+    r = dict(resource="", count=1, networks="", host_network=False, nccl_ib_hca="", socket_ifname="")
+    r.update({k: v for k, v in rdma.items() if v is not None})
+    if r["resource"] and not (isinstance(r["resource"], str) and re.match(r"^[a-z0-9.-]+/[A-Za-z0-9_.-]+$", r["resource"])):
+        raise SpecError("%s.resource: %r is not an extended resource name such as rdma/rdma_shared_device_a"
+                        % (field, r["resource"]))
+    if not isinstance(r["count"], int) or isinstance(r["count"], bool) or r["count"] < 1:
+        raise SpecError("%s.count: must be an integer >= 1, got %r" % (field, r["count"]))
+    for key in ("networks", "nccl_ib_hca", "socket_ifname"):
+        if not isinstance(r[key], str) or any(c.isspace() for c in r[key]):
+            raise SpecError("%s.%s: must be a string without spaces (a comma list), got %r" % (field, key, r[key]))
+    if not isinstance(r["host_network"], bool):
+        raise SpecError("%s.host_network: must be true or false" % field)
+    if r["host_network"] and r["networks"]:
+        raise SpecError("%s: networks (Multus) and host_network exclude each other: a hostNetwork pod gets no "
+                        "Multus interfaces; keep one" % field)
+    return r
+
+
+def rdma_env(r):
+    """The NCCL/Gloo interface variables of the knobs (none when unset)."""
+    env = []
+    if r and r["nccl_ib_hca"]:
+        env.append({"name": "NCCL_IB_HCA", "value": r["nccl_ib_hca"]})
+    if r and r["socket_ifname"]:
+        env += [{"name": "NCCL_SOCKET_IFNAME", "value": r["socket_ifname"]},
+                {"name": "GLOO_SOCKET_IFNAME", "value": r["socket_ifname"]}]
+    return env
+
+
+def apply_rdma(spec, annotations, r):
+    """Put the RDMA knobs ``r`` (:func:`check_rdma`) on an engine pod ``spec`` and its ``annotations`` (in place).
+
+    Used by the engine's Deployment and every LeaderWorkerSet pod and by the P/D roles, so both get the same
+    device resource, capability, network attachment and NCCL/Gloo interfaces.
+    """
+    if not r:
+        return
+    container = spec["containers"][0]
+    if r["resource"]:
+        for part in ("requests", "limits"):
+            container.setdefault("resources", {}).setdefault(part, {})[r["resource"]] = str(r["count"])
+    caps = container.setdefault("securityContext", {}).setdefault("capabilities", {}).setdefault("add", [])
+    if "IPC_LOCK" not in caps:
+        caps.append("IPC_LOCK")
+    env = rdma_env(r)
+    if env:
+        taken = {e["name"] for e in env}
+        container["env"] = env + [e for e in container.get("env") or [] if e["name"] not in taken]
+    if r["host_network"]:
+        # The engines then use the node's interfaces (RDMA netdevs included); cluster DNS still resolves.
+        spec["hostNetwork"] = True
+        spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    if r["networks"]:
+        annotations[MULTUS_NETWORKS] = r["networks"]
+
+
+# --------------------------------------------------------------------------------------------- #
 # Objects
 # --------------------------------------------------------------------------------------------- #
 
 
-def probes(startup_timeout, period):
-    """startupProbe covering ``startup_timeout``; readiness/liveness only start after it succeeded."""
+# Headroom of the startup probe over startup_timeout: the kubelet's window must outlast the wait that reports a
+# slow start, so a start that takes just the timeout is reported as slow by the wait, not killed mid-load.
+STARTUP_HEADROOM_SECONDS = 300
+STARTUP_HEADROOM_FRACTION = 0.10
+# SGLang serves /health and /health_generate with one handler (health_generate in
+# python/sglang/srt/entrypoints/http_server.py, sgl-project/sglang v0.5.x) that sends a one-token request and waits
+# up to SGLANG_HEALTH_CHECK_TIMEOUT seconds (default 20) for the detokenizer before answering 503: a probe timeout
+# below that budget fails a server that is only busy, and the liveness probe then kills it.
+SGLANG_HEALTH_CHECK_TIMEOUT = 20
+PROBE_TIMEOUT = {"vllm": 5, "sglang": SGLANG_HEALTH_CHECK_TIMEOUT + 5}
+
+
+def startup_window(startup_timeout):
+    """Seconds the startup probe allows: ``startup_timeout`` plus max(300 s, 10 %)."""
+    return startup_timeout + max(STARTUP_HEADROOM_SECONDS, int(math.ceil(startup_timeout * STARTUP_HEADROOM_FRACTION)))
+
+
+def progress_deadline(startup_timeout):
+    """``progressDeadlineSeconds`` of an engine Deployment: the startup window plus 30 min of image pull, so a slow
+    cold start is not ProgressDeadlineExceeded (the default 600 s is far below a 700 GiB load)."""
+    return startup_window(startup_timeout) + 1800
+
+
+def probes(startup_timeout, period, engine="vllm"):
+    """startupProbe covering ``startup_timeout`` with headroom; readiness/liveness only start after it succeeded."""
     http = {"path": "/health", "port": "http"}
-    startup = dict(httpGet=dict(http), periodSeconds=period, timeoutSeconds=5, successThreshold=1,
-                   failureThreshold=int(math.ceil(float(startup_timeout) / period)))
-    readiness = dict(httpGet=dict(http), periodSeconds=10, timeoutSeconds=5, successThreshold=1, failureThreshold=3)
-    liveness = dict(httpGet=dict(http), periodSeconds=30, timeoutSeconds=10, successThreshold=1, failureThreshold=5)
+    timeout = PROBE_TIMEOUT.get(engine, 5)
+    startup = dict(httpGet=dict(http), periodSeconds=period, timeoutSeconds=timeout, successThreshold=1,
+                   failureThreshold=int(math.ceil(float(startup_window(startup_timeout)) / period)))
+    readiness = dict(httpGet=dict(http), periodSeconds=max(10, timeout + 5), timeoutSeconds=timeout,
+                     successThreshold=1, failureThreshold=3)
+    liveness = dict(httpGet=dict(http), periodSeconds=30, timeoutSeconds=max(10, timeout), successThreshold=1,
+                    failureThreshold=5)
     return startup, readiness, liveness
 
 
@@ -722,6 +886,21 @@ def _validate(p):
             raise SpecError("labels: %r is set by the collection and cannot be overridden" % key)
     if p["init"]:
         init_flavour(p["init"])
+    p["rdma"] = check_rdma(p["rdma"])
+    if p["rdma"]:
+        taken = sorted({e["name"] for e in rdma_env(p["rdma"])} & {e.get("name") for e in p["env"] or []})
+        if taken:
+            raise SpecError("env: %s is set by rdma (nccl_ib_hca, socket_ifname); set it in one place" % ", ".join(taken))
+        if p["rdma"]["resource"] and p["rdma"]["resource"] in [k for part in ("requests", "limits")
+                                                              for k in (p["resources"] or {}).get(part, {})]:
+            raise SpecError("resources: do not set %s there; rdma.resource and rdma.count set it" % p["rdma"]["resource"])
+    if p["model_source"] == "staged_nvme":
+        p["staged_nodes"] = check_staged_nodes(
+            p["staged_nodes"], p["replicas"] * p["nodes"],
+            what="replicas %d x nodes %d" % (p["replicas"], p["nodes"]) if p["nodes"] > 1 else "replicas %d" % p["replicas"],
+            hint="lower replicas")
+    elif p["staged_nodes"] is not None:
+        p["staged_nodes"] = check_staged_nodes(p["staged_nodes"], 0)
     check_tolerations(p["tolerations"] or [])
     check_command(p["command"])
     check_args(p["engine"], p["engine_args"] or {}, p["extra_args"] or [])
@@ -763,7 +942,8 @@ def engine_pod_spec(container, volumes, init=None, host_network=False, node_sele
 
 
 def _pod_spec(p, container, volumes, spread):
-    return engine_pod_spec(container, volumes, init=p["init"], node_selector=p["node_selector"], affinity=p["affinity"],
+    return engine_pod_spec(container, volumes, init=p["init"], node_selector=p["node_selector"],
+                           affinity=pin_to_nodes(p["affinity"], p["staged_nodes"]) if p["staged_nodes"] else p["affinity"],
                            tolerations=p["tolerations"], image_pull_secret=p["image_pull_secret"],
                            priority_class_name=p["priority_class_name"], spread=spread)
 
@@ -818,6 +998,10 @@ def build(params):
     elif p["kernel_cache_env"]:
         warnings.append("kernel_cache_env is set but kernel_cache_dir is not: the caches land in the "
                         "container filesystem and are lost with the pod")
+    if p["model_source"] == "staged_nvme" and p["staged_nodes"] is None and p["replicas"]:
+        warnings.append("staged_nodes is not set: the engine pods can be scheduled on any GPU node, and on one that "
+                        "never staged %s the hostPath mount fails after scheduling; pass the nodes that staged it "
+                        "(the engine role does)" % p["model_path"])
     resources = container_resources(p, gpus)
     mem = quantity_bytes(resources["requests"]["memory"]) if "memory" in resources["requests"] else None
     shm = quantity_bytes(p["shm_size"]) if p["shm_size"] else None
@@ -842,7 +1026,7 @@ def build(params):
     workload_labels = route.workload_labels(common) if p["manage_route"] else dict(common, **aibrix)
     spread = check_topology_spread(p["topology_spread"] or [], selector)
 
-    startup, readiness, liveness = probes(p["startup_timeout"], p["probe_period"])
+    startup, readiness, liveness = probes(p["startup_timeout"], p["probe_period"], p["engine"])
     volumes, mounts = _volumes(p)
     annotations = {route.SERVED_NAME_ANNOTATION: model}
 
@@ -851,7 +1035,12 @@ def build(params):
         if p["annotations"]:
             meta["annotations"] = dict(p["annotations"])
         container = _container(p, role, [dict(m) for m in mounts], (startup, readiness, liveness))
-        return {"metadata": meta, "spec": _pod_spec(p, container, [dict(v) for v in volumes], spread)}
+        spec = _pod_spec(p, container, [dict(v) for v in volumes], spread)
+        pod_annotations = dict(p["annotations"] or {})
+        apply_rdma(spec, pod_annotations, p["rdma"])
+        if pod_annotations:
+            meta["annotations"] = pod_annotations
+        return {"metadata": meta, "spec": spec}
 
     if multi:
         lws_name = names.statefulset_safe_name(svc)
@@ -888,7 +1077,7 @@ def build(params):
                 # not schedule beside it): with one replica the same as Recreate, with more the others keep serving.
                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
                 # Longer than the startup window plus image pull, so a slow cold start is not "failed".
-                "progressDeadlineSeconds": p["startup_timeout"] + 1800,
+                "progressDeadlineSeconds": progress_deadline(p["startup_timeout"]),
                 "selector": {"matchLabels": selector},
                 "template": template("leader"),
             },
@@ -930,7 +1119,7 @@ def build(params):
     net = _secrets.Scan(env_field="env")
     net.objects(objects)
     net.refuse(SpecError)
-    startup_window = startup["periodSeconds"] * startup["failureThreshold"]
+    startup_seconds = startup["periodSeconds"] * startup["failureThreshold"]
     return dict(
         objects=objects,
         service_name=svc,
@@ -944,7 +1133,8 @@ def build(params):
         pod_selector=pod_selector,
         command=container_command(p, command) + args,
         read_concurrency=concurrency,
-        probe_windows=dict(startup_seconds=startup_window,
+        staged_nodes=p["staged_nodes"],
+        probe_windows=dict(startup_seconds=startup_seconds,
                            readiness_seconds=readiness["periodSeconds"] * readiness["failureThreshold"],
                            liveness_seconds=liveness["periodSeconds"] * liveness["failureThreshold"]),
         warnings=warnings,

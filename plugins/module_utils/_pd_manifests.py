@@ -54,6 +54,9 @@ MANAGED_BY = "llmops.serving"
 ROLES = ("prefill", "decode")
 PROXY_PATH = "/opt/pd-proxy/pd_proxy.py"
 ROUTER_METRICS_PORT = 29000
+# The label NVIDIA's GPU operator puts on every GPU node (nvidia.com/gpu.present=true, gpu-operator
+# controllers/state_manager.go commonGPULabelKey): the P/D front requires nodes without it.
+GPU_NODE_LABEL = "nvidia.com/gpu.present"
 # sglang_router --policy choices (sgl-model-gateway/bindings/python/src/sglang_router/router_args.py).
 ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "manual")
 
@@ -106,8 +109,10 @@ DEFAULTS = dict(
     shm_size="64Gi", routing_strategy=None,
     gateway_name=aroute.DEFAULT_GATEWAY_NAME, gateway_namespace=aroute.DEFAULT_GATEWAY_NAMESPACE,
     route_request_timeout=aroute.DEFAULT_REQUEST_TIMEOUT, route_paths=list(aroute.ROUTE_PATHS), gateway_policies=None,
-    proxy_image="python:3.11-slim", proxy_port=8000, proxy_source="", proxy_replicas=1, proxy_resources=None,
+    proxy_image="", proxy_port=8000, proxy_source="", proxy_replicas=1, proxy_resources=None,
     proxy_prefill_timeout=600, proxy_decode_timeout=3600, router_image="", router_policy="",
+    prefill_nodes=None, decode_nodes=None, nccl_ib_hca="", socket_ifname="",
+    front_node_selector={}, front_avoid_node_label=GPU_NODE_LABEL,
 )
 
 
@@ -215,11 +220,13 @@ def check_credentials(p):
     except k8s_engine.SpecError as e:
         raise _error(e)
     p["env"] = q["env"]
-    taken = sorted(MANAGED_ENV.intersection(e["name"] for e in p["env"]))
+    managed = set(MANAGED_ENV) | {n for n, key in (("NCCL_IB_HCA", "nccl_ib_hca"), ("NCCL_SOCKET_IFNAME", "socket_ifname"),
+                                                    ("GLOO_SOCKET_IFNAME", "socket_ifname")) if p.get(key)}
+    taken = sorted(managed.intersection(e["name"] for e in p["env"]))
     if taken:
         raise SpecError("env: %s is set by the collection (transport, NIXL side channel, advertised host and hash "
-                        "seed must match the rest of the pair); use ucx_tls, ucx_net_devices, side_channel_port "
-                        "instead" % ", ".join(taken))
+                        "seed must match the rest of the pair); use ucx_tls, ucx_net_devices, side_channel_port, "
+                        "nccl_ib_hca, socket_ifname instead" % ", ".join(taken))
     if p["hf_token_secret"] and "HF_TOKEN" in [e["name"] for e in p["env"]]:
         raise SpecError("env: HF_TOKEN is rendered from hf_token_secret; drop one of the two")
 
@@ -291,6 +298,31 @@ def validate(p):
                         % (p["gpus"], p["tp_size"]))
     if p["workload"] == "deployments" and p["engine"] == "vllm" and not p["proxy_source"]:
         raise SpecError("proxy_source: the P/D proxy source is required for workload deployments with vLLM")
+    if p["workload"] == "deployments" and p["engine"] == "vllm" and not p["proxy_image"]:
+        raise SpecError("proxy_image: required for workload deployments with vLLM, and a site choice: an image with "
+                        "Python 3.9+ from your registry, pinned by digest (for example a mirror of python:3.11-slim); "
+                        "the proxy runs pd_proxy.py from a ConfigMap and needs nothing else")
+    if not isinstance(p["front_node_selector"], dict):
+        raise SpecError("front_node_selector: must be a mapping of node label to value (the front's non-GPU nodes)")
+    if p["front_avoid_node_label"] and not isinstance(p["front_avoid_node_label"], str):
+        raise SpecError("front_avoid_node_label: must be a node label key such as nvidia.com/gpu.present")
+    for role in ROLES:
+        try:
+            p["%s_nodes" % role] = k8s_engine.check_staged_nodes(
+                p["%s_nodes" % role], p["%s_replicas" % role] if p["model_source"] == "staged_nvme" else 0,
+                field="%s_nodes" % role, what="%s_replicas" % role, hint="lower %s_replicas" % role)
+        except k8s_engine.SpecError as e:
+            raise _error(e)
+    both = sorted(set(p["prefill_nodes"] or []) & set(p["decode_nodes"] or []))
+    if both:
+        raise SpecError("prefill_nodes, decode_nodes: %s are in both; a node serves one role (prefill and decode "
+                        "pods each take a whole GPU node), so put each host in one group" % ", ".join(both))
+    try:
+        p["rdma"] = k8s_engine.check_rdma(dict(
+            resource=p["rdma_resource"] or "", count=p["rdma_count"], host_network=p["host_network"],
+            nccl_ib_hca=p["nccl_ib_hca"], socket_ifname=p["socket_ifname"]))
+    except k8s_engine.SpecError as e:
+        raise _error(e)
     ports = [p["port"], p["side_channel_port"]] + ([p["sglang_bootstrap_port"]] if p["engine"] == "sglang" else [])
     if len(set(ports)) != len(ports):
         raise SpecError("side_channel_port: %d collides with another port of the pod (%s); pick a free port"
@@ -384,17 +416,23 @@ def engine_env(p):
 
 
 def _resources(p):
-    """The engine role's rule (GPUs exactly, CPU and memory requested per GPU unless given) plus the RDMA device."""
-    res = k8s_engine.container_resources(_engine_params(p, "prefill"), p["gpus"])
-    if p["rdma_resource"]:
-        for part in ("requests", "limits"):
-            res[part][p["rdma_resource"]] = str(p["rdma_count"])
-    return res
+    """The engine role's rule (GPUs exactly, CPU and memory requested per GPU unless given); the RDMA device is
+    added by :func:`_k8s_engine.apply_rdma` with the other RDMA knobs."""
+    return k8s_engine.container_resources(_engine_params(p, "prefill"), p["gpus"])
 
 
-def _pod_common(p, spec):
-    if p["tolerations"]:
-        spec["tolerations"] = [dict(t) for t in p["tolerations"]]
+def _front_pod(p, spec):
+    """The front's pod (proxy or router): on CPU nodes only.
+
+    It gets neither the engines' tolerations (those admit it to tainted GPU nodes) nor their node selectors; it
+    requires nodes without ``front_avoid_node_label`` (a GPU node label) and, when given, ``front_node_selector``.
+    A front on a GPU node would take CPU and memory the engine requested there, or a node a GPU pod needs.
+    """
+    if p["front_node_selector"]:
+        spec["nodeSelector"] = dict(p["front_node_selector"])
+    if p["front_avoid_node_label"]:
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": p["front_avoid_node_label"], "operator": "DoesNotExist"}]}]}}}
     if p["image_pull_secret"]:
         spec["imagePullSecrets"] = [{"name": p["image_pull_secret"]}]
     return spec
@@ -408,7 +446,7 @@ def pod_spec(p, role):
         ports.append({"name": "bootstrap", "containerPort": p["sglang_bootstrap_port"], "protocol": "TCP"})
     command, args, _final = engine_command(p, role)
     command = k8s_engine.container_command(_engine_params(p, role), command)
-    startup, readiness, liveness = k8s_engine.probes(p["startup_timeout"], p["probe_period"])
+    startup, readiness, liveness = k8s_engine.probes(p["startup_timeout"], p["probe_period"], p["engine"])
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"},
               {"name": "model", "mountPath": p["model_path"], "readOnly": True}]
     shm = {"medium": "Memory"}
@@ -428,8 +466,6 @@ def pod_spec(p, role):
         "env": engine_env(p),
         "ports": ports,
         "resources": _resources(p),
-        # IPC_LOCK lifts RLIMIT_MEMLOCK for verbs memory registration (else ibv_create_cq ENOMEM).
-        "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
         "volumeMounts": mounts,
         "startupProbe": startup,
         "readinessProbe": readiness,
@@ -440,9 +476,15 @@ def pod_spec(p, role):
     affinity = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
         "labelSelector": {"matchLabels": {MODEL_LABEL: p["model_name"], ROLE_LABEL: other}},
         "topologyKey": "kubernetes.io/hostname"}]}}
-    return k8s_engine.engine_pod_spec(container, volumes, init=p["init"], host_network=p["host_network"],
+    # Each role only on the nodes of its group that staged the revision (the hostPath exists there).
+    affinity = k8s_engine.pin_to_nodes(affinity, p["%s_nodes" % role])
+    spec = k8s_engine.engine_pod_spec(container, volumes, init=p["init"],
                                       node_selector=p["%s_node_selector" % role], affinity=affinity,
                                       tolerations=p["tolerations"], image_pull_secret=p["image_pull_secret"])
+    # The same RDMA knobs as a multi-node engine (device resource, IPC_LOCK, hostNetwork, NCCL/Gloo interfaces);
+    # the P/D roles' Multus networks come with pod_annotations.
+    k8s_engine.apply_rdma(spec, {}, p["rdma"])
+    return spec
 
 
 def _labels(p, role=None):
@@ -452,9 +494,17 @@ def _labels(p, role=None):
     return labels
 
 
-def _aibrix_pod_labels(p, port, metric_port=None):
+def _aibrix_pod_labels(p, port, metric_port):
+    """AIBrix's pod labels; ``model.aibrix.ai/metric-port`` only where ``/metrics`` answers on ``metric_port``.
+
+    The gateway scrapes ``http://<podIP>:<metric-port>/metrics`` of every Ready pod of the model
+    (pkg/cache/cache_metrics.go, vllm-project/aibrix v0.7.0); advertising a port without /metrics gives a steady
+    404 stream. The engines serve /metrics on their HTTP port, SGLang's router on its Prometheus port; the P/D
+    proxy serves none, so it advertises none.
+    """
     labels = aroute.pod_labels(p["model_name"], port, p["engine"])
-    labels[AIBRIX_METRIC_PORT] = str(metric_port or port)
+    if metric_port:
+        labels[AIBRIX_METRIC_PORT] = str(metric_port)
     return labels
 
 
@@ -484,7 +534,7 @@ def storm_service(p):
     name = base_name(p["model_name"])
     roles = []
     for role in ROLES:
-        labels = dict(_labels(p, role), **_aibrix_pod_labels(p, p["port"]))
+        labels = dict(_labels(p, role), **_aibrix_pod_labels(p, p["port"], p["port"]))
         annotations = _engine_annotations(p, role, "stormservice")
         annotations[AIBRIX_CONFIG] = _aibrix_config(p["routing_strategy"])
         roles.append({
@@ -517,7 +567,7 @@ def storm_service(p):
 # --------------------------------------------------------------------------------------------- #
 
 
-def _deployment(name, p, labels, pod, replicas=1, annotations=None, rolling=None):
+def _deployment(name, p, labels, pod, replicas=1, annotations=None, rolling=None, progress_deadline=None):
     selector = {"app.kubernetes.io/name": name}
     template_meta = {"labels": dict(labels, **selector)}
     if annotations:
@@ -529,6 +579,8 @@ def _deployment(name, p, labels, pod, replicas=1, annotations=None, rolling=None
     }
     if rolling:
         spec["strategy"] = {"type": "RollingUpdate", "rollingUpdate": dict(rolling)}
+    if progress_deadline:
+        spec["progressDeadlineSeconds"] = progress_deadline
     # The Deployment's own metadata never carries model.aibrix.ai/name (AIBrix's route controller reads it there).
     return {"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": _meta(name, p, aroute.workload_labels(labels)), "spec": spec}
@@ -562,7 +614,7 @@ def _proxy(p, base, urls):
     # vLLM returns its side-channel host (the pod IP) in kv_transfer_params, so the engines can sit behind
     # Services and no remote_host rewrite is needed. A 128K-token prefill takes minutes, not 30 s.
     args += ["--prefill-timeout", str(p["proxy_prefill_timeout"]), "--decode-timeout", str(p["proxy_decode_timeout"])]
-    pod = _pod_common(p, {
+    pod = _front_pod(p, {
         "containers": [{
             "name": "pd-proxy",
             "image": p["proxy_image"],
@@ -612,7 +664,7 @@ def _router(p, base):
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": router},
          "subjects": [{"kind": "ServiceAccount", "name": router, "namespace": p["namespace"]}]},
     ]
-    pod = _pod_common(p, {
+    pod = _front_pod(p, {
         "serviceAccountName": router,
         "containers": [{
             "name": "sglang-router",
@@ -642,7 +694,9 @@ def deployments(p):
         objs.append(_deployment(name, p, _labels(p, role), pod_spec(p, role), replicas=p["%s_replicas" % role],
                                 annotations=_engine_annotations(p, role, "deployments"),
                                 # one GPU node at a time: a surge pod could never schedule beside a TP=8 pod
-                                rolling={"maxSurge": 0, "maxUnavailable": 1}))
+                                rolling={"maxSurge": 0, "maxUnavailable": 1},
+                                # the engine role's rule: a cold start within the startup window is progress
+                                progress_deadline=k8s_engine.progress_deadline(p["startup_timeout"])))
         if p["engine"] == "vllm":
             objs.append(_service(name, p, {"app.kubernetes.io/name": name}, p["port"]))
         urls[role] = "http://%s.%s.svc:%d" % (name, p["namespace"], p["port"])
@@ -721,8 +775,30 @@ def render(params):
                                             p["tp_size"], final)
     except k8s_engine.SpecError as e:
         raise _error(e)
-    startup, _readiness, _liveness = k8s_engine.probes(p["startup_timeout"], p["probe_period"])
+    startup, _readiness, _liveness = k8s_engine.probes(p["startup_timeout"], p["probe_period"], p["engine"])
+    if p["workload"] == "deployments" and p["engine"] == "vllm" and p["proxy_port"] == 8000:
+        warnings.append(
+            "the P/D proxy serves no /metrics and so advertises no model.aibrix.ai/metric-port, but AIBrix's gateway "
+            "scrapes port 8000 of a model pod without that label (pkg/cache/utils.go getPodMetricPort): with "
+            "proxy_port 8000 its scrapes of the proxy get 404; set pd_disagg_proxy_port to another port")
+    base = base_name(p["model_name"])
+    selectors = {role: _labels(p, role) for role in ROLES}
+    containers = {role: "engine" for role in ROLES}
+    if p["workload"] == "deployments":
+        selectors["front"] = _labels(p, "front")
+        containers["front"] = "pd-proxy" if p["engine"] == "vllm" else "sglang-router"
+        workloads = {role: dict(kind="Deployment", name=names.dns1035_name("%s-%s" % (base, role))) for role in ROLES}
+        workloads["front"] = dict(kind="Deployment", name=names.dns1035_name(
+            "%s-%s" % (base, "pd-proxy" if p["engine"] == "vllm" else "sglang-router")))
+    else:
+        workloads = {role: dict(kind="StormService", name=base) for role in ROLES}
     return dict(
+        pod_selectors=selectors,
+        containers=containers,
+        workloads=workloads,
+        replicas=dict(prefill=p["prefill_replicas"], decode=p["decode_replicas"],
+                      front=p["proxy_replicas"] if p["workload"] == "deployments" else 0),
+        nodes=dict(prefill=p["prefill_nodes"], decode=p["decode_nodes"]),
         objects=objects,
         warnings=warnings,
         service_name=base_name(p["model_name"]) if p["workload"] == "deployments" else None,
@@ -730,6 +806,7 @@ def render(params):
         reference_grant_name=route["reference_grant_name"],
         read_concurrency=reads,
         startup_window_seconds=startup["periodSeconds"] * startup["failureThreshold"],
+        progress_deadline_seconds=k8s_engine.progress_deadline(p["startup_timeout"]),
     )
 
 

@@ -194,7 +194,32 @@ options:
     type: dict
     default: {}
   affinity:
-    description: Pod affinity (Kubernetes C(affinity) object).
+    description:
+      - Pod affinity (Kubernetes C(affinity) object). With O(staged_nodes), the required node affinity to those
+        nodes is added to every C(nodeSelectorTerms) entry given here (so it is ANDed with them).
+    type: dict
+    default: {}
+  staged_nodes:
+    description:
+      - Names of the nodes (their C(kubernetes.io/hostname) label) that staged the revision at O(model_path).
+        With O(model_source=staged_nvme), every engine pod (the Deployment's, every LeaderWorkerSet pod) gets a
+        required node affinity to exactly these nodes, so none is scheduled where the hostPath does not exist
+        (the kubelet's hostPath C(type=Directory) check fails only at mount time, after scheduling).
+      - Fewer nodes than O(replicas) x O(nodes) fail before anything is rendered, naming the nodes.
+      - Unset - no placement is rendered and a warning says so. The engine role passes the hosts of
+        C(engine_k8s_node_group) that staged the revision (host variable C(k8s_node_name), default the
+        inventory name).
+    type: list
+    elements: str
+  rdma:
+    description:
+      - RDMA for the engine pods (every LeaderWorkerSet pod of a multi-node engine), the same knobs as the P/D
+        roles of M(llmops.serving.pd_manifests). Empty - none.
+      - C(resource) and C(count) - the RDMA device plugin's extended resource (for example
+        C(rdma/rdma_shared_device_a)); C(networks) - the Multus C(k8s.v1.cni.cncf.io/networks) annotation;
+        C(host_network) - the node's network namespace instead; C(nccl_ib_hca) - C(NCCL_IB_HCA);
+        C(socket_ifname) - C(NCCL_SOCKET_IFNAME) and C(GLOO_SOCKET_IFNAME). C(IPC_LOCK) is always added
+        (verbs memory registration).
     type: dict
     default: {}
   tolerations:
@@ -400,9 +425,16 @@ read_concurrency:
   type: dict
   sample: {pods: 1, tp_ranks: 8, threads_per_rank: 2, concurrent_reads: 16, model_source: shared_fs}
 probe_windows:
-  description: Seconds each probe tolerates failures (startup, readiness, liveness).
+  description:
+    - Seconds each probe tolerates failures (startup, readiness, liveness). The startup window is
+      O(startup_timeout) plus max(300 s, 10 %), so a start that takes the whole timeout is reported, not killed.
   returned: always
   type: dict
+staged_nodes:
+  description: The nodes the engine pods are pinned to (sorted); null when O(staged_nodes) was not given.
+  returned: always
+  type: list
+  elements: str
 files:
   description: Files written (or that would be written) under O(render_dir).
   returned: always
@@ -465,6 +497,8 @@ def main():
             memory_request=dict(type="str"),
             node_selector=dict(type="dict", default={}),
             affinity=dict(type="dict", default={}),
+            staged_nodes=dict(type="list", elements="str"),
+            rdma=dict(type="dict", default={}),
             tolerations=dict(type="list", elements="dict", default=[]),
             priority_class_name=dict(type="str"),
             topology_spread=dict(type="list", elements="dict", default=[]),

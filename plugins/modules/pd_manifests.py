@@ -311,9 +311,41 @@ options:
     type: list
     elements: str
   proxy_image:
-    description: Image of the P/D proxy (any Python 3 image; vLLM with O(workload=deployments)).
+    description:
+      - Image of the P/D proxy (vLLM with O(workload=deployments)); required there. A site choice - any image
+        with Python 3.9+ from your registry, pinned by digest; the proxy runs C(pd_proxy.py) from a ConfigMap.
     type: str
-    default: python:3.11-slim
+    default: ""
+  front_node_selector:
+    description: C(nodeSelector) of the P/D front (proxy or router) pods, for example the CPU node pool.
+    type: dict
+    default: {}
+  front_avoid_node_label:
+    description:
+      - The front pods require nodes without this label (C(DoesNotExist)), so they never take a GPU node.
+        The default is the label NVIDIA's GPU operator sets on GPU nodes. They never get O(tolerations).
+      - Empty - no such rule.
+    type: str
+    default: nvidia.com/gpu.present
+  prefill_nodes:
+    description:
+      - Nodes (C(kubernetes.io/hostname)) that staged the revision for the prefill role; the prefill pods get a
+        required node affinity to exactly these nodes. Fewer than O(prefill_replicas) fail before rendering.
+      - Unset - no placement (the pd_disagg role passes the staged hosts of its prefill group).
+    type: list
+    elements: str
+  decode_nodes:
+    description: As O(prefill_nodes), for the decode role (no node may be in both).
+    type: list
+    elements: str
+  nccl_ib_hca:
+    description: C(NCCL_IB_HCA) of the engine containers (the RDMA knobs shared with multi-node engines).
+    type: str
+    default: ""
+  socket_ifname:
+    description: C(NCCL_SOCKET_IFNAME) and C(GLOO_SOCKET_IFNAME) of the engine containers.
+    type: str
+    default: ""
   proxy_port:
     description: Port of the P/D front (the proxy or SGLang's router) and of the model's Service.
     type: int
@@ -406,9 +438,33 @@ reference_grant_name:
   returned: success
   type: str
 startup_window_seconds:
-  description: Seconds the startup probe gives each engine.
+  description: Seconds the startup probe gives each engine (O(startup_timeout) plus max(300 s, 10 %)).
   returned: success
   type: int
+progress_deadline_seconds:
+  description: C(progressDeadlineSeconds) of the role Deployments (the startup window plus 30 min of image pull).
+  returned: success
+  type: int
+pod_selectors:
+  description: Labels selecting the pods of each role (C(prefill), C(decode), and C(front) with O(workload=deployments)).
+  returned: success
+  type: dict
+containers:
+  description: The container to judge per key of RV(pod_selectors) (C(engine), C(pd-proxy) or C(sglang-router)).
+  returned: success
+  type: dict
+workloads:
+  description: Kind and name of the workload of each key of RV(pod_selectors) (the one StormService for both roles).
+  returned: success
+  type: dict
+replicas:
+  description: Pods expected per key of RV(pod_selectors) (front 0 for a StormService).
+  returned: success
+  type: dict
+nodes:
+  description: The nodes each role is pinned to (null where not given).
+  returned: success
+  type: dict
 read_concurrency:
   description: Expected concurrent weight reads (pods x TP ranks x loader threads) and a summary line.
   returned: success
@@ -500,7 +556,13 @@ def main():
             route_request_timeout=dict(type="str", default="0s"),
             route_paths=dict(type="list", elements="str"),
             gateway_policies=dict(type="list", elements="dict"),
-            proxy_image=dict(type="str", default="python:3.11-slim"),
+            proxy_image=dict(type="str", default=""),
+            front_node_selector=dict(type="dict", default={}),
+            front_avoid_node_label=dict(type="str", default=_pd_manifests.GPU_NODE_LABEL),
+            prefill_nodes=dict(type="list", elements="str"),
+            decode_nodes=dict(type="list", elements="str"),
+            nccl_ib_hca=dict(type="str", default=""),
+            socket_ifname=dict(type="str", default=""),
             proxy_port=dict(type="int", default=8000),
             proxy_source=dict(type="str", default=""),
             proxy_replicas=dict(type="int", default=1),
@@ -516,7 +578,8 @@ def main():
     )
     _render_dir.run_module(module, _pd_manifests.render, _pd_manifests.SpecError, RENDERED_OPTIONS,
                            result_keys=("objects", "service_name", "route_name", "reference_grant_name",
-                                        "startup_window_seconds", "read_concurrency"))
+                                        "startup_window_seconds", "read_concurrency", "progress_deadline_seconds",
+                                        "pod_selectors", "containers", "workloads", "replicas", "nodes"))
 
 
 if __name__ == "__main__":

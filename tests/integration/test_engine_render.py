@@ -14,9 +14,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PLAYBOOK = os.path.join(ROOT, "tests", "integration", "playbooks", "engine_render.yml")
 BIN = os.path.dirname(sys.executable)
 
+# Rendered without SSH to the nodes: the nodes that hold the revision are named (engine_k8s_staged_nodes).
+STAGED = ["gpu-node-1", "gpu-node-2", "gpu-node-3", "gpu-node-4"]
 CASES = {
     "vllm": dict(engine_name="vllm", engine_served_model_name="glm-5.2-fp8-vllm",
-                 engine_image="vllm/vllm-openai:v0.26.0"),
+                 engine_image="vllm/vllm-openai:v0.26.0", engine_k8s_staged_nodes=STAGED),
     "sglang": dict(engine_name="sglang", engine_served_model_name="glm-5.2-fp8-sglang-test",
                    engine_image="lmsysorg/sglang:v0.5.16", engine_model_source="shared_fs"),
 }
@@ -138,3 +140,24 @@ def test_role_default_profile_is_none_and_site_profiles_extend_the_data(tmp_path
     assert rc == 0, output[-4000:]
     args = _rendered(out)[-1]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--reasoning-parser") + 1] == "qwen3"
+
+
+def test_role_pins_the_engine_to_the_hosts_that_staged_the_revision(tmp_path):
+    """Without named nodes the role looks for model_stage's completion marker on the hosts (here the play's one
+    host, the inventory has no colocated group): none - it fails naming the host, before writing anything; then
+    the marker is there - the Deployment requires that node."""
+    out, rev = tmp_path / "manifests", tmp_path / "nvme" / "GLM-5.2-FP8" / "v1"
+    rev.mkdir(parents=True)
+    extra = dict(CASES["vllm"], engine_namespace="llm-lab", engine_render_dir=str(out), engine_model_path=str(rev),
+                 engine_k8s_staged_nodes=[])
+    rc, output = play(tmp_path, extra)
+    assert rc != 0 and "no host of group colocated has staged it (not on localhost)" in output, output[-3000:]
+    assert "engine_replicas 1 needs 1 node(s) holding %s" % rev in output
+    assert not out.exists()
+    (rev / ".llmops-staged.json").write_text("{}")
+    rc, output = play(tmp_path, dict(extra, k8s_node_name="gpu-node-7"))
+    assert rc == 0, output[-4000:]
+    pod = _rendered(out)[-1]["spec"]["template"]["spec"]
+    assert pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["gpu-node-7"]}]}]}
+    assert "engine pods only on gpu-node-7" in output

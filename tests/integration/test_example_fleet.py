@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from ansible_collections.llmops.serving.tests.lib import aibrix_oracle as oracle
+from ansible_collections.llmops.serving.tests.lib import kube_scheduler as ks
 from ansible_collections.llmops.serving.tests.lib import stage_synth
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -122,6 +123,44 @@ def test_pd_over_rdma_renders_validates_and_routes(fleet):
     assert v.ok and v.disaggregated, v
 
 
+def _h20_cluster(staged):
+    """The example's H20 fleet as the scheduler sees it, with MORE GPU nodes than the inventory stages on: eight
+    nodes with the GPU operator's labels, the inventory's taints, 8 GPUs and the RDMA pool each, the revision
+    directory only on ``staged``, and one untainted CPU node."""
+    nodes = []
+    for i in range(1, 9):
+        name = "h20-gpu-%02d" % i
+        nodes.append(ks.node(
+            name, labels={"nvidia.com/gpu.product": "NVIDIA-H20", "nvidia.com/gpu.present": "true"},
+            taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+                    {"key": "dedicated", "value": "inference", "effect": "NoSchedule"}],
+            allocatable={"cpu": "190", "memory": "2000Gi", "nvidia.com/gpu": "8", "rdma/rdma_shared_device_a": "1000"},
+            dirs=staged.get(name, ())))
+    nodes.append(ks.node("cpu-01", allocatable={"cpu": "32", "memory": "128Gi"}))
+    return nodes
+
+
+def test_every_engine_pod_lands_only_on_a_node_that_staged_the_revision(fleet):
+    """Item 1 of the live-fleet issue: the engine on colocated, prefill and decode on their groups; every engine pod
+    is feasible on exactly its staged node among eight GPU nodes, and its hostPath mounts there."""
+    assert fleet["rc"] == 0 and fleet["pd_rc"] == 0, (fleet["out"][-3000:], fleet["pd_out"][-3000:])
+    rev = str(fleet["tmp"] / "nvme" / "GLM-5.2-FP8" / "3f2a9c1")
+    staged = {"h20-gpu-01": {rev}, "h20-gpu-02": {rev}, "h20-gpu-03": {rev}}
+    engine, pdobjs = _rendered(fleet["tmp"] / "engine"), _rendered(fleet["tmp"] / "pd")
+    nodes = _h20_cluster(staged)
+    want = {"engine": ["h20-gpu-01"], "prefill": ["h20-gpu-02"], "decode": ["h20-gpu-03"]}
+    pods = ks.pods_of(engine) + ks.pods_of(pdobjs)
+    assert len(pods) == 3
+    for pod in pods:
+        role = pod[1].get("llmops.serving/pd-role") or pod[1].get("app.kubernetes.io/component")
+        assert ks.feasible(pod, nodes) == want[role], (pod[0], [(n["name"], ks.reasons(pod, n, nodes)) for n in nodes])
+        assert ks.mount_errors(pod[3], [n for n in nodes if n["name"] == want[role][0]][0]) == []
+    placed = ks.schedule(engine + pdobjs, nodes)
+    assert sorted(n for _o, n, _e in placed) == ["h20-gpu-01", "h20-gpu-02", "h20-gpu-03"]
+    assert all(errors == [] for _o, _n, errors in placed), placed
+    assert "engine pods only on h20-gpu-01" in fleet["out"]
+
+
 def test_every_site_value_is_marked():
     """The values a site must change carry '# CHANGE:' (hosts, NFS path, image, namespace, selectors, NICs)."""
     marked = []
@@ -130,5 +169,5 @@ def test_every_site_value_is_marked():
             with open(os.path.join(dirpath, name)) as f:
                 marked += [ln.split(":")[0].strip() for ln in f if "# CHANGE" in ln]
     for key in ("model_stage_src_root", "engine_image", "engine_namespace", "pd_disagg_image", "ansible_host",
-                "model_stage_fleet_slots_dir", "pd_disagg_rdma_resource"):
+                "model_stage_fleet_slots_dir", "pd_disagg_rdma_resource", "k8s_node_name", "pd_disagg_proxy_image"):
         assert key in marked, key

@@ -170,10 +170,18 @@ def test_probes_cover_startup_timeout_and_cannot_kill_a_loading_engine(built):
     assert _by_kind(b)["Deployment"]["spec"]["progressDeadlineSeconds"] > 3600
 
 
-def test_startup_window_follows_startup_timeout():
+def test_startup_window_follows_startup_timeout_with_headroom():
     b = k8s.build(dict(VLLM, startup_timeout=5405, probe_period=15))
-    sp = _by_kind(b)["Deployment"]["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
-    assert sp["periodSeconds"] == 15 and sp["failureThreshold"] == 361  # ceil(5405 / 15)
+    dep = _by_kind(b)["Deployment"]
+    sp = dep["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
+    # 5405 s plus max(300 s, 10 %) = 5946 s: ceil(5946 / 15) periods, so a start that takes the whole
+    # startup_timeout is reported by the wait, never killed by the kubelet mid-load
+    assert sp["periodSeconds"] == 15 and sp["failureThreshold"] == 397
+    assert b["probe_windows"]["startup_seconds"] - 5405 >= 300
+    # and the Deployment controller does not call the rollout failed before the kubelet would
+    assert dep["spec"]["progressDeadlineSeconds"] > b["probe_windows"]["startup_seconds"]
+    small = k8s.build(dict(VLLM, startup_timeout=600, probe_period=10))["probe_windows"]["startup_seconds"]
+    assert small >= 900
 
 
 def test_engine_is_exec_form_main_process(built):

@@ -313,7 +313,8 @@ def test_unknown_versions_and_tags_without_digest_warn():
     latest = k8s.build(dict(SGL, image="lmsysorg/sglang:latest", profile="glm-5.2-fp8", profiles=PROFILES))
     assert any("cannot be read from its tag 'latest'" in w and "0.5.16b1" in w for w in latest["warnings"])
     assert any("pinned by tag only" in w for w in latest["warnings"])
-    pinned = k8s.build(dict(SGL, image="lmsysorg/sglang:v0.5.16" + DIGEST, profile="glm-5.2-fp8", profiles=PROFILES))
+    pinned = k8s.build(dict(SGL, image="lmsysorg/sglang:v0.5.16" + DIGEST, profile="glm-5.2-fp8", profiles=PROFILES,
+                            staged_nodes=["h20-gpu-01"]))
     assert pinned["warnings"] == []
     digest_only = k8s.build(dict(SGL, image="lmsysorg/sglang" + DIGEST, profile="glm-5.2-fp8", profiles=PROFILES))
     assert any("cannot be read from its digest" in w for w in digest_only["warnings"])

@@ -25,7 +25,8 @@ IMAGES = {"vllm": "vllm/vllm-openai:v0.26.0@sha256:" + "b" * 64, "sglang": "lmsy
 def render(engine="vllm", workload="stormservice", **extra):
     params = dict(engine=engine, workload=workload, model_name=MODEL, namespace="llm-lab", image=IMAGES[engine],
                   model_path="/models/glm", model_host_path="/mnt/nvme/models/glm/3f2a9c1", proxy_source=PROXY_SRC,
-                  ucx_net_devices={"rdma": "mlx5_0:1,mlx5_1:1", "tcp": "eth0"})
+                  ucx_net_devices={"rdma": "mlx5_0:1,mlx5_1:1", "tcp": "eth0"},
+                  proxy_image="registry.example/python:3.11-slim@sha256:" + "a" * 64)
     params.update(extra)
     return pd.render(params)
 
@@ -162,9 +163,13 @@ def test_engine_pods_carry_what_an_rdma_cluster_needs(engine, workload):
     seen = set()
     for what, spec, meta in pods(objs):
         assert spec["imagePullSecrets"] == [{"name": "registry-pull"}], what
-        assert spec["tolerations"] == RDMA_CLUSTER["tolerations"], what
         if what not in pd.ROLES:
+            # the front stays off GPU nodes: no GPU tolerations, a node without the GPU operator's label
+            assert "tolerations" not in spec, what
+            assert spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "DoesNotExist"}]}]}
             continue
+        assert spec["tolerations"] == RDMA_CLUSTER["tolerations"], what
         seen.add(what)
         c = spec["containers"][0]
         env = env_of(c)

@@ -22,6 +22,7 @@ K8S_VERSION = "1.33.0"
 BASE = dict(model_name="glm-5.2-fp8", image="registry.example/vllm-openai:v0.10.1-nixl",
             model_path="/models/glm-5.2-fp8", model_host_path="/mnt/nvme/models/glm-5.2-fp8/3f2a9c1",
             namespace="llm-lab", ucx_net_devices="mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1",
+            proxy_image="registry.example/python:3.11-slim@sha256:" + "a" * 64,
             prefill_node_selector={"llmops/pd": "prefill"}, decode_node_selector={"llmops/pd": "decode"},
             # gated models need the Hugging Face token: only ever a Secret reference
             env=[{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}},

@@ -52,9 +52,10 @@ def test_diff_shows_the_changed_file_only(run_module, tmp_path):
     r = run_module(engine_manifests, dict(ARGS, render_dir=str(out), startup_timeout=5400), check_mode=True, diff=True)
     assert r["changed"] is True
     assert [d["after_header"] for d in r["diff"]] == ["40-deployment-glm-5-2-fp8-vllm.yaml"]
-    assert "failureThreshold: 360" in r["diff"][0]["before"] and "failureThreshold: 540" in r["diff"][0]["after"]
+    # the startup window is the timeout plus max(300 s, 10 %): 3960 s and 5940 s at a 10 s period
+    assert "failureThreshold: 396" in r["diff"][0]["before"] and "failureThreshold: 594" in r["diff"][0]["after"]
     # check mode left the file as it was
-    assert "failureThreshold: 360" in (out / "40-deployment-glm-5-2-fp8-vllm.yaml").read_text()
+    assert "failureThreshold: 396" in (out / "40-deployment-glm-5-2-fp8-vllm.yaml").read_text()
 
 
 def test_refuses_key_less_exists_toleration_before_writing(run_module, tmp_path):

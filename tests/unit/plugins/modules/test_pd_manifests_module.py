@@ -8,7 +8,7 @@ import yaml
 from ansible_collections.llmops.serving.plugins.modules import pd_manifests
 
 ARGS = dict(model_name="glm-5.2-fp8", image="vllm/vllm-openai:v0.10.1", model_path="/models/glm",
-            ucx_net_devices="mlx5_0:1,mlx5_1:1")
+            ucx_net_devices="mlx5_0:1,mlx5_1:1", proxy_image="registry.example/python:3.11-slim")
 
 
 def test_renders_writes_and_is_idempotent(run_module, tmp_path):
