@@ -26,12 +26,19 @@ What is a credential:
 A value is *not* plain text when it is empty or a boolean word (``--hf-token`` without a value, ``true``), a
 Kubernetes dependent variable ``$(NAME)`` whose ``NAME`` is an env entry with ``valueFrom`` (Kubernetes expands
 it in ``command``, ``args`` and ``env``), or a shell variable ``$NAME`` / ``${NAME}``.
+
+Nesting cannot hide a credential: JSON arguments (objects or arrays) are parsed by the shared reader
+(``_untrusted``) and walked without recursion; a value nested deeper than ``MAX_DEPTH`` levels cannot be
+checked and is refused as a finding, never passed unchecked.
 """
 from __future__ import annotations
 
 import json
 import re
 import shlex
+
+from ansible_collections.llmops.serving.plugins.module_utils._untrusted import (
+    MAX_DEPTH, UntrustedInput, loads_json, loads_yaml)
 
 # Last words of a name that make it a credential.
 CREDENTIAL_WORDS = frozenset({"TOKEN", "PASSWORD", "PASSWD", "PASSPHRASE", "SECRET", "KEY", "APIKEY"})
@@ -72,6 +79,27 @@ SHELL_REF = re.compile(r"^\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)$
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh"})
 VALUE_FROM_KINDS = ("secretKeyRef", "configMapKeyRef", "fieldRef", "resourceFieldRef")
 MAX_FINDINGS_SHOWN = 8
+TOO_DEEP = ("nests deeper than %d levels, too deep to be checked for credentials, so it is refused; pass a "
+            "flatter value" % MAX_DEPTH)
+
+
+def _depth(obj, limit=MAX_DEPTH):
+    """Nesting of dicts/lists in ``obj``, counted without recursion; stops (returning ``limit + 1``) once over
+    ``limit``."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children = node.values()
+        elif isinstance(node, (list, tuple)):
+            children = node
+        else:
+            continue
+        if depth > limit:
+            return limit + 1
+        deepest = max(deepest, depth)
+        stack.extend((v, depth + 1) for v in children)
+    return deepest
 
 
 def normal_name(name):
@@ -163,6 +191,9 @@ class Scan(object):
         if value is None or isinstance(value, bool):
             return
         if isinstance(value, (dict, list)):
+            if _depth(value) > MAX_DEPTH:
+                self.findings.append(Finding(field, TOO_DEEP))
+                return
             value = json.dumps(value, sort_keys=True)
         value = str(value)
         if value.strip().lower() in BOOLEAN_WORDS or SHELL_REF.match(value):
@@ -185,17 +216,28 @@ class Scan(object):
             self.findings.append(Finding(field, "holds %s" % found[0], found[1]))
 
     def _json_keys(self, field, obj, path=""):
-        """Credential-named keys with string values inside a JSON flag value."""
-        if isinstance(obj, dict):
-            for k, v in obj.items():
-                sub = "%s.%s" % (path, k) if path else str(k)
-                if isinstance(v, (dict, list)):
-                    self._json_keys(field, v, sub)
-                elif isinstance(v, str) and is_credential_name(k):
-                    self._value("%s (%s)" % (field, sub), v, "plain-text value of the JSON key %s" % sub)
-        elif isinstance(obj, list):
-            for i, v in enumerate(obj):
-                self._json_keys(field, v, "%s[%d]" % (path, i))
+        """Credential-named keys with string values inside a JSON flag value, walked without recursion.
+
+        Returns False (with a finding) when ``obj`` nests deeper than ``MAX_DEPTH``: it is refused, not passed
+        unchecked (and never serialised, which would recurse)."""
+        if _depth(obj) > MAX_DEPTH:
+            self.findings.append(Finding(field, TOO_DEEP))
+            return False
+        stack = [(obj, path)]
+        while stack:
+            node, at = stack.pop()
+            if isinstance(node, dict):
+                items = []
+                for k, v in node.items():
+                    sub = "%s.%s" % (at, k) if at else str(k)
+                    if isinstance(v, (dict, list)):
+                        items.append((v, sub))
+                    elif isinstance(v, str) and is_credential_name(k):
+                        self._value("%s (%s)" % (field, sub), v, "plain-text value of the JSON key %s" % sub)
+                stack.extend(reversed(items))
+            elif isinstance(node, list):
+                stack.extend(reversed([(v, "%s[%d]" % (at, i)) for i, v in enumerate(node)]))
+        return True
 
     # ---- inputs ---------------------------------------------------------------------------------- #
 
@@ -269,7 +311,8 @@ class Scan(object):
                     self._value(where, value, "plain-text value of the credential flag %s" % option)
                 continue
             if isinstance(value, (dict, list)):
-                self._json_keys(where, value)
+                if not self._json_keys(where, value):
+                    continue
                 value = json.dumps(value)
             elif isinstance(value, str):
                 self._json_arg(where, value)
@@ -306,13 +349,22 @@ class Scan(object):
             self._shape(where, tok)
 
     def _json_arg(self, where, text):
+        """A JSON object or array given as text: its credential-named keys are checked at any depth the shared
+        reader accepts; deeper (or larger) JSON is refused as a finding, never skipped."""
         text = text.strip()
-        if not text.startswith("{"):
+        if not text.startswith(("{", "[")):
             return
         try:
-            obj = json.loads(text)
-        except (ValueError, RecursionError):
-            return
+            obj = loads_json(text, where)
+        except UntrustedInput as e:
+            if e.limit in ("depth", "size"):
+                self.findings.append(Finding(where, TOO_DEEP if e.limit == "depth" else
+                                             "is JSON too large to be checked for credentials, so it is refused"))
+                return
+            if e.limit != "number":
+                return  # not JSON: scanned as text (token shapes) by the caller
+            # numbers out of range do not hide keys: read them as text (the depth is already within the cap)
+            obj = json.loads(text, parse_int=str, parse_float=str, parse_constant=str)
         self._json_keys(where, obj)
 
     def command(self, command, field="command"):
@@ -337,11 +389,16 @@ class Scan(object):
     # ---- built objects --------------------------------------------------------------------------- #
 
     def objects(self, objects, field="objects"):
-        """Last net over the built objects: env of every container and token shapes in every string."""
+        """Last net over the built objects: env of every container and token shapes in every string (an object
+        nested deeper than ``MAX_DEPTH`` cannot be walked and is refused as a finding)."""
         for i, obj in enumerate(objects or []):
             kind = obj.get("kind", "?") if isinstance(obj, dict) else "?"
             name = (obj.get("metadata") or {}).get("name", "?") if isinstance(obj, dict) else "?"
-            self._walk("%s[%d] %s/%s" % (field, i, kind, name), obj, "")
+            head = "%s[%d] %s/%s" % (field, i, kind, name)
+            if _depth(obj) > MAX_DEPTH:
+                self.findings.append(Finding(head, TOO_DEEP))
+                continue
+            self._walk(head, obj, "")
 
     def _walk(self, head, node, path):
         if isinstance(node, dict):
@@ -439,18 +496,20 @@ def unmask_rendered_options(module, names):
 
 
 def _leaves(obj):
-    if isinstance(obj, dict):
-        for v in obj.values():
-            yield from _leaves(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _leaves(v)
-    elif isinstance(obj, bool) or obj is None:
-        return
-    elif isinstance(obj, (int, float)):
-        yield str(obj)
-    elif isinstance(obj, str) and obj:
-        yield obj
+    """Scalar leaves of ``obj`` as text, walked without recursion."""
+    stack = [obj]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, (list, tuple)):
+            stack.extend(node)
+        elif isinstance(node, bool) or node is None:
+            continue
+        elif isinstance(node, (int, float)):
+            yield str(node)
+        elif isinstance(node, str) and node:
+            yield node
 
 
 def redact_rendered_text(text):
@@ -458,15 +517,20 @@ def redact_rendered_text(text):
     if not text:
         return text
     try:
-        from ansible.module_utils.common.yaml import HAS_YAML, yaml_load_all
+        from ansible.module_utils.common.yaml import HAS_YAML
     except ImportError:  # pragma: no cover - very old ansible-core
         HAS_YAML = False
     scan = Scan()
     if HAS_YAML:
         try:
-            docs = [d for d in yaml_load_all(text) if isinstance(d, dict)]
-        except Exception:  # pylint: disable=broad-except
-            docs = []
+            docs = [d for d in loads_yaml(text, "document", all_documents=True) if isinstance(d, dict)]
+        except UntrustedInput as e:
+            if e.limit != "syntax" or "YAML alias" in str(e):
+                # too deep, numbers out of range, YAML aliases (a walk could fan out without end): it cannot
+                # be checked, so it is not shown
+                return ("# (previous content not shown: it could not be checked for credentials (%s); it is "
+                        "replaced now)\n" % e.limit)
+            docs = []  # not YAML: only token shapes are looked for
         scan.objects(docs, field="document")
     if not scan.findings and token_shape(text):
         scan.findings.append(Finding("a line of the file", "holds %s" % token_shape(text)))

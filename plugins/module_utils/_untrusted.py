@@ -270,9 +270,10 @@ def load_json(path, field=None, max_bytes=MAX_BYTES, max_depth=MAX_DEPTH, follow
                       max_bytes=max_bytes)
 
 
-def loads_yaml(data, field, max_depth=MAX_DEPTH, file=None, max_bytes=MAX_BYTES):
+def loads_yaml(data, field, max_depth=MAX_DEPTH, file=None, max_bytes=MAX_BYTES, all_documents=False):
     """Parse one YAML document (safe loader) under the rules: depth is counted on the event stream before
-    anything is built, aliases are refused (no expansion bombs), numbers are checked after."""
+    anything is built, aliases are refused (no expansion bombs), numbers are checked after.
+    ``all_documents=True`` reads a ``---``-separated stream and returns the list of its documents."""
     import yaml  # pylint: disable=import-outside-toplevel  (only YAML readers need it)
 
     if len(data) > max_bytes:
@@ -300,7 +301,7 @@ def loads_yaml(data, field, max_depth=MAX_DEPTH, file=None, max_bytes=MAX_BYTES)
                 if tag in _YAML_NUMBER_TAGS:
                     raise UntrustedInput("%s holds a number written in over %d characters, so it is refused"
                                          % (field, _MAX_YAML_NUMBER_CHARS), file=file, limit="number")
-        doc = yaml.safe_load(text)
+        doc = list(yaml.safe_load_all(text)) if all_documents else yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = " at line %d column %d" % (mark.line + 1, mark.column + 1) if mark is not None else ""

@@ -276,3 +276,82 @@ def test_pd_role_refuses_a_plain_api_key_and_never_prints_it(tmp_path):
     assert "extra_args[1]: plain-text credential" in output
     assert FAKE not in output
     assert not out.exists()
+
+
+# ---- nesting cannot hide a credential --------------------------------------------------------------- #
+
+def _nested(depth, leaf, array=False):
+    opening = "".join("[" if array and i % 2 else '{"level%d": ' % i for i in reversed(range(depth)))
+    closing = "".join("]" if array and i % 2 else "}" for i in range(depth))
+    return opening + json.dumps(leaf) + closing
+
+
+def _scan_argv(argv):
+    from ansible_collections.llmops.serving.plugins.module_utils import _secrets
+    scan = _secrets.Scan()
+    scan.argv(argv, "extra_args")
+    return scan
+
+
+@pytest.mark.parametrize("depth", [1, 10, 60])
+@pytest.mark.parametrize("array", [False, True])
+def test_credential_key_nested_in_a_json_argument_is_found(depth, array):
+    """Before: a JSON argument opening with '[' was not read at all."""
+    scan = _scan_argv(["--hf-overrides", "[%s]" % _nested(depth, {"api_key": FAKE}, array)])
+    assert len(scan.findings) == 1 and scan.findings[0].field.startswith("extra_args[1] ("), scan.findings
+    assert FAKE in scan.secret_values()
+
+
+@pytest.mark.parametrize("depth", [100, 900, 20000])
+def test_credential_nested_too_deep_to_check_is_refused_never_passed(depth):
+    """Before: json.loads raised RecursionError (or the walk did) and the argument passed unchecked."""
+    arg = _nested(depth, {"api_key": FAKE})
+    for argv in (["--hf-overrides", arg], ["--hf-overrides=" + arg], ["--kv-transfer-config", arg]):
+        scan = _scan_argv(argv)
+        assert scan.findings and "too deep to be checked for credentials" in scan.findings[0].why, argv[0]
+        with pytest.raises(ValueError) as e:
+            scan.refuse()
+        assert FAKE not in str(e.value) and "nests deeper than 64 levels" in str(e.value)
+
+
+def test_json_argument_with_numbers_out_of_range_is_still_checked():
+    scan = _scan_argv(["--hf-overrides", json.dumps({"x": 1e300, "hub_token": FAKE}).replace("1e+300", "1e400")])
+    assert FAKE in scan.secret_values()
+
+
+def test_deep_dict_flag_value_is_refused_not_walked_recursively():
+    from ansible_collections.llmops.serving.plugins.module_utils import _secrets
+    value = leaf = {}
+    for _ in range(5000):
+        leaf["k"] = {}
+        leaf = leaf["k"]
+    leaf["api_key"] = FAKE
+    scan = _secrets.Scan()
+    scan.flags({"hf-overrides": value, "api-key": value}, "engine_args")
+    assert sorted(f.field for f in scan.findings) == ["engine_args.api-key", "engine_args.hf-overrides"]
+    assert all("too deep" in f.why for f in scan.findings)
+
+
+def test_renderer_refuses_a_credential_nested_in_an_engine_json_argument():
+    for arg in (_nested(30, {"secret_key": FAKE}), _nested(200, {"secret_key": FAKE})):
+        with pytest.raises(k8s.SpecError) as e:
+            k8s.build(dict(ENGINE, extra_args=["--kv-transfer-config", arg]))
+        assert "extra_args[1]" in str(e.value) and FAKE not in str(e.value)
+
+
+@pytest.mark.parametrize("text", [
+    "a: &a [x, x]\nb: &b [*a, *a]\nc: &c [*b, *b]\nd: [*c, *c]\n",
+    "---\n" + "k:\n  " * 0 + "[" * 500 + "]" * 500 + "\n",
+])
+def test_previous_file_that_cannot_be_checked_is_not_shown(text):
+    from ansible_collections.llmops.serving.plugins.module_utils import _secrets
+    shown = _secrets.redact_rendered_text(text)
+    assert shown.startswith("# (previous content not shown: it could not be checked for credentials")
+
+
+def test_previous_file_of_several_documents_is_checked_in_each():
+    from ansible_collections.llmops.serving.plugins.module_utils import _secrets
+    clean = "---\nkind: ConfigMap\ndata: {a: b}\n---\nkind: Service\n"
+    assert _secrets.redact_rendered_text(clean) == clean
+    leaked = clean + "---\nkind: Pod\nspec:\n  containers:\n  - env:\n    - {name: HF_TOKEN, value: %s}\n" % FAKE
+    assert "plain-text credential" in _secrets.redact_rendered_text(leaked)
