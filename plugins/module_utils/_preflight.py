@@ -10,6 +10,7 @@ import subprocess
 from ansible.module_utils.common.process import get_bin_path
 
 from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _process
+from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, read_text
 
 GPU_QUERY = "name,count,compute_cap,driver_version,memory.total,pci.bus_id"
 # The name of the host fact preflight_facts publishes (``ansible_facts.preflight_node``); the preflight role
@@ -19,6 +20,8 @@ FACT_NAME = "preflight_node"
 # the engine modules (a cold import of vLLM and torch from a network filesystem takes minutes).
 NVIDIA_SMI_TIMEOUT = 60
 ENGINE_PYTHON_TIMEOUT = 600
+# A sysfs attribute is at most one page (Documentation/filesystems/sysfs.rst: "a buffer of PAGE_SIZE").
+MAX_SYSFS_BYTES = 64 * 1024
 
 
 class PreflightError(ValueError):
@@ -109,10 +112,11 @@ def gpu_inventory(nvidia_smi, run=subprocess.run, which=find_bin, timeout=None):
 
 
 def _read(path, default=None):
+    """A sysfs attribute through the shared reader: a FIFO or a device in its place (sysfs_root points at a
+    copy of the tree) is ``default``, never a hang; more than a page is not an attribute either."""
     try:
-        with open(path, "r") as f:
-            return f.read().strip()
-    except OSError:
+        return read_text(path, max_bytes=MAX_SYSFS_BYTES, errors="replace").strip()
+    except (OSError, UntrustedInput):
         return default
 
 

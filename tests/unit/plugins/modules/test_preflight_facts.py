@@ -191,3 +191,21 @@ def test_an_engine_python_that_cannot_be_started_fails_naming_engine_python(run_
     r = run_module(preflight_facts, {"nvidia_smi": "none", "sysfs_root": str(tmp_path),
                                      "engine_python": str(python)})
     assert r["failed"] and r["msg"].startswith("engine_python: cannot run %s: " % python)
+
+
+def test_sysfs_attribute_that_is_a_fifo_or_device_reads_as_unknown_without_blocking(tmp_path):
+    """A copied or hand-made sysfs tree (sysfs_root) with a FIFO or a link to /dev/zero in an attribute's place."""
+    import threading
+    sysfs = _sysfs(tmp_path, {"mlx5_0": {1: ("Ethernet", "4: ACTIVE")}})
+    port = tmp_path / "sys" / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
+    (port / "state").unlink()
+    os.mkfifo(port / "state")
+    (port / "rate").unlink()
+    (port / "rate").symlink_to("/dev/zero")
+    box = {}
+    t = threading.Thread(target=lambda: box.update(r=_preflight.rdma_devices(sysfs)), daemon=True)
+    t.start()
+    t.join(5)
+    assert not t.is_alive(), "rdma_devices blocked"
+    p = box["r"]["devices"][0]["ports"][0]
+    assert (p["link_layer"], p["state"], p["rate"]) == ("Ethernet", "unknown", "unknown")
