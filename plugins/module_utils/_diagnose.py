@@ -28,7 +28,8 @@ import re
 import signal as _signal
 import time
 
-from ansible_collections.llmops.serving.plugins.module_utils import _http, _k8s_names, _k8s_wait, _process, _secrets, _timeline
+from ansible_collections.llmops.serving.plugins.module_utils import _http, _k8s_names, _k8s_wait, _process, _secrets
+from ansible_collections.llmops.serving.plugins.module_utils._untrusted import loads_json
 
 # --------------------------------------------------------------------------------------------- #
 # Codes
@@ -39,6 +40,7 @@ CODES = (
     ("workload_not_found", "error"),
     ("not_running", "error"),
     ("no_pods", "error"),
+    ("evicted", "error"),
     ("unschedulable_gpus", "error"),
     ("unschedulable", "error"),
     ("image_pull", "error"),
@@ -52,12 +54,15 @@ CODES = (
     ("crash_exit_zero", "error"),
     ("crashed", "error"),
     ("engine_hung", "error"),
+    ("rollout_stalled", "error"),
     ("served_name_mismatch", "error"),
     ("route_missing", "error"),
     ("route_backend_not_found", "error"),
     ("route_not_accepted", "error"),
     ("service_no_endpoints", "error"),
     ("engine_traceback", "warning"),
+    ("not_ready", "warning"),
+    ("rolling", "info"),
     ("still_loading", "info"),
     ("stopped", "info"),
     ("healthy", "info"),
@@ -75,6 +80,9 @@ LWS_LABEL = "leaderworkerset.sigs.k8s.io/name"  # kubernetes-sigs/lws api/leader
 
 MAX_EVIDENCE = 8
 MAX_LINE = 400
+#: A start without a probe to bound it is "still loading" only this long: four times the slowest cold start
+#: measured in the field (28 min for a 700 GiB FP8 model with JIT and CUDA graphs), rounded up to 2 h.
+PLAUSIBLE_START_SECONDS = 7200
 
 
 def finding(code, obj, evidence, hint):
@@ -135,10 +143,7 @@ def _fmt_s(seconds):
 
 
 def _time(value):
-    try:
-        return _timeline.parse_time(value)
-    except (TypeError, ValueError):
-        return None
+    return _k8s_wait.parse_time(value)
 
 
 # --------------------------------------------------------------------------------------------- #
@@ -412,7 +417,7 @@ def _signal_name(sig):
 
 
 def classify_exit(what, obj, exit_code, sig, logf, where, model_missing_path=None, port_holders=None,
-                  masking=None, port=None, oom=False):
+                  masking=None, port=None, oom=False, engine=None):
     """One finding for an engine that ended, from its status and its log.
 
     * ``oom``: the kernel's OOM killer (containerd reports reason ``OOMKilled``).
@@ -421,6 +426,10 @@ def classify_exit(what, obj, exit_code, sig, logf, where, model_missing_path=Non
       directory``).
     * ``[Errno 98] Address already in use``: bind(2) failed with EADDRINUSE.
     * exit 0 (reason ``Completed``): a server never exits 0 on its own: a crash hidden by a wrapper.
+    * SIGKILL (137) of an SGLang engine whose log holds an exception: SGLang's own ``kill_process_tree``
+      (sgl-project/sglang python/sglang/srt/utils/common.py: ``itself.kill()`` when the parent is the process
+      itself) SIGKILLs the server after a scheduler failed; not PID 1 (the pod shares its process namespace),
+      the kill takes effect and the status is 137. The exception is the cause, not something outside.
     * anything else: ``crashed`` with the exception line.
     """
     exc = _exception_evidence(logf, where)
@@ -468,6 +477,14 @@ def classify_exit(what, obj, exit_code, sig, logf, where, model_missing_path=Non
     ev = ["%s ended with %s" % (what, status)]
     if sig_guess:
         ev[0] += " (%s: 128 + %d)" % (_signal_name(sig_guess), sig_guess)
+    if (sig or sig_guess) == _signal.SIGKILL and engine == "sglang" and (logf.get("root_exception") or logf.get("death_lines")):
+        cause = logf.get("root_exception") or logf["death_lines"][0]
+        ev = ["%s ended with %s after the engine's own exception: %s" % (what, status, cause)] + exc
+        ev.append("SGLang kills its own process tree with SIGKILL after a scheduler failure (kill_process_tree); "
+                  "with the pod's shared process namespace the engine is not PID 1, so the kill takes effect and "
+                  "the status is 137")
+        return finding("crashed", obj, ev, "The exception above is the cause (the SIGKILL is SGLang's own, not the "
+                                           "OOM killer's or an operator's): fix it and start again.")
     ev += exc
     hint = "Read the exception above: it is the cause; fix it and start again."
     if (sig or sig_guess) == _signal.SIGKILL:
@@ -581,6 +598,7 @@ def normalise_event(ev):
         "type": ev.get("type") or "", "count": ev.get("count") or series.get("count") or ev.get("deprecatedCount") or 1,
         "last": _time(ev.get("lastTimestamp") or series.get("lastObservedTime") or ev.get("eventTime")
                       or ev.get("deprecatedLastTimestamp") or _meta(ev).get("creationTimestamp")),
+        "first": ev.get("firstTimestamp") or ev.get("deprecatedFirstTimestamp") or ev.get("eventTime"),
     }
 
 
@@ -606,8 +624,8 @@ def _probe_window(probe):
 class KubeContext(object):
 
     def __init__(self, objects, logs, namespace, name, served_model_name, gateway_namespace, now, listed_kinds):
-        self.o = Objects(objects, listed_kinds)
-        self.logs = Logs(logs)
+        self.o = Objects(_k8s_wait.shape_objects(objects), listed_kinds)
+        self.logs = Logs(_k8s_wait.shape_logs(logs))
         self.namespace = namespace
         self.name = name
         self.served_model_name = served_model_name
@@ -710,8 +728,9 @@ def rule_unschedulable(ctx, pod, pod_ref):
         if asks:
             ev.append("the pod requests %s per replica" % asks)
         return finding("unschedulable_gpus", pod_ref, ev,
-                       "No node has %s free for this pod. Free them (an old pod of a RollingUpdate still holds them: use "
-                       "strategy Recreate; other workloads on the GPU nodes), lower tp_size/replicas, or add nodes; "
+                       "No node has %s free for this pod. Free them (a terminating pod of the previous revision holds "
+                       "them until it exits: the engine rolls with maxSurge 0, so that clears by itself; other workloads "
+                       "on the GPU nodes do not), lower tp_size/replicas, or add nodes; "
                        "check `kubectl describe node` Allocated resources and that the device plugin advertises "
                        "the resource." % " and ".join(accel))
     return finding("unschedulable", pod_ref, ev,
@@ -763,9 +782,10 @@ def rule_mount(ctx, pod, pod_ref):
                          for x in m.split()))
     return finding("mount_failed", pod_ref, ["the containers cannot start: volume %s does not mount"
                                              % ", ".join(names or ["?"])] + [_event_text(e) for e in evs[-3:]],
-                   "Fix the volume named in the event: the PVC exists and is Bound, the shared filesystem's CSI driver "
-                   "runs on the node, the hostPath or Secret exists; the model volume must be mounted read-only at "
-                   "the path the engine loads.")
+                   "Fix the volume named in the event: a hostPath model volume (type Directory) exists only on the "
+                   "nodes that staged the revision, so stage it on this node (llmops.serving.model_stage) or keep "
+                   "the pod on the staged nodes; a PVC must exist and be Bound, with the shared filesystem's CSI "
+                   "driver on the node; a Secret must exist in the pod's namespace.")
 
 
 def _probe_kills(evs, cname):
@@ -836,14 +856,24 @@ def rule_container(ctx, pod, pod_ref, cs, is_init=False):
                                    if restarts else "")
         if term.get("reason") == "OOMKilled":
             return classify_exit(what, obj, term.get("exitCode"), term.get("signal"), logf, where, oom=True)
-        if kills and kills[-1][0] == "liveness" and logf.get("serving_line"):
+        # The liveness probe runs only after the startup probe succeeded (pkg/kubelet/prober/worker.go: liveness and
+        # readiness results wait for "started"), so a liveness kill with a startupProbe is a kill of an engine that
+        # had come up. vLLM then shuts down cleanly on the kubelet's SIGTERM: exit 0 / Completed is that shutdown,
+        # not a masked crash.
+        if kills and kills[-1][0] == "liveness" and (logf.get("serving_line") or spec.get("startupProbe")):
             kev = kills[-1][1]
             fails = _unhealthy(evs, "Liveness")
-            return finding("engine_hung", obj, [
-                "container %s was killed by its liveness probe after it had served (%s)" % (cname, logf["serving_line"]),
-                _event_text(kev)] + [_event_text(e) for e in fails[-1:]] + _exception_evidence(logf, where),
-                "The engine stopped answering /health while serving: read the end of the previous log (a stuck "
-                "collective, a dead EngineCore, an overloaded event loop); the restart hides it until it recurs.")
+            since = ("after it had served (%s)" % logf["serving_line"] if logf.get("serving_line")
+                     else "after its startup probe had passed")
+            ev = ["container %s was killed by its liveness probe %s: the engine stopped answering /health" % (cname, since),
+                  _event_text(kev)] + [_event_text(e) for e in fails[-1:]]
+            if term.get("exitCode") == 0:
+                ev.append("exit code 0 (%s) is the engine's clean shutdown on the kubelet's SIGTERM, not a masked crash"
+                          % term.get("reason"))
+            return finding("engine_hung", obj, ev + _exception_evidence(logf, where),
+                           "The engine stopped answering /health while serving: read the end of the previous log (a "
+                           "stuck collective, a dead EngineCore, an overloaded event loop); the restart hides it until "
+                           "it recurs.")
         if kills:
             probe_type, kev = kills[-1]
             window = startup if probe_type == "startup" else liveness
@@ -882,7 +912,7 @@ def rule_container(ctx, pod, pod_ref, cs, is_init=False):
         masking = _process.command_problems(_container_argv(spec), read_files=False) if spec else []
         cmd = command_facts(_container_argv(spec)) if spec else {}
         f = classify_exit(what, obj, term.get("exitCode"), term.get("signal"), logf, where, masking=masking,
-                          port=cmd.get("port"))
+                          port=cmd.get("port"), engine=cmd.get("engine"))
         if back:
             f["evidence"].append(_clip(_event_text(back[-1])))
         if term.get("message"):
@@ -918,7 +948,16 @@ def rule_container(ctx, pod, pod_ref, cs, is_init=False):
             return finding("startup_probe_killed", obj, ev + [_event_text(e) for e in fails[-1:]],
                            "It has run past its startup window: the kubelet is killing it. Size the startupProbe for the "
                            "measured cold start (failureThreshold x periodSeconds).")
-        return finding("still_loading", obj, ev, "Not an error: the engine is inside its startup window; wait.")
+        if not window and elapsed is not None and elapsed > PLAUSIBLE_START_SECONDS:
+            ev.append("no probe bounds its start, and no cold start takes longer than %s" % _fmt_s(PLAUSIBLE_START_SECONDS))
+            return finding("engine_hung", obj, ev + _exception_evidence(logf, where),
+                           "It is not loading any more: read the log's last lines (a stuck collective, a wait for a "
+                           "peer that never joined), restart it, and give it a startupProbe sized for its cold start.")
+        if window:
+            return finding("still_loading", obj, ev, "Not an error: the engine is inside its startup window; wait.")
+        return finding("still_loading", obj, ev, "Not an error yet: no probe bounds its start; a cold start takes up to "
+                                                 "about 30 min (weights, JIT, CUDA graphs). Wait, and give it a "
+                                                 "startupProbe so that a stuck start ends.")
     # started (the startup probe passed) but not Ready: readiness or liveness fail now
     fails = _unhealthy(evs, "Readiness") + _unhealthy(evs, "Liveness")
     ev = ["container %s started but is not Ready" % cname] + [_event_text(e) for e in fails[-2:]]
@@ -928,9 +967,123 @@ def rule_container(ctx, pod, pod_ref, cs, is_init=False):
                    "stuck collective (NCCL timeout) or a dead EngineCore; a restart clears it, the log says why.")
 
 
+def rule_evicted(ctx, pod, pod_ref):
+    """A node-pressure eviction: the kubelet fails the pod with ``status.reason: Evicted`` and a message naming the
+    resource (kubernetes/kubernetes pkg/kubelet/eviction/eviction_manager.go, helpers.go evictionMessage "The node
+    was low on resource: ..."), a ``DisruptionTarget`` condition (reason ``TerminationByKubelet``) and an ``Evicted``
+    Event; its container statuses may never have been recorded."""
+    status = pod.get("status") or {}
+    if status.get("reason") != "Evicted" or status.get("phase") not in ("Failed", None):
+        return None
+    node = (pod.get("spec") or {}).get("nodeName") or "?"
+    ev = ["the kubelet evicted the pod from node %s: %s" % (node, status.get("message") or "no message recorded")]
+    cond = _k8s_wait.condition(status.get("conditions"), "DisruptionTarget")
+    if cond:
+        ev.append("DisruptionTarget=%s reason %s: %s" % (cond.get("status"), cond.get("reason"), cond.get("message", "")))
+    ev += [_event_text(e) for e in ctx.events_for("Pod", _nm(pod), _meta(pod).get("uid")) if e["reason"] == "Evicted"][-2:]
+    return finding("evicted", pod_ref, ev,
+                   "The node ran short of the resource named (memory, ephemeral storage, PIDs): the engine's pod used "
+                   "more than the node could spare (host memory while loading, /dev/shm, logs and caches on the node's "
+                   "disk). Give the pod requests equal to its use, free the node or move the caches to a volume; the "
+                   "controller creates a replacement, delete the Failed pod once read.")
+
+
+# The scheduler's preemption summary (pkg/scheduler/framework/preemption/preemption.go): "preemption: 0/N nodes
+# are available: N Preemption is not helpful for scheduling." - no node fits even if every lower-priority pod
+# left (UnschedulableAndUnresolvable on each node); "No preemption victims found" means room could free up.
+_NO_FIT = re.compile(r"preemption: 0/(?P<total>\d+) nodes are available: (?P<n>\d+) Preemption is not helpful for "
+                     r"scheduling")
+# The kubelet retries a failed volume setup with exponential backoff up to 2m2s (kubernetes/kubernetes
+# pkg/util/goroutinemap/exponentialbackoff); a failure still there after this long, seen twice, does not clear.
+MOUNT_PERSIST_SECONDS = 90
+NO_FIT_PERSIST_SECONDS = 60
+# A pull of a tag or digest the registry does not have (containerd "failed to resolve reference ...: not found",
+# docker "manifest unknown"): retrying never finds it.
+_IMAGE_NOT_FOUND = re.compile(r"not found|NotFound|manifest unknown|repository does not exist", re.I)
+
+
+def pod_blocked(ctx, pod):
+    """A finding for what never clears by waiting, or None: an eviction, a container config error, an image that
+    does not exist, a volume that keeps failing to mount (``MOUNT_PERSIST_SECONDS``), no feasible node even with
+    preemption (for ``NO_FIT_PERSIST_SECONDS``, and no cluster-autoscaler scale-up under way)."""
+    pod_ref = "pod %s/%s" % (_ns(pod), _nm(pod))
+    f = rule_evicted(ctx, pod, pod_ref)
+    if f:
+        return f
+    evs = ctx.events_for("Pod", _nm(pod), _meta(pod).get("uid"))
+    f = rule_unschedulable(ctx, pod, pod_ref)
+    if f:
+        cond = _k8s_wait.condition((pod.get("status") or {}).get("conditions"), "PodScheduled") or {}
+        sched = [e for e in evs if e["reason"] == "FailedScheduling"]
+        text = sched[-1]["message"] if sched else cond.get("message") or ""
+        m = _NO_FIT.search(text.strip())
+        since = _time(cond.get("lastTransitionTime")) or _time(_meta(pod).get("creationTimestamp"))
+        scaling = [e for e in evs if e["reason"] == "TriggeredScaleUp"]
+        if m and m.group("n") == m.group("total") and not scaling and since is not None \
+                and ctx.now - since >= NO_FIT_PERSIST_SECONDS:
+            f["evidence"].insert(1, "no node can ever take it: the scheduler reports for all %s nodes that preemption "
+                                    "would not help" % m.group("total"))
+            return f
+        return None
+    f = rule_mount(ctx, pod, pod_ref)
+    if f:
+        mounts = [e for e in evs if e["reason"] in ("FailedMount", "FailedAttachVolume", "FailedMapVolume")]
+        first = min((_time(e.get("first")) or e["last"] or ctx.now for e in mounts), default=ctx.now)
+        if sum(e["count"] for e in mounts) >= 2 and ctx.now - first >= MOUNT_PERSIST_SECONDS:
+            f["evidence"].insert(1, "the mount has failed for %s" % _fmt_s(ctx.now - first))
+            return f
+        return None
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        f = _waiting_rule(ctx, pod, pod_ref, cs)
+        if f is None:
+            continue
+        if f["code"] == "container_config":
+            return f
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        texts = [waiting.get("message") or ""] + [e["message"] for e in evs if e["reason"] in ("Failed", "BackOff")]
+        if f["code"] == "image_pull" and (waiting.get("reason") == "InvalidImageName"
+                                          or any(_IMAGE_NOT_FOUND.search(t) for t in texts)):
+            f["evidence"].insert(1, "the registry does not have this image: pulling again cannot succeed")
+            return f
+    return None
+
+
+def _pod_ready(pod):
+    return (_k8s_wait.condition((pod.get("status") or {}).get("conditions"), "Ready") or {}).get("status") == "True"
+
+
+def rule_not_ready(ctx, pod):
+    """A pod that is not Ready and that no other rule explained: never ``healthy``. The evidence says what its
+    status holds (phase, the Ready condition, init containers still running, containers without a status)."""
+    pod_ref = "pod %s/%s" % (_ns(pod), _nm(pod))
+    status = pod.get("status") or {}
+    ev = ["the pod is not Ready (phase %s)" % (status.get("phase") or "not recorded")]
+    ready = _k8s_wait.condition(status.get("conditions"), "Ready")
+    if ready:
+        ev.append("Ready=%s reason %s: %s" % (ready.get("status"), ready.get("reason"), ready.get("message", "")))
+    else:
+        ev.append("its status records no Ready condition")
+    for cs in status.get("initContainerStatuses") or []:
+        st = cs.get("state") or {}
+        if not (st.get("terminated") or {}).get("exitCode") == 0:
+            what = "running" if st.get("running") else (st.get("waiting") or {}).get("reason") or "not finished"
+            ev.append("init container %s is %s: the engine container starts after it" % (cs.get("name"), what))
+    named = set(cs.get("name") for cs in status.get("containerStatuses") or [])
+    missing = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or [] if c.get("name") not in named]
+    if missing or not status.get("containerStatuses"):
+        ev.append("no status recorded for container(s) %s" % ", ".join(map(str, missing or ["(any)"])))
+    if status.get("reason") or status.get("message"):
+        ev.append("status reason %s: %s" % (status.get("reason"), status.get("message") or ""))
+    return finding("not_ready", pod_ref, ev, "Not serving yet: read `kubectl describe pod` and its events; wait while "
+                                             "init containers run, or diagnose again once the containers report.")
+
+
 def pod_findings(ctx, pod):
     pod_ref = "pod %s/%s" % (_ns(pod), _nm(pod))
     out = []
+    f = rule_evicted(ctx, pod, pod_ref)
+    if f:
+        return [f]
     f = rule_unschedulable(ctx, pod, pod_ref)
     if f:
         return [f]
@@ -1206,22 +1359,51 @@ def diagnose_kubernetes(objects, logs=None, namespace=None, name=None, served_mo
         findings.append(finding("no_pods", wref, ["the workload has no pods (spec.replicas %s)" % replicas] + evs[-3:],
                                 "The controller did not create pods: read its events (quota, admission webhooks, "
                                 "an unknown serviceAccount) or scale it up."))
-    for pod in pods:
+    rollout = None
+    if workload is not None:
+        rollout = _k8s_wait.rollout_status(workload, ctx.o.of("ReplicaSet", namespace), pods)
+    judged = pods
+    if rollout is not None and rollout["current_pods"] is not None:
+        judged = [p for p in pods if _nm(p) in rollout["current_pods"]]
+    old = [p for p in pods if p not in judged]
+    for pod in judged:
         findings.extend(pod_findings(ctx, pod))
+    if rollout is not None and rollout["state"] == "failed":
+        findings.append(finding("rollout_stalled", wref, [rollout["message"]] + [
+            _event_text(e) for e in ctx.events_for(workload.get("kind"), name) if e["type"] == "Warning"][-2:],
+            "The controller gave up waiting for the new pods: the pod findings say why they are not available; fix "
+            "that, or raise progressDeadlineSeconds above the cold start (the engine role sizes it from "
+            "engine_startup_timeout)."))
+    elif rollout is not None and rollout["state"] != "done":
+        ev = [rollout["message"]]
+        if old:
+            ev.append("%d pod(s) of an earlier revision do not count: %s" % (len(old), ", ".join(_nm(p) for p in old[:4])))
+        findings.append(finding("rolling", wref, ev, "Not an error: the new revision is being rolled out; it serves "
+                                                     "once its pods are Ready and the old ones are gone."))
     templates = _templates(workload) if workload else []
-    f = rule_served_names(ctx, pods, templates)
+    f = rule_served_names(ctx, judged, templates)
     if f:
         findings.append(f)
-    findings.extend(rule_routes(ctx, pods))
-    findings.extend(rule_endpoints(ctx, pods, _aibrix_route(ctx, _model_name(ctx, pods))))
-    if not findings and pods:
-        ready = [p for p in pods if (_k8s_wait.condition((p.get("status") or {}).get("conditions"), "Ready") or {}).get("status") == "True"]
-        if len(ready) == len(pods):
-            ev = ["%d/%d pod(s) of %s Ready" % (len(ready), len(pods), wref)]
-            route = _aibrix_route(ctx, served_model_name)
-            if route is not None:
-                ev.append("%s Accepted and ResolvedRefs" % ref(route))
-            findings.append(finding("healthy", wref, ev, "Nothing to fix."))
+    findings.extend(rule_routes(ctx, judged))
+    findings.extend(rule_endpoints(ctx, judged, _aibrix_route(ctx, _model_name(ctx, judged))))
+    ready = [p for p in judged if _pod_ready(p)]
+    for pod in judged:
+        if not _pod_ready(pod) and not any(f["object"] == "pod %s/%s" % (_ns(pod), _nm(pod))
+                                           or f["object"].startswith("pod %s/%s " % (_ns(pod), _nm(pod)))
+                                           for f in findings):
+            findings.append(rule_not_ready(ctx, pod))
+    if not findings and ready and len(ready) == len(judged):
+        ev = ["%d/%d pod(s) of %s Ready" % (len(ready), len(judged), wref)]
+        if rollout is not None:
+            ev.append(rollout["message"])
+        route = _aibrix_route(ctx, served_model_name)
+        if route is not None:
+            ev.append("%s Accepted and ResolvedRefs" % ref(route))
+        findings.append(finding("healthy", wref, ev, "Nothing to fix."))
+    if not findings:
+        findings.append(finding("no_pods", wref, ["none of the %d pod(s) given belongs to %s" % (
+            len(ctx.o.of("Pod")), wref)], "Give the workload's pods (kubectl get pods -o json) or check name and "
+                                          "namespace: without a pod there is no evidence that it serves."))
     return result(findings)
 
 
@@ -1236,6 +1418,8 @@ _WORKLOAD_APIS = (
     ("LeaderWorkerSet", "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
 )
 LOG_TAIL_LINES = 3000
+#: Largest list answer read from the API server (a namespace's Events can be large; a bigger one is refused).
+MAX_API_BYTES = 64 * 1024 * 1024
 
 
 def fetch_kubernetes(api_client, namespace, name, gateway_namespace="aibrix-system", log_tail_lines=LOG_TAIL_LINES):
@@ -1255,7 +1439,9 @@ def fetch_kubernetes(api_client, namespace, name, gateway_namespace="aibrix-syst
 
     def raw(call, *args, **kwargs):
         resp = call(*args, _preload_content=False, **kwargs)
-        return json.loads(resp.data)
+        # the answer is untrusted input: size, nesting and numbers are checked before anything reads it
+        return loads_json(resp.data, "the API server's answer (%s)" % getattr(call, "__name__", "list"),
+                          max_bytes=MAX_API_BYTES)
 
     def listed(kind, call, *args, **kwargs):
         try:
@@ -1264,10 +1450,8 @@ def fetch_kubernetes(api_client, namespace, name, gateway_namespace="aibrix-syst
             if e.status in (403, 404):
                 return None
             raise
-        items = data.get("items") or []
-        for item in items:
-            item.setdefault("kind", kind)
-        return items
+        items = data.get("items") if isinstance(data, dict) and isinstance(data.get("items"), list) else []
+        return [x for x in (_k8s_wait.shape(item, kind) for item in items) if x is not None]
 
     objects, kinds = [], set()
     plan = [
@@ -1283,6 +1467,7 @@ def fetch_kubernetes(api_client, namespace, name, gateway_namespace="aibrix-syst
     for kind, group, version, plural in _WORKLOAD_APIS:
         if kind == "Deployment":
             plan.append((kind, apps.list_namespaced_deployment, (namespace,)))
+            plan.append(("ReplicaSet", apps.list_namespaced_replica_set, (namespace,)))
         else:
             plan.append((kind, custom.list_namespaced_custom_object, (group, version, namespace, plural)))
     for kind, call, args in plan:
@@ -1507,6 +1692,11 @@ def diagnose_local(facts, now=None):
     progress = _progress_text(logf.get("progress"))
     if progress:
         ev.append(progress)
+    if elapsed is not None and elapsed > PLAUSIBLE_START_SECONDS:
+        ev.append("no cold start takes longer than %s" % _fmt_s(PLAUSIBLE_START_SECONDS))
+        return result([finding("engine_hung", obj, ev + _exception_evidence(logf, where),
+                               "It is not loading any more: read the log's last lines (a stuck collective, a wait for "
+                               "a peer), then restart it (llmops.serving.engine_process state=restarted).")])
     findings.append(finding("still_loading", obj, ev, "Not an error: wait for the port to open (engine_probe "
                                                       "waits with a deadline)."))
     if logf["tracebacks"]:

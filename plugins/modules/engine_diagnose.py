@@ -23,6 +23,12 @@ description:
     exception line of the log is the evidence. A kill by the startup probe (V(startup_probe_killed)) reports the
     window the probe allowed (C(initialDelaySeconds + failureThreshold x periodSeconds)) and how far the log shows
     the weights had loaded. The codes and their fixes are listed in C(docs/diagnose.md).
+  - A pod that is not Ready is never V(healthy), whatever its status lacks (init containers running, an eviction
+    before any container status was recorded, no statuses at all) - it is V(not_ready) when no rule names more.
+    Recorded objects are read as untrusted - a field of the wrong type counts as absent, never a traceback.
+  - Only pods of the workload's current revision are judged (the current ReplicaSet's C(pod-template-hash), a
+    LeaderWorkerSet's or StormService's revision); while the rollout is under way the verdict is at most
+    V(rolling), and a Deployment past its progress deadline is V(rollout_stalled).
   - Only reads; nothing on the cluster or the host changes.
 requirements:
   - kubernetes (Python client), only for O(platform=kubernetes) without O(objects)
@@ -156,6 +162,7 @@ import importlib
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.llmops.serving.plugins.module_utils import _diagnose, _http, _k8s_client, _process
+from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, check_value
 
 
 def _api_client(module):
@@ -210,12 +217,17 @@ def main():
         module.fail_json(msg="logs: the value of %s must be the log text or a dict with current and/or previous"
                              % ", ".join(sorted(map(str, bad))[:5]))
     if p["objects"] is not None:
-        objects, logs, listed = p["objects"], p["logs"], None
+        try:
+            objects, logs, listed = check_value(p["objects"], "objects"), check_value(p["logs"], "logs"), None
+        except UntrustedInput as e:
+            module.fail_json(msg=str(e), reason=e.limit)
     else:
         api = _api_client(module)
         try:
             objects, logs, listed = _diagnose.fetch_kubernetes(api, p["namespace"], p["name"], p["gateway_namespace"],
                                                                p["log_tail_lines"])
+        except UntrustedInput as e:
+            module.fail_json(msg="reading namespace %s from the cluster: %s" % (p["namespace"], e), reason=e.limit)
         except Exception as e:  # pylint: disable=broad-except  # ApiException, urllib3 and socket errors
             status = getattr(e, "status", None)
             why = ("the API server answered %s %s" % (status, getattr(e, "reason", "") or "") if status

@@ -23,6 +23,18 @@ description:
     the log's root exception is named.
   - Fails when a route condition stays False for O(route_condition_timeout), naming the reason
     (C(NotAllowedByListeners), C(BackendNotFound), C(RefNotPermitted), ...) and its usual fix.
+  - With O(workload_name) the CURRENT revision is waited for, not assumed - a Deployment's C(generation) observed,
+    C(updatedReplicas) and C(availableReplicas) equal to its replicas and no old replicas left, only pods of the
+    current ReplicaSet's C(pod-template-hash) counted (a LeaderWorkerSet's and a StormService's status the same
+    way). Right after a re-apply the old pod is still Ready; that is C(rolling), not ready.
+  - With O(models_url) the rollout is ready only once C(/v1/models) there lists the current revision's model path
+    as C(root) (vLLM and SGLang report the path they loaded), so the answer is proven to come from the new pods.
+  - Fails within a few polls, not at O(timeout), on what never clears - an image the registry does not have, a
+    volume that keeps failing to mount, no feasible node even with preemption, a pod evicted under node pressure
+    - with the diagnosis of M(llmops.serving.engine_diagnose) (a liveness kill of a serving engine is
+    C(engine_hung), an eviction C(evicted)).
+  - O(objects) judges recorded objects instead of reading the cluster (once, no polling), by the same code, so a
+    wait can be replayed offline.
   - Returns each pod's cold-start timestamps (created, scheduled, container started, Ready).
   - Connects with kubernetes.core's authentication options and their C(K8S_AUTH_*) environment variables, so
     the credential a job applies with through M(kubernetes.core.k8s) (for AWX, the C(OpenShift or Kubernetes
@@ -88,6 +100,37 @@ options:
     description: Seconds between polls.
     type: int
     default: 10
+  workload_kind:
+    description: Kind of the engine workload (RV(llmops.serving.engine_manifests#module:workload)).
+    type: str
+    choices: [Deployment, LeaderWorkerSet, StormService]
+    default: Deployment
+  workload_name:
+    description:
+      - Name of the engine workload. Set, the wait judges its current revision (see the description). Unset, every
+        pod the selector matches counts, whichever revision it runs.
+    type: str
+  models_url:
+    description:
+      - Base URL (the Service or the gateway) whose C(GET /v1/models) must list the current revision's model path
+        as C(root) before the rollout is ready. Needs O(workload_name). No credentials in the URL; give them in
+        O(models_headers).
+    type: str
+  models_headers:
+    description: Headers of the C(/v1/models) request (for example the C(model) header or an Authorization).
+    type: dict
+    default: {}
+  objects:
+    description:
+      - Recorded objects to judge instead of reading the cluster - what the API returned, for example
+        C(kubectl get pods,replicasets,deployments,events,httproutes -A -o json) (a C(List)) or a list of objects
+        and Lists. Judged once; no credentials are needed. The result is what a poll of those objects would say.
+      - Fields of the wrong type count as absent; a document nested too deeply or with numbers out of range is
+        refused.
+    type: raw
+  models:
+    description: With O(objects), a recorded C(/v1/models) answer to judge in place of O(models_url).
+    type: dict
 extends_documentation_fragment:
   - llmops.serving.attributes.k8s_group
   - llmops.serving.attributes
@@ -153,6 +196,20 @@ route:
   description: Route verdict - state, accepted, resolved_refs, reason, message, per-parent conditions.
   returned: when O(route_name) is set
   type: dict
+rollout:
+  description:
+    - The workload's rollout - C(kind), C(name), C(state) (C(done), C(rolling), C(failed)), C(message),
+      C(generation), C(observed_generation), C(replicas), C(updated), C(ready), C(available), C(revision_label),
+      C(revision) (the current C(pod-template-hash) or revision) and C(current_pods).
+  returned: when O(workload_name) is set
+  type: dict
+revision:
+  description:
+    - What the current revision serves and the proof it answers - C(image), C(model_path) (the C(root) its engine
+      lists), C(served_names), C(revision), C(pods), C(generation), and with O(models_url) C(proven) (the answer
+      lists C(model_path)) and C(answered_roots).
+  returned: when O(workload_name) is set
+  type: dict
 timelines:
   description: Per pod cold-start stages known from the API (created, scheduled, container started, Ready).
   returned: always
@@ -160,12 +217,13 @@ timelines:
   elements: dict
 """
 
-import json
+import time
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.llmops.serving.plugins.module_utils import _http, _k8s_client, _k8s_wait
+from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, check_value, loads_json
 
 try:
     from kubernetes import client as k8s_client
@@ -177,34 +235,82 @@ except ImportError:
     K8S_IMPORT_ERROR = traceback.format_exc()
 
 
+_WORKLOAD_API = {"LeaderWorkerSet": ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
+                 "StormService": ("orchestration.aibrix.ai", "v1alpha1", "stormservices")}
+MAX_API_BYTES = 64 * 1024 * 1024
+
+
+def _matches(selector, obj):
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def select(params, objects, selected=False):
+    """``{pods, route, workload, replicasets, events}`` of the engine among shaped ``objects`` (``selected``: the
+    Pods were listed by the selector already)."""
+    ns, selector = params["namespace"], params["selector"]
+
+    def of(kind, namespace=ns):
+        return [o for o in objects if o["kind"] == kind and (o.get("metadata") or {}).get("namespace", namespace) == namespace]
+
+    def named(kind, namespace, name):
+        return next((o for o in of(kind, namespace) if (o.get("metadata") or {}).get("name") == name), None)
+
+    workload = named(params["workload_kind"], ns, params["workload_name"]) if params["workload_name"] else None
+    return dict(pods=[p for p in of("Pod") if selected or _matches(selector, p)],
+                route=named("HTTPRoute", params["gateway_namespace"], params["route_name"]) if params["route_name"] else None,
+                workload=workload, replicasets=of("ReplicaSet") if workload is not None else None, events=of("Event"))
+
+
 def make_fetch(params):
-    """Return ``fetch() -> (pods, route)`` reading the live cluster (the client from the auth options and K8S_AUTH_*)."""
+    """Return ``fetch() -> {pods, route, workload, replicasets, events}`` reading the live cluster (the client from
+    the auth options and K8S_AUTH_*)."""
     api = _k8s_client.api_client(params)
     core = k8s_client.CoreV1Api(api)
     custom = k8s_client.CustomObjectsApi(api)
+    apps = k8s_client.AppsV1Api(api)
     selector = ",".join("%s=%s" % kv for kv in sorted(params["selector"].items()))
+    ns = params["namespace"]
 
-    # Raw JSON (no client models): the objects exactly as the API server sends them, as recorded in tests.
+    # Raw JSON (no client models): the objects exactly as the API server sends them, as recorded in tests, read as
+    # untrusted input and shaped.
+    def raw(call, *args, **kwargs):
+        resp = call(*args, _preload_content=False, **kwargs)
+        return loads_json(resp.data, "the API server's answer", max_bytes=MAX_API_BYTES)
+
+    def listed(kind, call, *args, **kwargs):
+        return _k8s_wait.shape_objects([dict(raw(call, *args, **kwargs), kind=kind + "List")])
+
+    def one(kind, call, *args):
+        try:
+            return _k8s_wait.shape_objects([dict(raw(call, *args), kind=kind)])
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            return []
+
     def fetch():
-        resp = core.list_namespaced_pod(params["namespace"], label_selector=selector, _preload_content=False)
-        pods = json.loads(resp.data).get("items", [])
-        route = None
+        objects = listed("Pod", core.list_namespaced_pod, ns, label_selector=selector)
         if params["route_name"]:
-            try:
-                resp = custom.get_namespaced_custom_object(
-                    "gateway.networking.k8s.io", "v1", params["gateway_namespace"], "httproutes", params["route_name"],
-                    _preload_content=False)
-                route = json.loads(resp.data)
-            except ApiException as e:
-                if e.status != 404:
-                    raise
-        return pods, route
+            objects += one("HTTPRoute", custom.get_namespaced_custom_object, "gateway.networking.k8s.io", "v1",
+                           params["gateway_namespace"], "httproutes", params["route_name"])
+        if params["workload_name"]:
+            kind = params["workload_kind"]
+            if kind == "Deployment":
+                objects += one(kind, apps.read_namespaced_deployment, params["workload_name"], ns)
+                objects += listed("ReplicaSet", apps.list_namespaced_replica_set, ns, label_selector=selector)
+            else:
+                group, version, plural = _WORKLOAD_API[kind]
+                objects += one(kind, custom.get_namespaced_custom_object, group, version, ns, plural,
+                               params["workload_name"])
+            objects += listed("Event", core.list_namespaced_event, ns, field_selector="involvedObject.kind=Pod")
+        return select(params, objects, selected=True)
 
     def read_log(pod, container, previous):
         if not params["log_tail_lines"]:
             return None
         try:
-            resp = core.read_namespaced_pod_log(pod, params["namespace"], container=container, previous=previous,
+            resp = core.read_namespaced_pod_log(pod, ns, container=container, previous=previous,
                                                 tail_lines=params["log_tail_lines"], _preload_content=False)
         except ApiException:
             return None  # e.g. 400 "previous terminated container not found": the kubelet kept no log
@@ -214,25 +320,38 @@ def make_fetch(params):
     return fetch
 
 
-def run(module, fetch):
+def make_answer(params):
+    """``answer() -> /v1/models body or None`` for O(models_url) (None when unset or when it does not answer)."""
+    if not params["models_url"]:
+        return None
+
+    def answer():
+        try:
+            return _http.get_json(params["models_url"].rstrip("/") + "/v1/models", headers=params["models_headers"],
+                                  timeout=10)
+        except (_http.HttpError, UntrustedInput, ValueError):
+            return None
+    return answer
+
+
+def run(module, fetch, answer=None):
     p = module.params
     check_route = bool(p["route_name"])
     read_log = getattr(fetch, "read_log", None)
-    if module.check_mode:
-        pods, route = fetch()
-        verdict = _k8s_wait.evaluate(pods, route, replicas=p["replicas"], gateway_name=p["gateway_name"],
-                                     check_route=check_route, container=p["container"], max_restarts=p["max_restarts"])
-        if verdict["state"] == "failed" and read_log is not None:
-            logs = _k8s_wait.read_logs(pods, read_log, p["container"], [ps["name"] for ps in verdict["pods"] if ps.get("diagnosis")])
-            verdict = _k8s_wait.evaluate(pods, route, replicas=p["replicas"], gateway_name=p["gateway_name"],
-                                         check_route=check_route, container=p["container"], logs=logs,
-                                         max_restarts=p["max_restarts"])
+    kw = dict(replicas=p["replicas"], gateway_name=p["gateway_name"], check_route=check_route,
+              container=p["container"], max_restarts=p["max_restarts"])
+    if p["objects"] is not None or module.check_mode:
+        if p["objects"] is not None and p["models"] is not None:
+            def answer():
+                return p["models"]  # the recorded answer
+        verdict = _k8s_wait.judge(fetch, time.time(), read_log=read_log, answer=answer,
+                                  schedule_timeout=p["schedule_timeout"], **kw)
         verdict.update(elapsed=0.0)
     else:
         verdict = _k8s_wait.wait_rollout(
             fetch, timeout=p["timeout"], route_condition_timeout=p["route_condition_timeout"],
-            schedule_timeout=p["schedule_timeout"], poll_interval=p["poll_interval"], replicas=p["replicas"], gateway_name=p["gateway_name"],
-            check_route=check_route, container=p["container"], read_log=read_log, max_restarts=p["max_restarts"])
+            schedule_timeout=p["schedule_timeout"], poll_interval=p["poll_interval"], read_log=read_log,
+            answer=answer, **kw)
     result = dict(
         changed=False,
         state=verdict["state"],
@@ -243,6 +362,8 @@ def run(module, fetch):
     )
     if check_route:
         result["route"] = verdict["route"]
+    if p["workload_name"]:
+        result.update(rollout=verdict.get("rollout"), revision=verdict.get("revision"))
     if verdict["state"] == "ready" or (module.check_mode and verdict["state"] == "waiting"):
         module.exit_json(**result)
     module.fail_json(msg=verdict["message"], **result)
@@ -265,22 +386,43 @@ def main():
         max_restarts=dict(type="int", default=0),
         log_tail_lines=dict(type="int", default=3000),
         poll_interval=dict(type="int", default=10),
+        workload_kind=dict(type="str", default="Deployment", choices=["Deployment", "LeaderWorkerSet", "StormService"]),
+        workload_name=dict(type="str"),
+        models_url=dict(type="str"),
+        models_headers=dict(type="dict", default={}, no_log=True),
+        objects=dict(type="raw"),
+        models=dict(type="dict"),
     )
     argument_spec.update(_k8s_client.argument_spec())
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    _http.refuse_url_credentials(module, _k8s_client.URL_OPTIONS)
+    _http.refuse_url_credentials(module, dict(_k8s_client.URL_OPTIONS,
+                                              models_url="give them in models_headers (for example Authorization)"))
     if not module.params["selector"]:
         module.fail_json(msg="selector: must name at least one label, e.g. the pod_selector engine_manifests returns")
     for opt in ("max_restarts", "log_tail_lines"):
         if module.params[opt] < 0:
             module.fail_json(msg="%s: must be 0 or more (got %d)" % (opt, module.params[opt]))
+    p = module.params
+    if p["models_url"] and not p["workload_name"]:
+        module.fail_json(msg="models_url: needs workload_name (the revision whose model path /v1/models must list)")
+    if p["objects"] is not None:
+        if not isinstance(p["objects"], (list, dict)):
+            module.fail_json(msg="objects: must be a list of Kubernetes objects or a List (kubectl get -o json), "
+                                 "not a %s" % type(p["objects"]).__name__, reason="objects_type")
+        try:
+            check_value(p["objects"], "objects")
+            check_value(p["models"], "models")
+        except UntrustedInput as e:
+            module.fail_json(msg=str(e), reason=e.limit)
+        recorded = select(p, _k8s_wait.shape_objects(p["objects"]))
+        run(module, lambda: recorded)
     if not HAS_K8S:
         module.fail_json(msg=missing_required_lib("kubernetes"), exception=K8S_IMPORT_ERROR)
     try:
-        fetch = make_fetch(module.params)
+        fetch = make_fetch(p)
     except _k8s_client.K8sClientError as e:
         module.fail_json(msg=str(e))
-    run(module, fetch)
+    run(module, fetch, make_answer(p))
 
 
 if __name__ == "__main__":
