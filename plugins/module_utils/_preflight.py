@@ -220,8 +220,48 @@ def engine_runtime(python, modules, run=subprocess.run, which=find_bin, timeout=
     }
 
 
+# The oldest driver that runs a CUDA major release's images (minor version compatibility): NVIDIA's CUDA
+# Compatibility guide, "Minor Version Compatibility", Table 1 (docs.nvidia.com/deploy/cuda-compatibility), and the
+# CUDA Toolkit Release Notes' driver table: CUDA 13.x >= 580, CUDA 12.x >= 525, CUDA 11.x >= 450.80.02.
+CUDA_MIN_DRIVER = {11: (450, 80, 2), 12: (525,), 13: (580,)}
+
+
+def _numbers(text):
+    parts = []
+    for part in str(text or "").strip().split("."):
+        if not part.isdigit():
+            return None
+        parts.append(int(part))
+    return tuple(parts) or None
+
+
+def driver_fits_cuda(driver_version, cuda_version):
+    """Whether the node's driver runs an image built for ``cuda_version``: ``{cuda, driver, min_driver, ok, reason}``.
+
+    ``ok`` is None where it cannot be told (no GPU driver seen, a CUDA major the table does not know)."""
+    cuda = _numbers(cuda_version)
+    if cuda is None:
+        raise PreflightError("image_cuda_version", "%r is not a CUDA version such as 12.9 or 13.0" % (cuda_version,))
+    need = CUDA_MIN_DRIVER.get(cuda[0])
+    out = {"cuda": str(cuda_version), "driver": driver_version or "", "ok": None,
+           "min_driver": ".".join(str(n) for n in need) if need else "", "reason": ""}
+    driver = _numbers(driver_version)
+    if need is None:
+        out["reason"] = "CUDA %d is not in the driver table (CUDA 11-13); check NVIDIA's release notes" % cuda[0]
+    elif driver is None:
+        out["reason"] = "no NVIDIA driver version was read on this node"
+    elif driver < need:
+        out.update(ok=False, reason=(
+            "driver %s is older than CUDA %d images need (R%s or newer, NVIDIA's CUDA Toolkit Release Notes); the "
+            "engine fails at its first CUDA call. Upgrade the node's driver, or use an image built for an older "
+            "CUDA" % (driver_version, cuda[0], out["min_driver"])))
+    else:
+        out["ok"] = True
+    return out
+
+
 def node_facts(nvidia_smi, sysfs_root, paths, engine_python=None, engine_modules=(), run=subprocess.run,
-               which=find_bin):
+               which=find_bin, image_cuda_version=None):
     """Everything preflight_facts reports: ``{gpu, rdma, disk, engine_runtime}``.
 
     ``engine_runtime`` is empty when ``engine_python`` is not set. Raises :class:`PreflightError` naming the
@@ -235,4 +275,6 @@ def node_facts(nvidia_smi, sysfs_root, paths, engine_python=None, engine_modules
     }
     if engine_python:
         facts["engine_runtime"] = engine_runtime(engine_python, engine_modules, run=run, which=which)
+    if image_cuda_version:
+        facts["image_cuda"] = driver_fits_cuda(facts["gpu"].get("driver_version"), image_cuda_version)
     return facts

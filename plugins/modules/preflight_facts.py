@@ -37,6 +37,12 @@ options:
     type: list
     elements: str
     default: [vllm]
+  image_cuda_version:
+    description:
+      - CUDA version the engine image is built for (for example C(12.9) or C(13.0)). Set, RV(image_cuda) says
+        whether the node's driver runs it (CUDA 13 images need R580 or newer, 12.x R525, 11.x 450.80.02; NVIDIA's
+        CUDA Toolkit Release Notes). On Kubernetes the engine runs in the image, so its CUDA, not this host's, counts.
+    type: str
 extends_documentation_fragment:
   - llmops.serving.attributes
   - llmops.serving.attributes.info_module
@@ -100,6 +106,13 @@ engine_runtime:
   description: Import check of O(engine_modules) in O(engine_python); empty when not requested.
   returned: always
   type: dict
+image_cuda:
+  description:
+    - The node's driver against O(image_cuda_version) - C(cuda), C(driver), C(min_driver), C(ok) (true, false, or
+      null where it cannot be told) and C(reason).
+  returned: when O(image_cuda_version) is set
+  type: dict
+  sample: {cuda: "13.0", driver: "570.86.15", min_driver: "580", ok: false, reason: "driver 570.86.15 is older ..."}
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -115,6 +128,7 @@ def main():
             paths=dict(type="list", elements="path", default=[]),
             engine_python=dict(type="path"),
             engine_modules=dict(type="list", elements="str", default=["vllm"]),
+            image_cuda_version=dict(type="str"),
         ),
         supports_check_mode=True,
     )
@@ -122,7 +136,7 @@ def main():
     try:
         facts = _preflight.node_facts(p["nvidia_smi"], p["sysfs_root"], p["paths"],
                                       engine_python=p["engine_python"], engine_modules=p["engine_modules"],
-                                      which=module.get_bin_path)
+                                      which=module.get_bin_path, image_cuda_version=p["image_cuda_version"])
     except _preflight.PreflightError as e:
         module.fail_json(msg=str(e))
     module.exit_json(changed=False, ansible_facts={_preflight.FACT_NAME: facts}, **facts)

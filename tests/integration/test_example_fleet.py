@@ -161,6 +161,29 @@ def test_every_engine_pod_lands_only_on_a_node_that_staged_the_revision(fleet):
     assert "engine pods only on h20-gpu-01" in fleet["out"]
 
 
+def test_kernel_cache_and_driver_check_use_the_images_versions_not_the_hosts(tmp_path):
+    """On the Kubernetes path the fingerprint is computed from the declared image versions (no engine Python on the
+    node is run: gather is off) and preflight checks the node's driver against the image's CUDA."""
+    from ansible_collections.llmops.serving.plugins.module_utils import _fingerprint
+    with open(os.path.join(INVENTORY, "group_vars", "all", "main.yml")) as f:
+        inv = yaml.safe_load(f)
+    with open(os.path.join(INVENTORY, "group_vars", "gpu_nodes", "main.yml")) as f:
+        gpu = yaml.safe_load(f)
+    assert inv["kernel_cache_gather"] is False and gpu["preflight_engine_python"] == ""
+    image, node = inv["engine_image_versions"], inv["engine_gpu"]
+    assert gpu["preflight_image_cuda_version"] == "{{ engine_image_versions.cuda }}"
+    model = tmp_path / "model"
+    stage_synth.write_checkpoint(str(model), 4096, shards=1)
+    fps = {_fingerprint.compute("vllm", engine_version=image["engine"],
+                                versions={k: image[k] for k in ("torch", "triton", "cuda")},
+                                driver_version=node["driver_version"], gpu_name=node["name"],
+                                compute_capability=node["compute_capability"], parallel={"tp": 8},
+                                model_path=str(model), kv_cache_dtype="fp8", gather=False,
+                                engine_python=python)["fingerprint"]
+           for python in (sys.executable, "/nonexistent/python3")}
+    assert len(fps) == 1
+
+
 def test_every_site_value_is_marked():
     """The values a site must change carry '# CHANGE:' (hosts, NFS path, image, namespace, selectors, NICs)."""
     marked = []
@@ -169,5 +192,6 @@ def test_every_site_value_is_marked():
             with open(os.path.join(dirpath, name)) as f:
                 marked += [ln.split(":")[0].strip() for ln in f if "# CHANGE" in ln]
     for key in ("model_stage_src_root", "engine_image", "engine_namespace", "pd_disagg_image", "ansible_host",
-                "model_stage_fleet_slots_dir", "pd_disagg_rdma_resource", "k8s_node_name", "pd_disagg_proxy_image"):
+                "model_stage_fleet_slots_dir", "pd_disagg_rdma_resource", "k8s_node_name", "pd_disagg_proxy_image",
+                "engine_image_versions", "engine_gpu"):
         assert key in marked, key

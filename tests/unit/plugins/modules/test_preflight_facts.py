@@ -209,3 +209,22 @@ def test_sysfs_attribute_that_is_a_fifo_or_device_reads_as_unknown_without_block
     assert not t.is_alive(), "rdma_devices blocked"
     p = box["r"]["devices"][0]["ports"][0]
     assert (p["link_layer"], p["state"], p["rate"]) == ("Ethernet", "unknown", "unknown")
+
+
+def test_the_nodes_driver_is_checked_against_the_images_cuda(run_module, tmp_path):
+    """CUDA 13.x images need driver R580 or newer, 12.x R525 (NVIDIA's CUDA Compatibility guide, Minor Version
+    Compatibility Table 1, and the CUDA Toolkit Release Notes' driver table)."""
+    smi = _fake_bin(tmp_path, "nvidia-smi", NVSMI_8xH20)  # driver 570.86.15
+    r = run_module(preflight_facts, {"nvidia_smi": smi, "sysfs_root": str(tmp_path / "sys"), "image_cuda_version": "13.0"})
+    assert r["image_cuda"]["ok"] is False and r["image_cuda"]["min_driver"] == "580"
+    assert "driver 570.86.15 is older than CUDA 13 images need (R580 or newer" in r["image_cuda"]["reason"]
+    assert r["ansible_facts"]["preflight_node"]["image_cuda"] == r["image_cuda"]
+    ok = run_module(preflight_facts, {"nvidia_smi": smi, "sysfs_root": str(tmp_path / "sys"), "image_cuda_version": "12.9"})
+    assert ok["image_cuda"]["ok"] is True
+    assert _preflight.driver_fits_cuda("580.65.06", "13.0")["ok"] is True
+    assert _preflight.driver_fits_cuda("450.80.01", "11.8")["ok"] is False
+    # no GPU driver seen, or a CUDA the table does not know: cannot be told, never a pass
+    assert _preflight.driver_fits_cuda("", "13.0")["ok"] is None
+    assert _preflight.driver_fits_cuda("590.1", "14.0")["ok"] is None
+    with pytest.raises(_preflight.PreflightError, match="image_cuda_version: 'cu129' is not a CUDA version"):
+        _preflight.driver_fits_cuda("580.65.06", "cu129")
