@@ -24,14 +24,14 @@ errors name the field, never a value read from the file.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
-import stat
 import time
 
 from ansible_collections.llmops.serving.plugins.module_utils import _units
+from ansible_collections.llmops.serving.plugins.module_utils._untrusted import (
+    UntrustedInput, check_value, load_json, read_text)
 
 SCHEMA = 2
 DATA_COUNTERS = {"tx": "port_xmit_data", "rx": "port_rcv_data"}
@@ -78,18 +78,12 @@ class RdmaError(Exception):
 
 
 def _read(path, limit=READ_LIMIT):
-    """Text of a sysfs/procfs attribute, or None. Never blocks (FIFOs) and never reads more than a page."""
+    """Text of a sysfs/procfs attribute, or None, through the shared reader: a FIFO, a device or a socket in an
+    attribute's place is None without blocking, and more than a page is not an attribute."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
+        return read_text(path, max_bytes=limit, errors="replace").strip()
+    except (OSError, UntrustedInput):
         return None
-    try:
-        data = os.read(fd, limit)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return data.decode("utf-8", errors="replace").strip()
 
 
 def _port_sort_key(p):
@@ -410,12 +404,15 @@ def validate_snapshot(doc, label="baseline", file=None):
     and what it must be, never the value found there.
     """
     try:
+        # depth and number range first (without recursion): taken_at 10**400 would overflow math.isfinite
+        check_value(doc, label, file=file)
+    except UntrustedInput as e:
+        raise RdmaError("%s; %s" % (e, _RETAKE), file=file)
+    try:
         _check_snapshot(doc)
     except _Bad as e:
         where = (" " + e.where) if e.where else ""
         raise RdmaError("%s:%s %s; %s" % (label, where, e.what, _RETAKE), file=file)
-    except RecursionError:
-        raise RdmaError("%s: nests too deeply to be a snapshot; %s" % (label, _RETAKE), file=file)
 
 
 def validate_baseline(baseline):
@@ -423,57 +420,29 @@ def validate_baseline(baseline):
     validate_snapshot(baseline, "baseline")
 
 
-def _refuse_constant(name):
-    raise ValueError("%s is not a JSON number" % name)
-
-
 def load_snapshot_file(path, label="baseline_file"):
-    """Read and validate a snapshot written as JSON (``{{ before.snapshot | to_json }}``).
+    """Read and validate a snapshot written as JSON (``{{ before.snapshot | to_json }}``) through the shared
+    reader (regular file only, without blocking; size, nesting and numbers capped).
 
     Errors name the file, the field and the fix; they never quote the file.
     """
     head = "%s: %s" % (label, path)
+    fix = "point %s at the JSON file the baseline run wrote" % label
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        raise RdmaError("%s cannot be opened (%s); point %s at the JSON file the baseline run wrote"
-                        % (head, e.strerror or e.__class__.__name__, label), file=path)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise RdmaError("%s is not a regular file; point %s at the JSON file the baseline run wrote"
-                            % (head, label), file=path)
-        if st.st_size > MAX_SNAPSHOT_FILE_BYTES:
-            raise RdmaError("%s is %d bytes, more than the %d a snapshot can be; point %s at the JSON file "
-                            "the baseline run wrote" % (head, st.st_size, MAX_SNAPSHOT_FILE_BYTES, label), file=path)
-        chunks, size = [], 0
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > MAX_SNAPSHOT_FILE_BYTES:
-                raise RdmaError("%s grew past %d bytes while being read; point %s at a finished snapshot file"
-                                % (head, MAX_SNAPSHOT_FILE_BYTES, label), file=path)
-            chunks.append(chunk)
-    except OSError as e:
-        raise RdmaError("%s cannot be read (%s)" % (head, e.strerror or e.__class__.__name__), file=path)
-    finally:
-        os.close(fd)
-    try:
-        text = b"".join(chunks).decode("utf-8")
-    except UnicodeDecodeError:
-        raise RdmaError("%s is not UTF-8 text, so not a JSON snapshot; %s" % (head, _RETAKE), file=path)
-    try:
-        doc = json.loads(text, parse_constant=_refuse_constant)
-    except json.JSONDecodeError as e:
-        raise RdmaError("%s is not JSON (%s at line %d column %d); write it with "
-                        "'{{ before.snapshot | to_json }}'" % (head, e.msg, e.lineno, e.colno), file=path)
-    except ValueError as e:
-        raise RdmaError("%s is not JSON (%s); write it with '{{ before.snapshot | to_json }}'" % (head, e),
-                        file=path)
-    except RecursionError:
-        raise RdmaError("%s nests too deeply to be a snapshot; %s" % (head, _RETAKE), file=path)
+        doc = load_json(path, label, max_bytes=MAX_SNAPSHOT_FILE_BYTES)
+    except OSError as e:  # missing
+        raise RdmaError("%s cannot be opened (%s); %s" % (head, e.strerror or e.__class__.__name__, fix), file=path)
+    except UntrustedInput as e:
+        if e.limit == "type":
+            raise RdmaError("%s is not a regular file; %s" % (head, fix), file=path)
+        if e.limit == "size":
+            raise RdmaError("%s is over %d bytes, more than a snapshot can be; %s"
+                            % (head, MAX_SNAPSHOT_FILE_BYTES, fix), file=path)
+        if e.limit == "encoding":
+            raise RdmaError("%s is not UTF-8 text, so not a JSON snapshot; %s" % (head, _RETAKE), file=path)
+        if e.limit == "syntax":
+            raise RdmaError("%s; write it with '{{ before.snapshot | to_json }}'" % e, file=path)
+        raise RdmaError("%s; %s" % (e, _RETAKE if e.limit in ("depth", "number") else fix), file=path)
     validate_snapshot(doc, head, file=path)
     return doc
 

@@ -95,7 +95,7 @@ def parse_header(path, n, data):
             raise CheckpointError(path, "header JSON is nested too deeply to be a safetensors header (over %d "
                                   "levels)" % MAX_HEADER_DEPTH)
         if e.limit == "number":
-            raise CheckpointError(path, "header holds a number that is not a finite value within +/-2**63")
+            raise CheckpointError(path, "header holds a number that is not a finite value within +/-2**64")
         raise CheckpointError(path, "header is not valid UTF-8 JSON (%s)" % _short(e))
     if not isinstance(header, dict):
         raise CheckpointError(path, "header is not a JSON object")

@@ -33,8 +33,9 @@ import stat
 MAX_BYTES = 16 * 1024 * 1024
 #: Default nesting cap: the deepest document the collection writes nests fewer than 10 levels.
 MAX_DEPTH = 64
-#: Largest magnitude a number may have: byte counts, nanoseconds since the epoch and counters all fit.
-MAX_ABS_NUMBER = 2 ** 63
+#: Largest magnitude a number may have: byte counts, nanoseconds since the epoch, safetensors offsets and
+#: unsigned 64-bit hardware counters (an RDMA counter saturates at ``2**64 - 1``) all fit.
+MAX_ABS_NUMBER = 2 ** 64
 #: Longest integer literal accepted (digits); a longer one is refused before conversion.
 _MAX_INT_DIGITS = 20
 #: Longest YAML scalar that may be read as a number; a longer one is refused before conversion (Python refuses
@@ -199,7 +200,7 @@ def _check_number(value, field, file):
         raise UntrustedInput("%s holds a number that is not finite (NaN or infinity), so it is refused" % field,
                              file=file, limit="number")
     if abs(value) > MAX_ABS_NUMBER:
-        raise UntrustedInput("%s holds a number beyond +/-2**63, so it is refused" % field, file=file,
+        raise UntrustedInput("%s holds a number beyond +/-2**64, so it is refused" % field, file=file,
                              limit="number")
 
 
@@ -208,12 +209,12 @@ class _NumberOutOfRange(ValueError):
 
 
 def _refuse_constant(name):
-    raise _NumberOutOfRange("%s is not a finite JSON number" % name)
+    raise _NumberOutOfRange("holds %s, not a finite JSON number" % name)
 
 
 def _parse_int(text):
     if len(text.lstrip("-")) > _MAX_INT_DIGITS:
-        raise _NumberOutOfRange("an integer of %d digits is out of range" % len(text.lstrip("-")))
+        raise _NumberOutOfRange("holds a number beyond +/-2**64 (an integer of %d digits)" % len(text.lstrip("-")))
     return int(text)
 
 
@@ -235,7 +236,7 @@ def loads_json(data, field, max_depth=MAX_DEPTH, file=None, max_bytes=MAX_BYTES,
         raise UntrustedInput("%s is not JSON (%s at line %d column %d)" % (field, e.msg, e.lineno, e.colno),
                              file=file, limit="syntax")
     except _NumberOutOfRange as e:
-        raise UntrustedInput("%s is refused: %s" % (field, e), file=file, limit="number")
+        raise UntrustedInput("%s %s, so it is refused" % (field, e), file=file, limit="number")
     except ValueError as e:  # Python's own integer-size limit, or object_pairs_hook's refusal
         raise UntrustedInput("%s is refused: %s" % (field, str(e)[:160]), file=file, limit="syntax")
     except RecursionError:

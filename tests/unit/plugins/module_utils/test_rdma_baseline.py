@@ -279,6 +279,14 @@ def _valid(tmp_path):
     return snap
 
 
+def _deep_list(depth):
+    top = leaf = []
+    for _ in range(depth - 1):
+        leaf.append([])
+        leaf = leaf[0]
+    return top
+
+
 def _set(path, value):
     def mutate(doc):
         *parents, last = path
@@ -326,6 +334,12 @@ MALFORMED = [
     ("kv sources list", _set(("kv", "prompt_tokens_by_source"), [SECRET]),
      "baseline: kv.prompt_tokens_by_source must be a mapping (got a list)"),
     ("selection string", _set(("selection", "devices"), SECRET), "baseline: selection.devices must be a list"),
+    # before: math.isfinite(10**400) raised OverflowError out of the module
+    ("taken_at 10**400", _set(("taken_at",), 10 ** 400), "baseline holds a number beyond +/-2**64, so it is refused"),
+    ("taken_at inf", _set(("taken_at",), float("inf")), "baseline holds a number that is not finite"),
+    ("kv bytes 10**400", _set(("kv", "bytes"), -10 ** 400), "baseline holds a number beyond +/-2**64"),
+    ("kv nested", _set(("kv", "engine"), _deep_list(70)),
+     "baseline nests deeper than 64 levels"),
 ]
 
 

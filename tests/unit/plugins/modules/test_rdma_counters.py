@@ -289,8 +289,8 @@ def _write(path, data):
     (b'{"schema": 2, "ports": {"a/1": "' + SECRET.encode(), "is not JSON (Unterminated string"),
     (b"", "is not JSON (Expecting value at line 1 column 1)"),
     (b"\xff\xfe" + SECRET.encode(), "is not UTF-8 text"),
-    (b"[" * 200000 + b"]" * 200000, "nests too deeply"),
-    (b'{"schema": NaN}', "is not JSON (NaN is not a JSON number)"),
+    (b"[" * 200000 + b"]" * 200000, "nests deeper than 64 levels"),
+    (b'{"schema": NaN}', "holds NaN, not a finite JSON number, so it is refused"),
     (json.dumps([SECRET]).encode(), ": must be a mapping (the 'snapshot' of an earlier rdma_counters run), not a list"),
     (json.dumps(SECRET).encode(), ": must be a mapping (the 'snapshot' of an earlier rdma_counters run), not a string"),
     (json.dumps({"schema": 2, "taken_at": 1, "host": {"boot_id": None, "hostname": None},
@@ -356,3 +356,24 @@ def test_unreachable_metrics_url_does_not_echo_credentials(run_module, tmp_path,
     r = run_module(rdma_counters, {"sysfs_root": sysfs,
                                    "nixl_metrics": "http://scrape:%s@127.0.0.1:%d/metrics" % (SECRET, METRICS_PORT)})
     assert r["failed"] and r["reason"] == "credentials_in_url" and SECRET not in r["msg"], r
+
+
+@pytest.mark.parametrize("taken_at", ["1" + "0" * 400, "1e400", "-1e400"])
+def test_baseline_taken_at_out_of_range_fails_cleanly(run_module, tmp_path, taken_at):
+    """Before: taken_at 10**400 raised OverflowError (math.isfinite) and the module died with a traceback."""
+    root = tree(tmp_path, "roce_mlx5")
+    snap = run_module(rdma_counters, {"sysfs_root": root})["snapshot"]
+    text = json.dumps(snap).replace('"taken_at": %s' % json.dumps(snap["taken_at"]), '"taken_at": %s' % taken_at)
+    path = _write(tmp_path / "baseline.json", text.encode())
+    r = run_module(rdma_counters, {"sysfs_root": root, "baseline_file": path})
+    assert r["failed"] and r["msg"].startswith("baseline_file: %s" % path) and r["file"] == path, r
+    assert "holds a number" in r["msg"] and "take a new baseline" in r["msg"]
+    r = run_module(rdma_counters, {"sysfs_root": root, "baseline": dict(snap, taken_at=10 ** 400)})
+    assert r["failed"] and r["msg"].startswith("baseline holds a number beyond +/-2**64"), r
+
+
+def test_baseline_file_linked_to_dev_zero_is_refused_before_reading(run_module, tmp_path):
+    link = tmp_path / "baseline.json"
+    link.symlink_to("/dev/zero")
+    r = run_module(rdma_counters, {"sysfs_root": tree(tmp_path, "roce_mlx5"), "baseline_file": str(link)})
+    assert r["failed"] and r["msg"].startswith("baseline_file: %s is not a regular file" % link)
