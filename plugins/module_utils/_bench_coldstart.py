@@ -24,11 +24,11 @@ model construction: the rest until the port opens), ``health``, ``model_listed``
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 
-from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _kcache
+from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _kcache, _process
+from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, load_json
 
 STATES = ("shared_fs", "nvme", "nvme_kernel_cache")
 STATE_LABELS = {"shared_fs": "weights from the shared filesystem", "nvme": "weights on node NVMe (staged)",
@@ -41,6 +41,10 @@ INIT_RE = re.compile(r"init engine \(profile, create kv cache, warmup model\) to
 COMPILE_RE = re.compile(r"torch\.compile takes? ([0-9.]+) ?s in total")
 DYNAMO_RE = re.compile(r"Dynamo bytecode transform time: ([0-9.]+) ?s")
 PHASES = ("weights_load", "compile", "engine_init", "process_other", "health", "model_listed", "first_correct")
+
+
+#: The end of the engine's log that is read for the last start's phases.
+LOG_TAIL_BYTES = 8 * 1024 * 1024
 
 
 class ColdstartError(Exception):
@@ -64,7 +68,7 @@ def evict(path):
             if os.path.islink(full) or not os.path.isfile(full):
                 continue
             try:
-                fd = os.open(full, os.O_RDONLY)
+                fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
             except OSError:
                 continue
             try:
@@ -141,15 +145,30 @@ def phases(timeline, log):
     return dict((k, (round(v, 3) if v is not None else None)) for k, v in ((p, out.get(p)) for p in PHASES))
 
 
+def shape_problem(doc):
+    """Why ``doc`` is not a cold-start file this module wrote (naming the field), or None."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("states"), list):
+        return "expected {states: [...]}"
+    for i, st in enumerate(doc["states"]):
+        if not isinstance(st, dict) or st.get("state") not in STATES or not isinstance(st.get("reps"), list):
+            return "states[%d]: expected {state: one of %s, reps: [...]}" % (i, ", ".join(STATES))
+        for j, rep in enumerate(st["reps"]):
+            if not isinstance(rep, dict):
+                return "states[%d].reps[%d]: expected a mapping" % (i, j)
+            r = rep.get("rep")
+            if r is not None and (isinstance(r, bool) or not isinstance(r, int)):
+                return "states[%d].reps[%d].rep: expected an integer" % (i, j)
+    return None
+
+
 def record(coldstart_file, state, rep, timeline, log_file, started_at=None, extra=None):
     """Add one start to ``coldstart_file`` (``{states: [{state, label, reps: [...]}]}``); returns the rep."""
     check_state(state)
-    try:
-        with open(log_file, "rb") as f:
-            text = f.read().decode("utf-8", "replace")
-    except OSError as e:
-        raise ColdstartError("log_file: cannot read %s (%s); pass the engine's log (engine_log_file)"
-                             % (log_file, e.strerror), file=log_file)
+    data = _process.read_part(log_file, LOG_TAIL_BYTES, from_end=True)
+    if data is None:
+        raise ColdstartError("log_file: %s is missing, unreadable or not a regular file; pass the engine's log "
+                             "(engine_log_file)" % log_file, file=log_file)
+    text = data.decode("utf-8", "replace")
     log = parse_log(last_start(text))
     if not isinstance(timeline, dict) or timeline.get("first_correct") is None:
         raise ColdstartError("timeline: no first correct answer in %r; pass engine_probe's timeline of a start that "
@@ -159,13 +178,15 @@ def record(coldstart_file, state, rep, timeline, log_file, started_at=None, extr
              "log": log, "started_at": started_at}
     entry.update(extra or {})
     doc = {"states": []}
-    if os.path.exists(coldstart_file):
+    if os.path.lexists(coldstart_file):
         try:
-            with open(coldstart_file) as f:
-                doc = json.load(f)
-        except (OSError, ValueError) as e:
-            raise ColdstartError("coldstart_file: %s is not readable JSON (%s); remove it to start over"
-                                 % (coldstart_file, e), file=coldstart_file)
+            doc = load_json(coldstart_file, "coldstart_file")
+        except (OSError, UntrustedInput) as e:
+            raise ColdstartError("%s; remove it to start over" % e, file=coldstart_file)
+        problem = shape_problem(doc)
+        if problem:
+            raise ColdstartError("coldstart_file: %s cannot be used (%s); remove it to start over"
+                                 % (coldstart_file, problem), file=coldstart_file)
     by_state = dict((s["state"], s) for s in doc.get("states", []))
     if state not in by_state:
         by_state[state] = {"state": state, "label": STATE_LABELS[state], "reps": []}

@@ -249,6 +249,17 @@ def caveats(report):
     meta = report.get("meta") or {}
     protocol = meta.get("protocol") or {}
     stopped = report.get("stopped")
+    unused = [u for u in meta.get("files_not_used") or [] if isinstance(u, dict)]
+    if unused:
+        add("files_not_used", "%d file(s) of the run could not be used and are left out of every figure: %s. "
+            "Fix or remove them (a round is measured again by running playbooks/benchmark.yml from the start)."
+            % (len(unused), "; ".join("%s: %s" % (u.get("file"), u.get("reason")) for u in unused[:8])
+               + (" and %d more" % (len(unused) - 8) if len(unused) > 8 else "")))
+    invalid = [(c, s) for c in cells for s in c.get("samples") or [] if isinstance(s, dict) and s.get("invalid")]
+    if invalid:
+        add("impossible_samples", "%d request(s) were recorded by the client with timings that cannot be (%s); "
+            "they are kept as failed requests with the reason and left out of the latencies."
+            % (len(invalid), _some("%s: %s" % (_cell_name(c), s.get("error")) for c, s in invalid)))
     if stopped:
         add("stopped_early", "The run stopped after round %d of %d (%s): cells measured after that point are "
             "missing and the ladder is incomplete." % (stopped["after_round"], stopped["of_rounds"], stopped["reason"]))

@@ -29,7 +29,8 @@ import re
 import shutil
 import time
 
-from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _http, _prom, _rdma, _timeline, _units
+from ansible_collections.llmops.serving.plugins.module_utils import _bench_stats, _fsutil, _http, _prom, _rdma, _timeline, _units
+from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, load_json, loads_json
 
 PLAN_SCHEMA = 1
 ROUND_SCHEMA = 1
@@ -409,20 +410,72 @@ def write_plan(out_dir, doc):
                               newline=True)
 
 
-def read_json(path, what):
+#: Cap for a round file or a client result: per-request samples with every inter-token gap (4096 requests of
+#: 4096 tokens is about 200 MiB of JSON).
+MAX_ROUND_BYTES = 256 * 1024 * 1024
+#: Fields of a planned round and their types (a saved round carries them too).
+ROUND_FIELDS = (("index", int, 1), ("concurrency", int, 1), ("input_len", int, 1), ("output_len", int, 1),
+                ("num_prompts", int, 1), ("seed", int, 0), ("rep", int, 0))
+
+
+def read_json(path, what, max_bytes=None):
+    """The JSON document in ``path``, read through the collection's reader for untrusted files (regular file
+    only, size, nesting depth, finite numbers); BenchError naming ``what``, the file and the limit."""
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise BenchError("%s: cannot read %s (%s); run playbooks/benchmark.yml again from the start"
-                         % (what, path, e), reason="missing_file", file=path)
+        return load_json(path, what, **({"max_bytes": max_bytes} if max_bytes else {}))
+    except FileNotFoundError:
+        raise BenchError("%s: %s does not exist; run playbooks/benchmark.yml again from the start" % (what, path),
+                         reason="missing_file", file=path)
+    except (OSError, UntrustedInput) as e:
+        raise BenchError("%s; run playbooks/benchmark.yml again from the start" % e, reason="bad_file", file=path)
+
+
+def round_shape_problem(r, where):
+    """Why ``r`` is not a round as the plan writes it (a sentence naming the field), or None."""
+    if not isinstance(r, dict):
+        return "%s is a %s, not a round" % (where, type(r).__name__)
+    for key, kind, least in ROUND_FIELDS:
+        v = r.get(key)
+        if isinstance(v, bool) or not isinstance(v, kind) or v < least:
+            return "%s.%s: expected an integer >= %d, got %s" % (where, key, least, _shown(v))
+    if r.get("kind") not in ("warmup", "measure"):
+        return "%s.kind: expected warmup or measure, got %s" % (where, _shown(r.get("kind")))
+    if not isinstance(r.get("target"), str) or not r["target"]:
+        return "%s.target: expected the target's name, got %s" % (where, _shown(r.get("target")))
+    return None
+
+
+def _shown(v):
+    """A value for an error message: numbers and short names as they are, anything else by its type."""
+    if v is None or isinstance(v, (bool, int, float)):
+        return repr(v)
+    if isinstance(v, str) and len(v) <= 64:
+        return repr(v)
+    return "a %s" % type(v).__name__
 
 
 def read_plan(out_dir):
-    doc = read_json(os.path.join(out_dir, "plan.json"), "benchmark_out_dir")
+    path = os.path.join(out_dir, "plan.json")
+    doc = read_json(path, "benchmark_out_dir")
+    problem = None
     if not isinstance(doc, dict) or doc.get("schema") != PLAN_SCHEMA or not isinstance(doc.get("rounds"), list):
-        raise BenchError("benchmark_out_dir: %s/plan.json is not a plan of this version; run "
-                         "playbooks/benchmark.yml again from the start" % out_dir, file=os.path.join(out_dir, "plan.json"))
+        problem = "it is not a plan of this version"
+    else:
+        targets = doc.get("targets")
+        if not isinstance(targets, list) or not targets or not all(
+                isinstance(t, dict) and all(isinstance(t.get(k), str) for k in ("name", "url", "model"))
+                for t in targets):
+            problem = "targets: expected a list of {name, url, model}"
+        for i, r in enumerate(doc["rounds"]):
+            problem = problem or round_shape_problem(r, "rounds[%d]" % i)
+        if not problem and not all(isinstance(doc.get(k), dict) for k in ("protocol",)):
+            problem = "protocol: expected a mapping"
+        if not problem and (isinstance(doc.get("started_at"), bool)
+                            or not isinstance(doc.get("started_at"), (int, float))):
+            problem = "started_at: expected a time in seconds"
+    if problem:
+        raise BenchError("benchmark_out_dir: %s is not a plan of this version (%s); run playbooks/benchmark.yml "
+                         "again from the start" % (path, problem), file=path)
     return doc
 
 
@@ -430,27 +483,87 @@ def round_path(out_dir, index):
     return os.path.join(out_dir, "rounds", "%03d.json" % index)
 
 
-def done_rounds(out_dir):
-    """Round records saved so far, by index."""
-    out = {}
+def round_problem(rec, index, plan_doc=None):
+    """Why the saved round ``rec`` (file ``rounds/<index>.json``) cannot be used, naming the field or the
+    sample; None when it can. Checks the fields the report and the progress line read, every sample
+    (:func:`_bench_stats._check_sample`: a negative or non-finite latency, TTFT above E2EL), and that it
+    is the round the plan has at that index."""
+    problem = round_shape_problem(rec, "round")
+    if problem:
+        return problem
+    if rec["index"] != index:
+        return "round.index: %d is not the index of its file name (%d)" % (rec["index"], index)
+    for key in ("duration_s", "wall_s"):
+        v = rec.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            return "round.%s: expected a non-negative number of seconds, got %s" % (key, _shown(v))
+    for key in ("client", "evidence"):
+        if rec.get(key) is not None and not isinstance(rec[key], dict):
+            return "round.%s: expected a mapping or null, got %s" % (key, _shown(rec[key]))
+    failed = rec.get("failed")
+    if isinstance(failed, bool) or not isinstance(failed, int) or failed < 0:
+        return "round.failed: expected a non-negative integer, got %s" % _shown(failed)
+    try:
+        _bench_stats.round_summary(rec.get("samples"), rec["duration_s"], where="round.samples",
+                                   duration_where="round.duration_s")
+    except ValueError as e:
+        return str(e)
+    if plan_doc is not None:
+        planned = next((r for r in plan_doc["rounds"] if r["index"] == index), None)
+        if planned is None:
+            return "round %d is not in plan.json (%d rounds)" % (index, len(plan_doc["rounds"]))
+        differs = [k for k in ("target", "kind", "concurrency", "input_len", "output_len", "seed", "rep")
+                   if rec.get(k) != planned.get(k)]
+        if differs:
+            return "round.%s: differs from round %d of plan.json" % (differs[0], index)
+    return None
+
+
+def read_rounds(out_dir, plan_doc=None):
+    """``(rounds by index, problems)``: the round records saved so far, and ``[{file, reason}]`` for every
+    round file that cannot be read or used (not a regular file, over :data:`MAX_ROUND_BYTES`, nested too
+    deeply, a number out of range, fields of the wrong type, an impossible sample), named, never dropped
+    silently."""
+    out, problems = {}, []
     d = os.path.join(out_dir, "rounds")
     for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
         m = re.match(r"^(\d{3,})\.json$", name)
         if not m:
             continue
+        path = os.path.join(d, name)
+        rel = os.path.join("rounds", name)
         try:
-            with open(os.path.join(d, name)) as f:
-                out[int(m.group(1))] = json.load(f)
-        except (OSError, ValueError):
+            rec = load_json(path, "round file", max_bytes=MAX_ROUND_BYTES)
+        except FileNotFoundError:
+            continue  # removed while listed
+        except (OSError, UntrustedInput) as e:
+            problems.append({"file": rel, "reason": str(e)})
             continue
-    return out
+        problem = round_problem(rec, int(m.group(1)), plan_doc)
+        if problem:
+            problems.append({"file": rel, "reason": "round file: %s: %s" % (path, problem)})
+            continue
+        out[int(m.group(1))] = rec
+    return out, problems
+
+
+def done_rounds(out_dir, plan_doc=None):
+    """Round records saved so far, by index (those that cannot be used are left out: see :func:`read_rounds`)."""
+    return read_rounds(out_dir, plan_doc)[0]
 
 
 def read_stopped(out_dir):
     path = os.path.join(out_dir, "stopped.json")
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return None
-    return read_json(path, "benchmark_out_dir")
+    doc = read_json(path, "benchmark_out_dir")
+    problem = round_shape_problem(dict(doc, kind=doc.get("kind"), num_prompts=1) if isinstance(doc, dict) else doc,
+                                  "stopped")
+    if not problem and not all(isinstance(doc.get(k), str) for k in ("reason", "message")):
+        problem = "stopped: expected reason and message strings"
+    if problem:
+        raise BenchError("benchmark_out_dir: %s cannot be used (%s)" % (path, problem), reason="bad_file", file=path)
+    return doc
 
 
 # --------------------------------------------------------------------------------------------- #
@@ -480,10 +593,32 @@ def _ms(seconds):
     return None if seconds is None else round(float(seconds) * 1000.0, 4)
 
 
+def _client_number(values, i, what):
+    """``values[i]`` as a float, or a reason why it cannot be one request's figure."""
+    v = values[i] if i < len(values) else None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None, "its %s is %s" % (what, "missing" if v is None else "%r, not a finite number" % (v,)
+                                        if isinstance(v, (int, float)) else "a %s" % type(v).__name__)
+    return float(v), None
+
+
+def _count(values, i):
+    v = values[i] if i < len(values) else 0
+    if v is None:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        return None
+    return v
+
+
 def samples_from_result(doc, seed):
     """Per-request samples from a ``--save-detailed`` result: ``{ttft_ms, tpot_ms, itl_ms, e2el_ms,
     output_tokens, input_tokens, seed, ok, error}``. A failed request stays, with ``ok: false``, its error and
-    no latencies. TPOT is (E2EL - TTFT) / (output tokens - 1), the client's own definition."""
+    no latencies. TPOT is (E2EL - TTFT) / (output tokens - 1), the client's own definition.
+
+    A request whose recorded timings cannot be (a negative or non-finite latency, TTFT above the end-to-end
+    latency, a token count that is not a count) is kept flagged: ``ok: false``, ``invalid: true`` and an
+    ``error`` that says what is impossible; its numbers stay out of every statistic."""
     for key in ("ttfts", "itls", "latencies", "input_lens", "output_lens", "errors"):
         if not isinstance(doc.get(key), list):
             raise BenchError("the client's result has no %s list (run it with --save-result --save-detailed)" % key,
@@ -492,19 +627,32 @@ def samples_from_result(doc, seed):
     out = []
     for i in range(n):
         err = doc["errors"][i] or ""
-        out_tokens = int(doc["output_lens"][i] or 0) if i < len(doc["output_lens"]) else 0
-        in_tokens = int(doc["input_lens"][i] or 0) if i < len(doc["input_lens"]) else 0
-        ok = not err and out_tokens > 0
-        s = {"seed": seed, "ok": ok, "error": err if not ok else "", "input_tokens": in_tokens,
-             "output_tokens": out_tokens, "ttft_ms": None, "tpot_ms": None, "itl_ms": [], "e2el_ms": None}
+        if not isinstance(err, str):
+            err = "the client recorded an error that is not text"
+        out_tokens, in_tokens = _count(doc["output_lens"], i), _count(doc["input_lens"], i)
+        bad = None
+        if out_tokens is None or in_tokens is None:
+            bad = "its token counts are not non-negative integers"
+        ok = not err and not bad and out_tokens > 0
+        s = {"seed": seed, "ok": ok, "error": err if not ok else "", "input_tokens": in_tokens or 0,
+             "output_tokens": out_tokens or 0, "ttft_ms": None, "tpot_ms": None, "itl_ms": [], "e2el_ms": None}
         if ok:
-            ttft = float(doc["ttfts"][i])
-            lat = float(doc["latencies"][i])
-            s["ttft_ms"] = _ms(ttft)
-            s["e2el_ms"] = _ms(lat)
-            s["tpot_ms"] = _ms((lat - ttft) / (out_tokens - 1)) if out_tokens > 1 else None
-            s["itl_ms"] = [_ms(x) for x in (doc["itls"][i] or [])]
-        elif not s["error"]:
+            ttft, bad = _client_number(doc["ttfts"], i, "TTFT")
+            lat, bad2 = _client_number(doc["latencies"], i, "end-to-end latency")
+            bad = bad or bad2
+            itls = doc["itls"][i] if i < len(doc["itls"]) else None
+            if not bad and itls is not None and not isinstance(itls, list):
+                bad = "its inter-token gaps are not a list"
+            if not bad:
+                gaps = [_ms(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                        else x for x in (itls or [])]
+                tpot = _ms((lat - ttft) / (out_tokens - 1)) if out_tokens > 1 else None
+                bad = _bench_stats.sample_problem(_ms(ttft), _ms(lat), gaps, tpot)
+            if not bad:
+                s.update(ttft_ms=_ms(ttft), e2el_ms=_ms(lat), tpot_ms=tpot, itl_ms=gaps)
+        if bad:
+            s.update(ok=False, invalid=True, error="impossible timings from the client for request %d: %s" % (i, bad))
+        elif not ok and not s["error"]:
             s["error"] = "no output tokens"
         out.append(s)
     return out
@@ -597,31 +745,38 @@ def run_round(out_dir, plan_doc, index, python, env=None, client_timeout=0, evid
         doc = result_from_output(client_output)
         if doc is not None:
             _fsutil.atomic_write_json(raw_path, doc, sort_keys=True, newline=True)
-        rc, seconds = (0 if doc is not None else 1), float((doc or {}).get("duration") or 0.0)
+        took = (doc or {}).get("duration")
+        took = float(took) if isinstance(took, (int, float)) and not isinstance(took, bool) and took >= 0 else 0.0
+        rc, seconds = (0 if doc is not None else 1), took
     else:
         argv = client_argv(python, target, rnd, plan_doc["tokenizer"], raw_dir, result_name,
                            ready_timeout=plan_doc.get("ready_timeout_s", 30))
         rc, seconds = runner(argv, log_path, client_timeout, env)
-    doc = None
-    if rc == 0 and os.path.exists(raw_path):
+    doc, refused = None, None
+    if rc == 0 and os.path.lexists(raw_path):
         try:
-            with open(raw_path) as f:
-                doc = json.load(f)
-        except (OSError, ValueError):
-            doc = None
+            doc = load_json(raw_path, "the client's result", max_bytes=MAX_ROUND_BYTES)
+        except (OSError, UntrustedInput) as e:
+            doc, refused = None, str(e)
+        if doc is not None and not isinstance(doc, dict):
+            doc, refused = None, "the client's result: %s is not a JSON object" % raw_path
     if doc is None:
-        dead = target_alive(target, opener=opener) if client_output is None else None
+        dead = target_alive(target, opener=opener) if client_output is None and not refused else None
         why = ("target %s stopped answering during round %d of %d: %s" % (target["name"], index, len(rounds), dead)
                if dead else
+               "%s (round %d of %d); see %s" % (refused, index, len(rounds), log_path) if refused else
                "the client (vllm bench serve) %s in round %d of %d; see %s: %s"
                % ("ran past %ss" % client_timeout if rc is None else "exited %s" % rc, index, len(rounds), log_path,
                   " | ".join(_tail(log_path, 6))))
         return None, _stop(out_dir, rnd, "target_down" if dead else "client_failed", why, now, log=log_path)
+    duration = doc.get("duration")
+    if isinstance(duration, bool) or not isinstance(duration, (int, float)) or duration < 0:
+        duration = None
     samples = samples_from_result(doc, rnd["seed"])
     record = dict(rnd)
     record.update({"schema": ROUND_SCHEMA, "started_at": started, "samples": samples,
                    "failed": sum(1 for s in samples if not s["ok"]),
-                   "duration_s": float(doc.get("duration") or seconds), "wall_s": round(seconds, 3),
+                   "duration_s": float(duration or seconds), "wall_s": round(seconds, 3),
                    "client": client_summary(doc), "raw": os.path.relpath(raw_path, out_dir),
                    "log": os.path.relpath(log_path, out_dir), "evidence": None})
     if ev_before is not None:
@@ -643,8 +798,8 @@ def result_from_output(text):
     for line in reversed((text or "").splitlines()):
         if line.startswith(RESULT_MARKER):
             try:
-                doc = json.loads(line[len(RESULT_MARKER):])
-            except ValueError:
+                doc = loads_json(line[len(RESULT_MARKER):], "the Job's result line", max_bytes=MAX_ROUND_BYTES)
+            except UntrustedInput:
                 return None
             return doc if isinstance(doc, dict) else None
     return None
@@ -852,7 +1007,7 @@ def build_report(out_dir, meta=None, unstable_threshold=0.2, n_boot=2000, rng_se
         targets = meta.pop("targets", None) or [{"name": "engine", "url": "", "model": ""}]
         return report.build(targets, [], meta, coldstart=coldstart)
     plan_doc = read_plan(out_dir)
-    done = done_rounds(out_dir)
+    done, unreadable = read_rounds(out_dir, plan_doc)
     cells = []
     for target, c, input_len, output_len, rounds in group_cells(plan_doc, done):
         cells.append(stats.cell(target, c, input_len, output_len, rounds, unstable_threshold=unstable_threshold,
@@ -890,7 +1045,13 @@ def build_report(out_dir, meta=None, unstable_threshold=0.2, n_boot=2000, rng_se
         meta.setdefault("notes", []).append(
             "repetitions of one seed send the same prompts: an engine with prefix caching may serve later "
             "repetitions from its cache")
-    stopped = read_stopped(out_dir)
+    try:
+        stopped = read_stopped(out_dir)
+    except BenchError as e:
+        stopped = None
+        unreadable.append({"file": "stopped.json", "reason": str(e)})
+    # named in the report (meta and a caveat), never dropped silently
+    meta["files_not_used"] = unreadable
     if stopped is not None:
         stopped = {"reason": stopped["message"], "code": stopped["reason"], "at_round": stopped["index"],
                    "after_round": stopped["index"] - 1, "of_rounds": len(plan_doc["rounds"]),

@@ -81,6 +81,28 @@ def _is_number(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+#: Slack when comparing TTFT with E2EL: both are rounded to 0.1 us when samples are written.
+TIMING_SLACK_MS = 0.001
+
+
+def sample_problem(ttft_ms, e2el_ms, itl_ms=(), tpot_ms=None):
+    """Why these timings of one request cannot be (a sentence), or None: a latency that is negative or not
+    finite, a TTFT above the end-to-end latency, an inter-token gap that is negative or not finite."""
+    for name, v in (("TTFT", ttft_ms), ("end-to-end latency", e2el_ms), ("TPOT", tpot_ms)):
+        if v is None:
+            continue
+        if not _is_number(v):
+            return "its %s is %r, not a finite number" % (name, v)
+        if v < 0:
+            return "its %s is negative (%r ms)" % (name, v)
+        if name == "end-to-end latency" and ttft_ms is not None and ttft_ms > e2el_ms + TIMING_SLACK_MS:
+            return "its TTFT (%r ms) is above its end-to-end latency (%r ms)" % (ttft_ms, e2el_ms)
+    for i, v in enumerate(itl_ms or ()):
+        if not _is_number(v) or v < 0:
+            return "its inter-token gap %d is %r, not a non-negative finite number" % (i, v)
+    return None
+
+
 def _check_sample(s, where):
     if not isinstance(s, dict):
         raise ValueError("%s: expected a dict of per-request fields, got %s" % (where, type(s).__name__))
@@ -97,8 +119,11 @@ def _check_sample(s, where):
         if not isinstance(itl, (list, tuple)):
             raise ValueError("%s.itl_ms: expected a list of numbers, got %s" % (where, type(itl).__name__))
         for i, v in enumerate(itl):
-            if not _is_number(v):
-                raise ValueError("%s.itl_ms[%d]: expected a number, got %r" % (where, i, v))
+            if not _is_number(v) or v < 0:
+                raise ValueError("%s.itl_ms[%d]: expected a non-negative number, got %r" % (where, i, v))
+    if s["ok"] and s.get("ttft_ms") is not None and s["ttft_ms"] > s["e2el_ms"] + TIMING_SLACK_MS:
+        raise ValueError("%s.ttft_ms: %r ms is above the request's end-to-end latency e2el_ms %r ms; a first token "
+                         "cannot come after the last" % (where, s["ttft_ms"], s["e2el_ms"]))
     err = s.get("error")
     if err is not None and not isinstance(err, str):
         raise ValueError("%s.error: expected a string or null, got %s" % (where, type(err).__name__))

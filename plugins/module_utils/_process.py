@@ -577,7 +577,7 @@ def _shell_script(argv):
     return None, (argv[i] if i < len(argv) else None)
 
 
-def _read_part(path, size, from_end=False):
+def read_part(path, size, from_end=False):
     """Up to ``size`` bytes from the start (or the end) of the regular file ``path``; None when it is absent,
     unreadable or not a regular file. Opened without blocking, so a FIFO or a device is refused at once (the
     rule of :mod:`_untrusted`, for reads that take only a part of a file that may be large)."""
@@ -607,7 +607,7 @@ def _read_part(path, size, from_end=False):
 
 def _shebang_shell(path):
     """Shell argv of a ``#!`` line naming a shell (``/bin/bash -e``, ``/usr/bin/env bash``), else None."""
-    head = _read_part(path, 256)
+    head = read_part(path, 256)
     if head is None or not head.startswith(b"#!"):
         return None
     line = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
@@ -617,7 +617,7 @@ def _shebang_shell(path):
 
 
 def _read_script(path):
-    data = _read_part(path, 1 << 20)
+    data = read_part(path, 1 << 20)
     return None if data is None else data.decode("utf-8", "replace")
 
 
@@ -1107,9 +1107,13 @@ def locate(run_dir, name, proc_root="/proc"):
             out["spec_hash"] = found["spec_hash"]
         out["group"] = found["group"]
         return out
+    if st.get("state") == "running" and eng:  # started before identities were recorded in the environment
+        return dict(st, supervisor_lost=True)
+    again = read_state_doc(p["state"])[0]
+    if again.get("state") in ("exited", "lost") and again != {k: v for k, v in st.items() if k != "state_file_error"}:
+        # the supervisor recorded the end while /proc was read
+        return again
     if st.get("state") == "running":
-        if eng:  # started before identities were recorded in the environment
-            return dict(st, supervisor_lost=True)
         return dict(st, state="lost", returncode=None)
     if not st.get("state"):
         return dict(st, state="absent")
@@ -1117,7 +1121,7 @@ def locate(run_dir, name, proc_root="/proc"):
 
 
 def log_tail(path, lines=40):
-    data = _read_part(path, 64 * 1024, from_end=True)
+    data = read_part(path, 64 * 1024, from_end=True)
     return [] if data is None else data.decode("utf-8", "replace").splitlines()[-lines:]
 
 
