@@ -221,3 +221,66 @@ def test_oom_killed_restart_fails_naming_the_oom_killer(run_module, cluster):
 def test_negative_max_restarts_is_refused(run_module):
     r = run_module(k8s_engine_wait, dict(ARGS, max_restarts=-1))
     assert r["failed"] is True and r["msg"].startswith("max_restarts:")
+
+
+# --------------------------------------------------------------------------------------------- #
+# objects: a recorded API answer judged by the same code, offline (rollouts from tests/lib/kube_controllers.py)
+# --------------------------------------------------------------------------------------------- #
+
+REPLAY = dict(namespace="llm-lab", selector={"app.kubernetes.io/name": "glm-5-2-fp8-vllm"}, workload_name="glm-5-2-fp8-vllm")
+
+
+def _rolled_cluster():
+    from ansible_collections.llmops.serving.tests.lib import kube_controllers as kc
+
+    cluster = kc.Cluster()
+    cluster.engines.update({"/models/a": kc.Engine(load_seconds=30), "/models/b": kc.Engine(load_seconds=30)})
+    cluster.apply(kc.deployment("/models/a"))
+    cluster.advance(120)
+    cluster.apply(kc.deployment("/models/b"))
+    return cluster
+
+
+def test_objects_replay_a_rollout_offline_rolling_then_ready(run_module):
+    cluster = _rolled_cluster()
+    cluster.advance(1)
+    mid = {"apiVersion": "v1", "kind": "List", "items": cluster.objects()}
+    r = run_module(k8s_engine_wait, dict(REPLAY, objects=mid))
+    assert r["failed"] is True and r["state"] == "waiting", r
+    assert r["rollout"]["state"] == "rolling" and "rolling" in r["msg"]
+    cluster.advance(240)
+    done = cluster.objects()
+    answer = {"object": "list", "data": [{"id": "glm-5.2-fp8-vllm", "root": "/models/b"}]}
+    r = run_module(k8s_engine_wait, dict(REPLAY, objects=done, models=answer))
+    assert not r.get("failed"), r["msg"]
+    assert r["state"] == "ready" and r["revision"]["model_path"] == "/models/b" and r["revision"]["proven"] is True
+    old = {"object": "list", "data": [{"id": "glm-5.2-fp8-vllm", "root": "/models/a"}]}
+    r = run_module(k8s_engine_wait, dict(REPLAY, objects=done, models=old))
+    assert r["failed"] is True and "not from the current revision's /models/b" in r["msg"]
+
+
+def test_objects_that_nest_too_deeply_are_refused_cleanly(run_module):
+    deep = []
+    for _i in range(200):
+        deep = [deep]
+    r = run_module(k8s_engine_wait, dict(REPLAY, objects=[{"kind": "Pod", "metadata": {"labels": deep}}]))
+    assert r["failed"] is True and r["reason"] == "depth" and r["msg"].startswith("objects")
+
+
+def test_objects_with_wrong_typed_fields_are_judged_not_raised(run_module):
+    cluster = _rolled_cluster()
+    cluster.advance(240)
+    objs = cluster.objects()
+    for o in objs:
+        if o["kind"] == "Pod":
+            o["status"]["containerStatuses"] = {"engine": "ready"}
+            o["status"]["conditions"][0]["status"] = ["True"]
+    r = run_module(k8s_engine_wait, dict(REPLAY, objects=objs))
+    assert r["state"] in ("waiting", "failed", "ready") and "Traceback" not in r.get("msg", "")
+
+
+def test_models_url_needs_a_workload_and_no_credentials(run_module):
+    r = run_module(k8s_engine_wait, dict(ARGS, models_url="http://gw.example"))
+    assert r["failed"] is True and r["msg"].startswith("models_url: needs workload_name")
+    r = run_module(k8s_engine_wait, dict(REPLAY, models_url="http://admin:s3cret@gw.example"))
+    assert r["failed"] is True and "s3cret" not in str(r) and r["reason"] == "credentials_in_url"

@@ -1,0 +1,414 @@
+# -*- coding: utf-8 -*-
+# Copyright: llmops.serving contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Test model: what the Deployment and ReplicaSet controllers and the kubelet do to an engine Deployment, step by
+step, as API objects (plain dicts as ``kubectl get -o json`` shows them).
+
+Each rule is restated from the upstream source named beside it (kubernetes/kubernetes, tag v1.33.0, unless named
+otherwise), without importing the collection, so the collection's wait cannot pass by agreeing with itself:
+
+* API server, ``pkg/registry/apps/deployment/strategy.go`` ``PrepareForUpdate``: ``metadata.generation`` goes up
+  by one when the spec changes; the status is the controller's, written later.
+* ``pkg/controller/deployment/sync.go`` ``getNewReplicaSet``: the new ReplicaSet is the one whose template equals
+  the Deployment's ignoring ``pod-template-hash`` (``util/deployment_util.go`` ``FindNewReplicaSet``,
+  ``EqualIgnoreHash``); else one is created, named ``<deployment>-<hash>``, its template and selector labelled
+  ``pod-template-hash: <hash>`` (``pkg/controller/controller_utils.go`` ``ComputeHash``: FNV-32a of the template,
+  written with ``rand.SafeEncodeString``; here the FNV input is the template's JSON, so the value differs from a
+  real cluster's but is stable and changes with the template), revision = the highest old revision + 1
+  (``util/deployment_util.go`` ``SetNewReplicaSetAnnotations``, ``deployment.kubernetes.io/revision``).
+* ``pkg/controller/deployment/rolling.go`` ``rolloutRolling``: scale the new ReplicaSet up to
+  ``util.NewRSNewReplicas`` (``maxTotalPods = replicas + maxSurge`` against the sum of every ReplicaSet's
+  ``spec.replicas``), then ``reconcileOldReplicaSets``: ``minAvailable = replicas - maxUnavailable``; old
+  ReplicaSets are scaled down by at most ``available - minAvailable`` pods, oldest first
+  (``scaleDownOldReplicaSetsForRollingUpdate``; unhealthy old pods first, ``cleanupUnhealthyReplicas``).
+  With ``maxSurge: 0, maxUnavailable: 1`` and one replica the old pod is deleted first and the new one created
+  while it still terminates.
+* ``pkg/controller/deployment/sync.go`` ``calculateStatus``: ``replicas``/``readyReplicas``/``availableReplicas``
+  summed over every ReplicaSet's status, ``updatedReplicas`` = the new ReplicaSet's ``status.replicas``,
+  ``observedGeneration`` = ``metadata.generation``; ``progress.go``: ``Progressing`` with reason
+  ``ProgressDeadlineExceeded`` when no progress was made for ``progressDeadlineSeconds``.
+* ``pkg/controller/replicaset/replica_set.go`` ``manageReplicas``: create the missing pods, delete the extra ones
+  (``getPodsToDelete``: not-ready before ready); ``status.replicas`` counts active pods only
+  (``controller.FilterActivePods``: no ``deletionTimestamp``, not Succeeded/Failed).
+* The kubelet (``pkg/kubelet/prober/worker.go``): liveness and readiness results are ignored until the startup
+  probe succeeded (``started``); a probe fails after ``failureThreshold`` consecutive failures, one per
+  ``periodSeconds``; ``pkg/kubelet/prober/prober.go`` records ``Unhealthy`` "<Probe> probe failed: ...";
+  ``pkg/kubelet/kuberuntime/kuberuntime_manager.go`` ``computePodActions`` kills a container whose liveness or
+  startup probe failed with the ``Killing`` Event "Container <name> failed <probe> probe, will be restarted"
+  (SIGTERM: vLLM shuts down cleanly and exits 0, reason ``Completed``); the restart waits out the crash-loop
+  back-off (``pkg/kubelet/kubelet.go``: 10 s doubling up to 300 s, ``CrashLoopBackOff`` meanwhile), and the
+  ended run becomes ``lastState.terminated`` with ``restartCount`` + 1.
+* A terminating pod leaves the Service's endpoints at once and holds its node (and its GPUs) until it has exited.
+
+The engine's own behaviour per model path (``Cluster.engines``) says how long it loads, and whether it stops
+answering some time after it served. ``Cluster.models()`` answers ``GET /v1/models`` through the Service: from one
+Ready pod in turn, ``root`` = the model path that pod loaded (vLLM ``serving_models.py`` ModelCard ``root``).
+"""
+from __future__ import annotations
+
+import copy
+import json
+
+from ansible_collections.llmops.serving.plugins.module_utils import _timeline
+
+HASH_LABEL = "pod-template-hash"
+REVISION = "deployment.kubernetes.io/revision"
+_SAFE = "bcdfghjklmnpqrstvwxz2456789"  # apimachinery pkg/util/rand rand.go alphanums
+
+
+def compute_hash(template, collision_count=0):
+    """``controller.ComputeHash``: FNV-32a, then ``rand.SafeEncodeString`` of its decimal digits."""
+    h = 0x811C9DC5
+    for byte in (json.dumps(template, sort_keys=True) + (str(collision_count) if collision_count else "")).encode():
+        h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return "".join(_SAFE[ord(c) % len(_SAFE)] for c in str(h))
+
+
+def _without_hash(template):
+    t = copy.deepcopy(template)
+    (t.setdefault("metadata", {}).setdefault("labels", {})).pop(HASH_LABEL, None)
+    return t
+
+
+class Engine(object):
+    """How the engine of one model path behaves: ``load_seconds`` to answer /health after the container starts;
+    ``hang_after`` seconds after it first served it stops answering (None: never); ``sigterm_exit`` its status
+    after the kubelet's SIGTERM."""
+
+    def __init__(self, load_seconds=60, hang_after=None, sigterm_exit=0):
+        self.load_seconds, self.hang_after, self.sigterm_exit = load_seconds, hang_after, sigterm_exit
+
+
+class Cluster(object):
+    """One namespace, a few single-pod GPU nodes, the controllers and the kubelet, advanced one second at a time."""
+
+    def __init__(self, namespace="llm-lab", nodes=("gpu-node-01", "gpu-node-02", "gpu-node-03"),
+                 start="2026-08-02T08:00:00Z", pull_seconds=5, terminate_seconds=5):
+        self.ns, self.nodes = namespace, list(nodes)
+        self.t = _timeline.parse_time(start)
+        self.pull_seconds, self.terminate_seconds = pull_seconds, terminate_seconds
+        self.deployments, self.replicasets, self.pods, self.events = {}, {}, {}, []
+        self.engines = {}
+        self._uid = 0
+        self._answers = 0
+
+    # ---- API server ------------------------------------------------------------------------------------------
+
+    def _new_uid(self):
+        self._uid += 1
+        return "00000000-0000-4000-8000-%012d" % self._uid
+
+    def _iso(self, t=None):
+        return _timeline.iso(self.t if t is None else t)
+
+    def apply(self, manifest):
+        """``kubectl apply`` of a Deployment: the spec is replaced; the generation goes up when it changed."""
+        name = manifest["metadata"]["name"]
+        old = self.deployments.get(name)
+        if old is None:
+            obj = copy.deepcopy(manifest)
+            obj["metadata"].update(namespace=self.ns, uid=self._new_uid(), generation=1, creationTimestamp=self._iso())
+            obj["metadata"].setdefault("annotations", {})
+            obj["status"] = {}
+            self.deployments[name] = obj
+        elif old["spec"] != manifest["spec"]:
+            old["spec"] = copy.deepcopy(manifest["spec"])
+            old["metadata"]["generation"] += 1
+        return self.deployments[name]
+
+    # ---- the Deployment controller ---------------------------------------------------------------------------
+
+    def _owned(self, dep):
+        return sorted((rs for rs in self.replicasets.values()
+                       if rs["metadata"]["ownerReferences"][0]["uid"] == dep["metadata"]["uid"]),
+                      key=lambda rs: (rs["metadata"]["creationTimestamp"], rs["metadata"]["name"]))
+
+    def _sync_deployment(self, dep):
+        spec = dep["spec"]
+        owned = self._owned(dep)
+        want = _without_hash(spec["template"])
+        new = next((rs for rs in owned if _without_hash(rs["spec"]["template"]) == want), None)
+        if new is None:
+            h = compute_hash(spec["template"])
+            template = copy.deepcopy(spec["template"])
+            template["metadata"].setdefault("labels", {})[HASH_LABEL] = h
+            revision = 1 + max([int(rs["metadata"]["annotations"][REVISION]) for rs in owned] or [0])
+            new = {"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                   "metadata": {"name": "%s-%s" % (dep["metadata"]["name"], h), "namespace": self.ns,
+                                "uid": self._new_uid(), "creationTimestamp": self._iso(),
+                                "labels": dict(template["metadata"]["labels"]),
+                                "annotations": {REVISION: str(revision)},
+                                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "controller": True,
+                                                     "name": dep["metadata"]["name"], "uid": dep["metadata"]["uid"]}]},
+                   "spec": {"replicas": 0, "template": template,
+                            "selector": {"matchLabels": dict(spec["selector"]["matchLabels"], **{HASH_LABEL: h})}},
+                   "status": {"replicas": 0, "readyReplicas": 0, "availableReplicas": 0}}
+            self.replicasets[new["metadata"]["name"]] = new
+            owned.append(new)
+            dep["metadata"]["annotations"][REVISION] = str(revision)
+            self._progress(dep, "NewReplicaSetCreated", "Created new replica set %s" % new["metadata"]["name"])
+        old = [rs for rs in owned if rs is not new]
+        replicas = spec.get("replicas", 1)
+        rolling = (spec.get("strategy") or {}).get("rollingUpdate") or {}
+        max_surge, max_unavailable = rolling.get("maxSurge", 0), rolling.get("maxUnavailable", 1)
+        # reconcileNewReplicaSet / NewRSNewReplicas
+        current = sum(rs["spec"]["replicas"] for rs in owned)
+        if new["spec"]["replicas"] < replicas and current < replicas + max_surge:
+            new["spec"]["replicas"] += min(replicas + max_surge - current, replicas - new["spec"]["replicas"])
+            self._progress(dep, "ReplicaSetUpdated", "scaled up %s" % new["metadata"]["name"])
+        # reconcileOldReplicaSets: cleanupUnhealthyReplicas, then scaleDownOldReplicaSetsForRollingUpdate
+        min_available = replicas - max_unavailable
+        for rs in old:
+            unhealthy = rs["spec"]["replicas"] - rs["status"].get("availableReplicas", 0)
+            if unhealthy > 0:
+                rs["spec"]["replicas"] -= unhealthy
+        available = sum(rs["status"].get("availableReplicas", 0) for rs in owned)
+        budget = available - min_available
+        for rs in old:
+            if budget <= 0:
+                break
+            down = min(rs["spec"]["replicas"], budget)
+            if down:
+                rs["spec"]["replicas"] -= down
+                budget -= down
+                self._progress(dep, "ReplicaSetUpdated", "scaled down %s" % rs["metadata"]["name"])
+        # calculateStatus
+        st = dep["status"]
+        st.update(observedGeneration=dep["metadata"]["generation"],
+                  replicas=sum(rs["status"]["replicas"] for rs in owned),
+                  updatedReplicas=new["status"]["replicas"],
+                  readyReplicas=sum(rs["status"]["readyReplicas"] for rs in owned),
+                  availableReplicas=sum(rs["status"]["availableReplicas"] for rs in owned))
+        st["unavailableReplicas"] = max(0, replicas - st["availableReplicas"])
+        if st["updatedReplicas"] == replicas and st["availableReplicas"] >= replicas and st["replicas"] == replicas:
+            self._progress(dep, "NewReplicaSetAvailable", "ReplicaSet %s has successfully progressed"
+                           % new["metadata"]["name"])
+        else:
+            cond = next((c for c in st.get("conditions", []) if c["type"] == "Progressing"), None)
+            deadline = spec.get("progressDeadlineSeconds", 600)
+            if cond and cond["reason"] != "NewReplicaSetAvailable" and \
+                    self.t - _timeline.parse_time(cond["lastUpdateTime"]) > deadline:
+                cond.update(status="False", reason="ProgressDeadlineExceeded",
+                            message="ReplicaSet %s has timed out progressing." % new["metadata"]["name"])
+
+    def _progress(self, dep, reason, message):
+        conds = dep["status"].setdefault("conditions", [])
+        cond = next((c for c in conds if c["type"] == "Progressing"), None)
+        if cond is None:
+            cond = {"type": "Progressing"}
+            conds.append(cond)
+        if cond.get("reason") != reason or reason != "NewReplicaSetAvailable":
+            cond.update(status="True", reason=reason, message=message, lastUpdateTime=self._iso(),
+                        lastTransitionTime=cond.get("lastTransitionTime") or self._iso())
+
+    # ---- the ReplicaSet controller ---------------------------------------------------------------------------
+
+    def _active(self, rs):
+        return [p for p in self.pods.values() if p["metadata"]["ownerReferences"][0]["uid"] == rs["metadata"]["uid"]
+                and not p["metadata"].get("deletionTimestamp") and p["status"]["phase"] not in ("Succeeded", "Failed")]
+
+    def _sync_replicaset(self, rs):
+        active = self._active(rs)
+        diff = len(active) - rs["spec"]["replicas"]
+        for _i in range(-diff):
+            self._create_pod(rs)
+        if diff > 0:
+            ranked = sorted(active, key=lambda p: (self._ready(p), p["metadata"]["creationTimestamp"]))
+            for pod in ranked[:diff]:
+                pod["metadata"]["deletionTimestamp"] = self._iso()
+                pod["x-terminating-since"] = self.t
+                self._event(pod, "Normal", "Killing", "Stopping container engine")
+        active = self._active(rs)
+        rs["status"].update(replicas=len(active), readyReplicas=sum(1 for p in active if self._ready(p)),
+                            availableReplicas=sum(1 for p in active if self._ready(p)))
+
+    def _create_pod(self, rs):
+        self._uid += 1
+        name = "%s-%s" % (rs["metadata"]["name"], compute_hash({"n": self._uid})[:5])
+        spec = copy.deepcopy(rs["spec"]["template"]["spec"])
+        self.pods[name] = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": self.ns, "uid": self._new_uid(), "creationTimestamp": self._iso(),
+                         "labels": dict(rs["spec"]["template"]["metadata"]["labels"]),
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "controller": True,
+                                              "name": rs["metadata"]["name"], "uid": rs["metadata"]["uid"]}]},
+            "spec": spec,
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                                                           "reason": "Unschedulable", "lastTransitionTime": self._iso(),
+                                                           "message": "0/%d nodes are available" % len(self.nodes)}]},
+        }
+
+    # ---- scheduler and kubelet -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _cond(pod, ctype):
+        return next((c for c in pod["status"].get("conditions", []) if c["type"] == ctype), None)
+
+    def _ready(self, pod):
+        c = self._cond(pod, "Ready")
+        return bool(c and c["status"] == "True")
+
+    def _set_cond(self, pod, ctype, status, reason=None):
+        c = self._cond(pod, ctype)
+        if c is None:
+            c = {"type": ctype}
+            pod["status"]["conditions"].append(c)
+        if c.get("status") != status:
+            c.update(status=status, lastTransitionTime=self._iso())
+        if reason:
+            c["reason"] = reason
+        elif "reason" in c and status == "True":
+            del c["reason"]
+
+    def _event(self, pod, etype, reason, message, container="engine"):
+        for ev in self.events:
+            if ev["involvedObject"]["uid"] == pod["metadata"]["uid"] and ev["reason"] == reason and ev["message"] == message:
+                ev.update(count=ev["count"] + 1, lastTimestamp=self._iso())
+                return
+        self.events.append({
+            "apiVersion": "v1", "kind": "Event", "type": etype, "reason": reason, "message": message, "count": 1,
+            "metadata": {"name": "%s.%x" % (pod["metadata"]["name"], len(self.events)), "namespace": self.ns},
+            "involvedObject": {"kind": "Pod", "name": pod["metadata"]["name"], "namespace": self.ns,
+                               "uid": pod["metadata"]["uid"], "fieldPath": "spec.containers{%s}" % container},
+            "firstTimestamp": self._iso(), "lastTimestamp": self._iso(), "source": {"component": "kubelet"}})
+
+    def _engine_of(self, pod):
+        args = pod["spec"]["containers"][0].get("args") or []
+        path = args[args.index("--model") + 1] if "--model" in args else None
+        return path, self.engines.get(path) or Engine()
+
+    def _probe(self, pod, kind):
+        p = pod["spec"]["containers"][0].get(kind) or {}
+        return p.get("periodSeconds", 10), p.get("failureThreshold", 3), p.get("initialDelaySeconds", 0)
+
+    def _kubelet(self, pod):
+        st, x = pod["status"], pod.setdefault("x", {})
+        if pod["metadata"].get("deletionTimestamp"):
+            self._set_cond(pod, "Ready", "False", "PodNotReady")  # endpoints drop a terminating pod at once
+            if self.t - pod["x-terminating-since"] >= self.terminate_seconds:
+                del self.pods[pod["metadata"]["name"]]
+            return
+        if pod["spec"].get("nodeName") is None:
+            busy = {p["spec"].get("nodeName") for p in self.pods.values() if p is not pod}
+            free = [n for n in self.nodes if n not in busy]
+            if not free:
+                return
+            pod["spec"]["nodeName"] = free[0]
+            self._set_cond(pod, "PodScheduled", "True")
+            self._cond(pod, "PodScheduled").pop("message", None)
+            self._set_cond(pod, "Ready", "False", "ContainersNotReady")
+            x["scheduled"] = self.t
+            st["containerStatuses"] = [{"name": "engine", "ready": False, "started": False, "restartCount": 0,
+                                        "state": {"waiting": {"reason": "ContainerCreating"}}}]
+            return
+        cs = st["containerStatuses"][0]
+        path, engine = self._engine_of(pod)
+        if "running" not in cs["state"]:
+            until = x.get("backoff_until", x["scheduled"] + self.pull_seconds)
+            if self.t < until:
+                return
+            cs["state"] = {"running": {"startedAt": self._iso()}}
+            st["phase"] = "Running"
+            x.update(started=self.t, served=None, live_fails=0)
+            return
+        up = self.t - x["started"]
+        answering = up >= engine.load_seconds and not (
+            engine.hang_after is not None and x["served"] is not None and self.t - x["served"] >= engine.hang_after)
+        s_period, s_threshold, s_delay = self._probe(pod, "startupProbe")
+        if not cs["started"]:
+            if answering and up % s_period == 0:
+                cs["started"] = True
+                cs["ready"] = True
+                x["served"] = self.t
+                self._set_cond(pod, "Ready", "True")
+            elif up > s_delay + s_threshold * s_period:
+                self._kill(pod, cs, "startup", engine)
+            return
+        l_period, l_threshold, _d = self._probe(pod, "livenessProbe")
+        if answering:
+            x["live_fails"] = 0
+            return
+        cs["ready"] = False
+        self._set_cond(pod, "Ready", "False", "ContainersNotReady")
+        if up % l_period == 0:
+            x["live_fails"] += 1
+            self._event(pod, "Warning", "Unhealthy", "Liveness probe failed: Get \"http://%s:8000/health\": context "
+                        "deadline exceeded (Client.Timeout exceeded while awaiting headers)" % pod["spec"]["nodeName"])
+            if x["live_fails"] >= l_threshold:
+                self._kill(pod, cs, "liveness", engine)
+
+    def _kill(self, pod, cs, probe, engine):
+        x = pod["x"]
+        self._event(pod, "Normal", "Killing", "Container engine failed %s probe, will be restarted" % probe)
+        code = engine.sigterm_exit
+        cs["lastState"] = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                                          "startedAt": self._iso(x["started"]), "finishedAt": self._iso()}}
+        cs["restartCount"] += 1
+        cs.update(ready=False, started=False)
+        backoff = min(300, 10 * 2 ** (cs["restartCount"] - 1))
+        cs["state"] = {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off %ds restarting failed container="
+                                   "engine pod=%s" % (backoff, pod["metadata"]["name"])}}
+        x["backoff_until"] = self.t + backoff
+        self._set_cond(pod, "Ready", "False", "ContainersNotReady")
+
+    # ---- time --------------------------------------------------------------------------------------------------
+
+    def advance(self, seconds):
+        """Let ``seconds`` pass: every second the controllers sync and the kubelet acts on each pod."""
+        for _s in range(int(seconds)):
+            self.t += 1
+            for dep in list(self.deployments.values()):
+                self._sync_deployment(dep)
+            for rs in list(self.replicasets.values()):
+                self._sync_replicaset(rs)
+            for pod in list(self.pods.values()):
+                self._kubelet(pod)
+
+    def clock(self):
+        return self.t
+
+    # ---- what a client reads -------------------------------------------------------------------------------------
+
+    def objects(self):
+        """Everything as the API shows it (``kubectl get deploy,rs,pods,events -o json`` items)."""
+        pods = [dict((k, v) for k, v in p.items() if not k.startswith("x")) for p in self.pods.values()]
+        return copy.deepcopy(list(self.deployments.values()) + list(self.replicasets.values()) + pods + self.events)
+
+    def fetch(self):
+        """What ``k8s_engine_wait`` reads in one poll."""
+        objs = self.objects()
+        dep = next(iter(o for o in objs if o["kind"] == "Deployment"), None)
+        return dict(pods=[o for o in objs if o["kind"] == "Pod"], route=None, workload=dep,
+                    replicasets=[o for o in objs if o["kind"] == "ReplicaSet"],
+                    events=[o for o in objs if o["kind"] == "Event"])
+
+    def models(self):
+        """``GET /v1/models`` through the Service: one Ready, non-terminating pod in turn answers, or None."""
+        ready = sorted((p for p in self.pods.values() if self._ready(p) and not p["metadata"].get("deletionTimestamp")),
+                       key=lambda p: p["metadata"]["name"])
+        if not ready:
+            return None
+        self._answers += 1
+        pod = ready[self._answers % len(ready)]
+        path, _engine = self._engine_of(pod)
+        return {"object": "list", "data": [{"id": "glm-5.2-fp8-vllm", "object": "model", "root": path}]}
+
+
+def deployment(model_path, name="glm-5-2-fp8-vllm", replicas=1, image="vllm/vllm-openai:v0.11.0"):
+    """An engine Deployment as the collection renders it: RollingUpdate with maxSurge 0 / maxUnavailable 1, a
+    startup probe sized for the cold start, liveness and readiness behind it."""
+    labels = {"app.kubernetes.io/name": name, "model.aibrix.ai/name": "glm-5.2-fp8-vllm"}
+    http = {"path": "/health", "port": "http"}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": dict(labels)},
+        "spec": {"replicas": replicas, "progressDeadlineSeconds": 5400,
+                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+                 "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
+                 "template": {"metadata": {"labels": dict(labels)}, "spec": {"containers": [{
+                     "name": "engine", "image": image, "command": ["vllm", "serve"],
+                     "args": ["--model", model_path, "--served-model-name", "glm-5.2-fp8-vllm", "--port", "8000"],
+                     "ports": [{"name": "http", "containerPort": 8000}],
+                     "startupProbe": {"httpGet": http, "periodSeconds": 10, "failureThreshold": 60},
+                     "readinessProbe": {"httpGet": http, "periodSeconds": 10, "failureThreshold": 3},
+                     "livenessProbe": {"httpGet": http, "periodSeconds": 10, "failureThreshold": 3}}]}}},
+    }
