@@ -13,7 +13,10 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
+
+from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, read_bytes
 
 CORPUS = """\
 The model is staged from the shared filesystem to local storage once and verified before it is served.
@@ -161,6 +164,12 @@ def revision_of(files):
     return hashlib.sha256(files["SHA256SUMS"]).hexdigest()[:12]
 
 
+def _regular_size(path):
+    """Size of a regular file reached without a symlink, else None."""
+    st = os.lstat(path)
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
 def generate_model(models_root, name="tiny-llama", seed=0, check_mode=False, **shape):
     """Write the checkpoint to ``<models_root>/<name>/<revision>`` atomically; idempotent.
 
@@ -181,11 +190,12 @@ def generate_model(models_root, name="tiny-llama", seed=0, check_mode=False, **s
     sums_path = os.path.join(dest, "SHA256SUMS")
     if os.path.isdir(dest):
         try:
-            with open(sums_path, "rb") as f:
-                if f.read() == files["SHA256SUMS"] and all(
-                        os.path.getsize(os.path.join(dest, fn)) == len(b) for fn, b in files.items()):
-                    return info
-        except OSError:
+            # the shared reader: a FIFO or a device in the manifest's place is "not this revision" (it is
+            # written again), never a hang; nothing longer than the expected manifest is read
+            same = read_bytes(sums_path, max_bytes=len(files["SHA256SUMS"]), follow=False) == files["SHA256SUMS"]
+            if same and all(_regular_size(os.path.join(dest, fn)) == len(b) for fn, b in files.items()):
+                return info
+        except (OSError, UntrustedInput):
             pass
     info["changed"] = True
     if check_mode:

@@ -10,6 +10,7 @@ interpreter (the engine environment's Python), so the module needs neither torch
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
 from ansible_collections.llmops.serving.plugins.module_utils import _process
@@ -52,6 +53,21 @@ def greedy_reference(model_path, prompts, max_new_tokens=16, dtype="float32", py
                       "dtype": dtype})
     python = python or sys.executable
     try:
-        return _process.python_json(python, SCRIPT, stdin=req, timeout=timeout)
+        # the last output line is parsed by the shared reader (size, nesting, finite numbers)
+        out = _process.python_json(python, SCRIPT, stdin=req, timeout=timeout)
     except _process.PythonFailed as e:
         raise ReferenceError_("reference generation with %s exited %d: %s" % (python, e.returncode, e.stderr[-1500:]))
+    except subprocess.TimeoutExpired:
+        raise ReferenceError_("reference generation with %s did not finish within %s s; raise the timeout or use a "
+                              "smaller model" % (python, timeout))
+    except OSError as e:
+        raise ReferenceError_("python: cannot run %s (%s); point python at the engine environment's interpreter"
+                              % (python, e.strerror or e.__class__.__name__))
+    except ValueError as e:
+        raise ReferenceError_("reference generation with %s printed no usable result (%s); point python at an "
+                              "interpreter with torch and transformers" % (python, e))
+    if not isinstance(out, dict) or not isinstance(out.get("references"), list):
+        raise ReferenceError_("reference generation with %s printed JSON without a list of references; point python "
+                              "at an interpreter with torch and transformers" % python)
+    # keys a module result reserves are not taken from the interpreter's output
+    return dict((k, v) for k, v in out.items() if k not in ("changed", "failed", "msg", "invocation"))

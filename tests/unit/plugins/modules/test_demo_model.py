@@ -83,3 +83,26 @@ def test_bad_shape_is_refused_naming_the_field(run_module, tmp_path):
     r = run_module(demo_model, {"models_root": str(tmp_path), "num_shards": 0})
     assert r["failed"] and r["msg"].startswith("num_shards:")
     assert not (tmp_path / "tiny-llama").exists()
+
+
+def test_manifest_or_shard_replaced_by_a_fifo_or_link_is_regenerated_without_blocking(run_module, tmp_path):
+    """Before: a FIFO in SHA256SUMS's place hung the module; a symlink of the right size counted as the file."""
+    import threading
+    r1 = run_module(demo_model, {"models_root": str(tmp_path)})
+    expected = _tree(r1["path"])
+    sums = os.path.join(r1["path"], "SHA256SUMS")
+    os.unlink(sums)
+    os.mkfifo(sums)
+    box = {}
+    t = threading.Thread(target=lambda: box.update(r=run_module(demo_model, {"models_root": str(tmp_path)})),
+                         daemon=True)
+    t.start()
+    t.join(20)
+    assert not t.is_alive(), "demo_model blocked on a FIFO"
+    assert box["r"]["changed"] and _tree(r1["path"]) == expected
+    shard = os.path.join(r1["path"], "model-00001-of-00003.safetensors")
+    real = str(tmp_path / "elsewhere")
+    os.rename(shard, real)
+    os.symlink(real, shard)
+    assert run_module(demo_model, {"models_root": str(tmp_path)})["changed"]
+    assert not os.path.islink(shard) and _tree(r1["path"]) == expected
