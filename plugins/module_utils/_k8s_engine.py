@@ -891,8 +891,8 @@ def _validate(p):
         taken = sorted({e["name"] for e in rdma_env(p["rdma"])} & {e.get("name") for e in p["env"] or []})
         if taken:
             raise SpecError("env: %s is set by rdma (nccl_ib_hca, socket_ifname); set it in one place" % ", ".join(taken))
-        if p["rdma"]["resource"] and p["rdma"]["resource"] in [k for part in ("requests", "limits")
-                                                              for k in (p["resources"] or {}).get(part, {})]:
+        given = [k for part in ("requests", "limits") for k in (p["resources"] or {}).get(part, {})]
+        if p["rdma"]["resource"] and p["rdma"]["resource"] in given:
             raise SpecError("resources: do not set %s there; rdma.resource and rdma.count set it" % p["rdma"]["resource"])
     if p["model_source"] == "staged_nvme":
         p["staged_nodes"] = check_staged_nodes(

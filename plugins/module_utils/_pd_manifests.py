@@ -220,8 +220,9 @@ def check_credentials(p):
     except k8s_engine.SpecError as e:
         raise _error(e)
     p["env"] = q["env"]
-    managed = set(MANAGED_ENV) | {n for n, key in (("NCCL_IB_HCA", "nccl_ib_hca"), ("NCCL_SOCKET_IFNAME", "socket_ifname"),
-                                                    ("GLOO_SOCKET_IFNAME", "socket_ifname")) if p.get(key)}
+    rdma_env = (("NCCL_IB_HCA", "nccl_ib_hca"), ("NCCL_SOCKET_IFNAME", "socket_ifname"),
+                ("GLOO_SOCKET_IFNAME", "socket_ifname"))
+    managed = set(MANAGED_ENV) | {name for name, key in rdma_env if p.get(key)}
     taken = sorted(managed.intersection(e["name"] for e in p["env"]))
     if taken:
         raise SpecError("env: %s is set by the collection (transport, NIXL side channel, advertised host and hash "

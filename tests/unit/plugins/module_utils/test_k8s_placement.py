@@ -58,6 +58,7 @@ def test_the_model_restates_kube_scheduler_filters():
     n = ks.node("gpu-1", labels={"pool": "gpu", "gen": "9"}, taints=GPU_TAINTS, allocatable={"nvidia.com/gpu": "8"})
     # nodeSelectorTerms are ORed, expressions of one term ANDed; an empty term matches nothing
     # (component-helpers scheduling/corev1/nodeaffinity/nodeaffinity.go)
+
     def aff(*terms):
         return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": list(terms)}}}}
     assert ks.node_affinity(aff({"matchExpressions": [{"key": "pool", "operator": "In", "values": ["cpu"]}]},
