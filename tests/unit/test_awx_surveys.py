@@ -43,6 +43,7 @@ def test_the_data_model_holds_every_kind_the_controller_needs():
     assert {"controller_organizations", "controller_credentials", "controller_projects", "controller_inventories",
             "controller_inventory_sources", "controller_execution_environments", "controller_templates",
             "controller_workflows"} <= set(OBJECTS)
+    assert {"controller_credential_types", "controller_notifications"} <= set(OBJECTS)
     assert sorted(t["playbook"] for t in TEMPLATES) == ["playbooks/benchmark.yml", "playbooks/diagnose.yml",
                                                         "playbooks/site.yml", "playbooks/stage.yml",
                                                         "playbooks/verify_transport.yml"]
@@ -90,7 +91,9 @@ def test_every_survey_default_survives_launch_validation(template):
 def test_the_surveys_use_awx_types_for_engine_sizes_and_tokens():
     deploy = awx.by_name(TEMPLATES, "llmops deploy")
     engine = _question(deploy, "engine_name")
-    assert (engine["type"], engine["choices"], engine["default"]) == ("multiplechoice", ["vllm", "sglang"], "vllm")
+    # the inventory's engine_name unless answered: no default (a default would be an extra var above the site's)
+    assert (engine["type"], engine["choices"], "default" in engine, engine["required"]) == (
+        "multiplechoice", ["vllm", "sglang"], False, False)
     tp = _question(deploy, "engine_tp_size")
     assert (tp["type"], tp["min"], tp["max"], "default" in tp) == ("integer", 1, 8, False)
     stage = awx.by_name(TEMPLATES, "llmops stage model")
@@ -136,6 +139,78 @@ def test_templates_and_workflow_reference_objects_that_exist():
     assert roots == {"stage"}
 
 
+def _site_variables():
+    """Every variable a site inventory of this repository sets (group_vars and host vars, both inventories)."""
+    names = set()
+    for inv in ("inventories/example-h20", "inventories/local"):
+        imported = awx.import_inventory(ROOT, inv)
+        for key, group in imported.items():
+            if key != "_meta":
+                names.update((group.get("vars") or {}).keys())
+        for hv in imported.get("_meta", {}).get("hostvars", {}).values():
+            names.update(hv)
+    return names
+
+
+def test_a_question_a_site_sets_in_its_inventory_has_no_default():
+    """Survey answers, defaults included, are extra vars: a default would override the site's inventory value on
+    every launch from the form. Questions for such variables have no default and are not required."""
+    site = _site_variables()
+    assert {"engine_name", "model_stage_read_streams", "kernel_cache_enabled"} <= site  # the check sees the inventories
+    offenders = [(t["name"], e["variable"]) for t in SURVEYED for e in t["survey_spec"]["spec"]
+                 if e["variable"] in site and ("default" in e or e["required"])]
+    assert offenders == []
+
+
+def test_the_deploy_timeout_leaves_room_for_staging_caches_and_the_startup_window():
+    deploy = awx.by_name(TEMPLATES, "llmops deploy")
+    with open(os.path.join(ROOT, "roles", "kernel_cache", "defaults", "main.yml"), encoding="utf-8") as f:
+        cache = int(yaml.safe_load(f)["kernel_cache_warmup_timeout"])
+    startup = _question(deploy, "engine_startup_timeout")["max"]
+    pull = 900  # roles/engine/defaults/main/kubernetes.yml: engine_k8s_wait_timeout = startup + 900
+    assert deploy["timeout"] >= STAGE["timeout"] + cache + startup + pull
+    verify = awx.by_name(TEMPLATES, "llmops verify transport")
+    with open(os.path.join(ROOT, "inventories", "example-h20", "group_vars", "all", "pd_disagg.yml"), encoding="utf-8") as f:
+        assert verify["timeout"] > int(yaml.safe_load(f)["pd_disagg_startup_timeout"])
+
+
+def test_user_and_become_come_from_the_inventory_alone():
+    machine = awx.by_name(OBJECTS["controller_credentials"], "llmops GPU nodes")
+    assert machine["credential_type"] == "Machine" and set(machine["inputs"]) == {"ssh_key_data"}
+    for t in TEMPLATES:
+        assert not {"become_enabled"} & set(t), t["name"]
+    assert "ansible_user" in _site_variables()
+
+
+def test_the_custom_credential_types_mark_their_secrets_and_inject_them():
+    types = {t["name"]: t for t in OBJECTS["controller_credential_types"]}
+    hf, gw = types["llmops Hugging Face token"], types["llmops gateway token"]
+    for t, field, env, var in ((hf, "hf_token", "HF_TOKEN", "llmops_hf_token"),
+                               (gw, "gateway_token", "LLMOPS_GATEWAY_TOKEN", "llmops_gateway_token")):
+        (f,) = t["inputs"]["fields"]
+        assert (f["id"], f["type"], f["secret"]) == (field, "string", True)
+        assert t["injectors"] == {"env": {env: "{{ %s }}" % field}, "extra_vars": {var: "{{ %s }}" % field}}
+    # each injected variable is read where the credential is attached
+    diagnose, bench = awx.by_name(TEMPLATES, "llmops diagnose"), awx.by_name(TEMPLATES, "llmops benchmark")
+    assert "llmops gateway token" in diagnose["credentials"] and "llmops_gateway_token" in diagnose["extra_vars"]["diagnose_probe_headers"]
+    assert "llmops Hugging Face token" in bench["credentials"] and "llmops_hf_token" in bench["extra_vars"]["benchmark_client_env"]
+
+
+@pytest.mark.parametrize("answers, injected, expected", [
+    ({}, {"llmops_gateway_token": "cred"}, {"Authorization": "Bearer cred"}),
+    ({"diagnose_gateway_token": "survey"}, {"llmops_gateway_token": "cred"}, {"Authorization": "Bearer survey"}),
+    ({}, {"llmops_gateway_token": ""}, {}),
+    ({}, {}, {}),
+], ids=["credential", "survey-wins", "empty-credential", "none"])
+def test_the_gateway_token_reaches_the_probe_header(answers, injected, expected):
+    import ast
+    import jinja2
+    diagnose = awx.by_name(TEMPLATES, "llmops diagnose")
+    expr = str(diagnose["extra_vars"]["diagnose_probe_headers"])
+    rendered = jinja2.Environment().from_string(expr).render(**dict(injected, **answers))
+    assert ast.literal_eval(rendered.strip()) == expected
+
+
 # ---- what AWX refuses --------------------------------------------------------------------------------------------
 
 STAGE = awx.by_name(TEMPLATES, "llmops stage model")
@@ -148,9 +223,10 @@ def _launch_errors(template, answers):
 
 
 def test_a_missing_required_answer_is_refused():
-    answers = awx.ui_answers(STAGE["survey_spec"])
-    del answers["model_stage_read_streams"]
-    assert _launch_errors(STAGE, answers) == ["'model_stage_read_streams' value missing"]
+    bench = awx.by_name(TEMPLATES, "llmops benchmark")
+    answers = {"benchmark_a_model": "glm", "benchmark_tokenizer": "/t", "benchmark_requests_per_round": 64,
+               "benchmark_warmup_rounds": 1, "benchmark_time_budget": 0}
+    assert _launch_errors(bench, answers) == ["'benchmark_a_url' value missing"]
 
 
 @pytest.mark.parametrize("value, error", [
@@ -259,7 +335,10 @@ def test_cmdline_follows_the_job_fields():
 def test_the_inventory_script_is_the_imported_project_inventory():
     imported = awx.import_inventory(ROOT, "inventories/local")
     data = awx.script_data(imported, 7)
-    assert data["all"]["hosts"] == ["localhost"]
+    # the one host plays every group the playbooks target
+    assert data["all"]["hosts"] == [] and sorted(data["gpu_nodes"]["children"]) == ["colocated", "decode", "prefill"]
+    for group in ("colocated", "prefill", "decode", "k8s_api", "bench_clients"):
+        assert data[group]["hosts"] == ["localhost"], group
     hv = data["_meta"]["hostvars"]["localhost"]
     assert hv["ansible_connection"] == "local"
     assert (hv["remote_tower_enabled"], hv["remote_host_enabled"]) == ("true", "true")

@@ -1,0 +1,208 @@
+"""playbooks/awx_configure.yml against a stand-in AWX API v2 on loopback (tests/lib/awx_api.py) that records every body.
+
+What the data of awx/ says is what the controller gets: each object's every key arrives, as a field of the create
+request, an association (credentials, galaxy credentials, instance groups, notification templates, workflow edges) or
+the survey spec. Check mode against an empty controller says what a real run would create and changes nothing; check
+mode after a real run compares every object and writes nothing. The inventory source path has no default.
+
+The requests restated are those of awx.awx 24.6.1 (ansible/awx, tag 24.6.1,
+awx_collection/plugins/module_utils/controller_api.py; see tests/lib/awx_api.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.llmops.serving.tests.lib import awx_harness as awx
+from ansible_collections.llmops.serving.tests.lib.awx_api import StandInAWX
+
+ROOT = awx.ROOT
+OBJECTS = awx.load_controller()
+TOKEN = "tok-" + os.urandom(6).hex()
+SECRETS = {"llmops_awx_scm_token": "scm-" + os.urandom(6).hex(), "llmops_awx_ssh_private_key": "key-" + os.urandom(6).hex(),
+           "llmops_awx_k8s_token": "k8s-" + os.urandom(6).hex(), "llmops_awx_registry_password": "reg-" + os.urandom(6).hex(),
+           "llmops_awx_hf_token": "hf-" + os.urandom(6).hex(), "llmops_awx_gateway_token": "gw-" + os.urandom(6).hex()}
+INPUTS = dict(SECRETS, llmops_awx_scm_url="https://git.example/llmops/serving.git", llmops_awx_scm_username="deploy",
+              llmops_awx_k8s_host="https://k8s.example:6443", llmops_awx_k8s_ca_cert="-----BEGIN CERTIFICATE-----\n",
+              llmops_awx_ee_image="registry.example/llmops/serving-ee:0.1.0", llmops_awx_registry_host="registry.example",
+              llmops_awx_registry_username="puller", llmops_awx_inventory_path="inventories/example-h20",
+              llmops_awx_scm_branch="release-1",
+              llmops_awx_instance_groups=["gpu-runners"],
+              llmops_awx_notification_templates=[{"name": "llmops on-call", "organization": "LLMOps",
+                                                  "notification_type": "webhook",
+                                                  "notification_configuration": {"url": "https://hooks.example/x",
+                                                                                 "headers": {}, "http_method": "POST"}}],
+              llmops_awx_notify_error=["llmops on-call"], llmops_awx_notify_success=[])
+ENDPOINTS = {"controller_organizations": "organizations", "controller_credential_types": "credential_types",
+             "controller_credentials": "credentials", "controller_execution_environments": "execution_environments",
+             "controller_projects": "projects", "controller_inventories": "inventories",
+             "controller_inventory_sources": "inventory_sources", "controller_templates": "job_templates",
+             "controller_workflows": "workflow_job_templates"}
+# keys that name another object: the field carries its id (endpoint of that object)
+REFERENCES = {"organization": "organizations", "inventory": "inventories", "project": "projects",
+              "source_project": "projects", "execution_environment": "execution_environments",
+              "default_environment": "execution_environments", "credential": "credentials",
+              "credential_type": "credential_types"}
+ASSOCIATED = ("credentials", "galaxy_credentials", "instance_groups", "notification_templates_error",
+              "notification_templates_success", "notification_templates_started")
+MODULE_ONLY = {"wait"}  # awx.awx.project: wait for the sync; not a field of the object
+
+
+def _configure(api, *args, inputs=None):
+    env = dict(os.environ, CONTROLLER_HOST=api.url, CONTROLLER_OAUTH_TOKEN=TOKEN, ANSIBLE_NOCOLOR="1",
+               ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"))
+    env.pop("CONTROLLER_USERNAME", None)
+    env.pop("CONTROLLER_PASSWORD", None)
+    cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,",
+           os.path.join(ROOT, "playbooks", "awx_configure.yml"), "-e", json.dumps(INPUTS if inputs is None else inputs)]
+    start = len(api.requests)
+    proc = subprocess.run(cmd + list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
+    return proc.returncode, proc.stdout + proc.stderr, api.requests[start:]
+
+
+def _expected(value):
+    """A value of awx/ as awx_configure.yml sends it: ``{{ llmops_awx_* }}`` given; other Jinja stays (AWX's)."""
+    if isinstance(value, str):
+        m = re.match(r"^\{\{ (llmops_awx_\w+) \}\}$", value)
+        return INPUTS[m.group(1)] if m else value
+    if isinstance(value, dict):
+        return {k: _expected(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expected(v) for v in value]
+    return value
+
+
+@pytest.fixture(scope="module")
+def api():
+    with StandInAWX() as server:
+        # an instance group the site already has (a container group would be the same field)
+        server.handle("POST", "/api/v2/instance_groups/", {}, {"name": "gpu-runners"})
+        yield server
+
+
+@pytest.fixture(scope="module")
+def checked_empty(api):
+    return _configure(api, "--check")
+
+
+@pytest.fixture(scope="module")
+def applied(api, checked_empty):
+    return _configure(api)
+
+
+@pytest.fixture(scope="module")
+def checked_after(api, applied):
+    return _configure(api, "--check")
+
+
+def test_check_mode_on_an_empty_controller_says_what_it_would_create_and_writes_nothing(checked_empty):
+    rc, out, requests = checked_empty
+    assert rc == 0, out[-4000:]
+    assert [r for r in requests if r["method"] != "GET"] == []
+    msg = " ".join(out.split())
+    assert 'check mode: the controller has none of organizations "LLMOps", credential_types "llmops Hugging Face token"' in msg
+    assert 'workflow_job_templates "llmops stage, deploy, verify"; a real run creates them' in msg
+    assert "TASK [Organization]" not in out
+
+
+def test_a_run_sends_every_key_of_every_object(api, applied):
+    rc, out, requests = applied
+    assert rc == 0, out[-4000:]
+    assert {r["authorization"] for r in requests} == {"Bearer " + TOKEN}
+    checked, wrong = 0, []
+    for kind, endpoint in ENDPOINTS.items():
+        created = api.created(endpoint)
+        for obj in OBJECTS[kind]:
+            body = created[obj["name"]]
+            for key, value in obj.items():
+                want = _expected(value)
+                if key in MODULE_ONLY or key == "workflow_nodes":  # the nodes: test_the_workflow_nodes_and_edges_arrive
+                    continue
+                if key in ASSOCIATED:
+                    got, want = sorted(api.associated(endpoint, obj["name"], key)), sorted(want)
+                elif key == "survey_spec":
+                    got = api.survey(endpoint, obj["name"])
+                elif key in REFERENCES:
+                    want = api.find(REFERENCES[key], want)["id"]
+                    got = body.get(key)
+                    if key == "organization" and key not in body:
+                        # a field of the parent only: awx.awx looks the parent up within the organization
+                        # (inventory_source.py: the inventory by name and organization)
+                        got = want if any(r["query"].get("organization") == str(want) for r in requests) else None
+                elif key == "extra_vars":
+                    got = json.loads(body[key]) if key in body else None  # AWX stores extra_vars as JSON text
+                else:
+                    got = body.get(key, "<not sent>")
+                if got != want:
+                    wrong.append((endpoint, obj["name"], key, got, want))
+                checked += 1
+    assert wrong == []
+    assert checked > 150
+    # what the issue found missing before: limits, ask_variables_on_launch, slicing, the switch in extra_vars
+    jt = api.created("job_templates")
+    assert jt["llmops benchmark"]["ask_variables_on_launch"] is True
+    assert jt["llmops stage model"]["job_slice_count"] == 4 and jt["llmops stage model"]["allow_simultaneous"] is True
+    assert jt["llmops deploy"]["limit"] == "gpu_nodes:k8s_api"
+    assert json.loads(jt["llmops deploy"]["extra_vars"])["llmops_k8s_delegate_to"] == "localhost"
+    assert api.associated("job_templates", "llmops deploy", "instance_groups") == ["gpu-runners"]
+    assert api.associated("job_templates", "llmops deploy", "notification_templates_error") == ["llmops on-call"]
+    assert api.created("notification_templates")["llmops on-call"]["notification_type"] == "webhook"
+    # the inventory source reads the site's inventory, not the EE's localhost
+    assert api.created("inventory_sources")["llmops fleet from project"]["source_path"] == "inventories/example-h20"
+
+
+def test_the_custom_credential_types_arrive_with_awx_s_own_templates_unevaluated(api, applied):
+    types = api.created("credential_types")
+    assert types["llmops gateway token"]["injectors"] == {"env": {"LLMOPS_GATEWAY_TOKEN": "{{ gateway_token }}"},
+                                                          "extra_vars": {"llmops_gateway_token": "{{ gateway_token }}"}}
+    assert types["llmops Hugging Face token"]["inputs"]["fields"][0]["secret"] is True
+    creds = api.created("credentials")
+    assert creds["llmops gateway token"]["inputs"] == {"gateway_token": SECRETS["llmops_awx_gateway_token"]}
+    assert creds["llmops gateway token"]["credential_type"] == api.find("credential_types", "llmops gateway token")["id"]
+    # the Machine credential holds the key only: user and become are the inventory's
+    assert creds["llmops GPU nodes"]["inputs"] == {"ssh_key_data": SECRETS["llmops_awx_ssh_private_key"]}
+
+
+def test_the_workflow_nodes_and_edges_arrive(api, applied):
+    wf = OBJECTS["controller_workflows"][0]
+    nodes = api.created("workflow_job_template_nodes")
+    assert sorted(nodes) == sorted(n["identifier"] for n in wf["workflow_nodes"])
+    for node in wf["workflow_nodes"]:
+        jt = api.find("job_templates", node["unified_job_template"]["name"])
+        assert nodes[node["identifier"]]["unified_job_template"] == jt["id"]
+        for edge in ("success_nodes", "failure_nodes"):
+            want = [c["identifier"] for c in node.get("related", {}).get(edge, [])]
+            node_obj = next(o for o in api.objects["workflow_job_template_nodes"].values()
+                            if o["identifier"] == node["identifier"])
+            got = [api.objects["workflow_job_template_nodes"][i]["identifier"]
+                   for i in api.associations.get(("workflow_job_template_nodes", node_obj["id"], edge), [])]
+            assert got == want, (node["identifier"], edge)
+    body = api.created("workflow_job_templates")[wf["name"]]
+    assert (body["limit"], body["ask_limit_on_launch"]) == ("gpu_nodes:k8s_api:bench_clients", True)
+
+
+def test_no_secret_reaches_the_output(applied, checked_after):
+    for _rc, out, _requests in (applied, checked_after):
+        assert not [name for name, value in SECRETS.items() if value in out]
+
+
+def test_check_mode_after_a_run_compares_every_object_and_writes_nothing(checked_after):
+    rc, out, requests = checked_after
+    assert rc == 0, out[-4000:]
+    assert [r for r in requests if r["method"] != "GET"] == []
+    for name in ("llmops stage model", "llmops deploy", "llmops verify transport", "llmops diagnose", "llmops benchmark",
+                 "llmops stage, deploy, verify", "llmops.serving", "llmops fleet", "LLMOps"):
+        assert "ok: [localhost] => (item=%s)" % name in out, name
+
+
+def test_the_inventory_source_path_is_required(api):
+    inputs = {k: v for k, v in INPUTS.items() if k != "llmops_awx_inventory_path"}
+    rc, out, requests = _configure(api, inputs=inputs)
+    assert rc == 2, out[-3000:]
+    assert "set llmops_awx_inventory_path" in out
+    assert requests == [] and "TASK [Organization]" not in out

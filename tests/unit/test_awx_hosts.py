@@ -1,0 +1,134 @@
+"""Which hosts each AWX job template reaches, listed by ansible-playbook itself on the example fleet inventory.
+
+Every play names inventory groups (never ``all``); every job template and the workflow carry a limit; ansible-playbook
+``--list-hosts -l <the template's limit>`` on ``inventories/example-h20`` names, per play, the hosts a job would run
+on. The Kubernetes API host takes no staging or deploy step, the benchmark and transport jobs run on hosts of the
+fleet (never the execution environment's localhost), and diagnose runs once per engine.
+"""
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from ansible_collections.llmops.serving.tests.lib import awx_harness as awx
+
+ROOT = awx.ROOT
+EXAMPLE = os.path.join(ROOT, "inventories", "example-h20")
+OBJECTS = awx.load_controller()
+TEMPLATES = OBJECTS["controller_templates"]
+GPU = ["h20-gpu-01", "h20-gpu-02", "h20-gpu-03"]
+
+# per template: [(play name, hosts)] as the job runs them with the template's own limit
+EXPECTED = {
+    "llmops stage model": [("Demo model on the shared filesystem", GPU), ("Stage the model to node-local NVMe", GPU)],
+    "llmops deploy": [("Preflight", GPU), ("Demo model on the shared filesystem", GPU),
+                      ("Stage the model to node-local NVMe", GPU), ("Kernel caches keyed by a version fingerprint", GPU),
+                      ("Engine", ["h20-gpu-01"]), ("Export the engine endpoint", ["h20-gpu-01"])],
+    "llmops verify transport": [("Start the local P/D pair", ["h20-gpu-02", "h20-gpu-03"]),
+                                ("Prove which transport carried the KV cache", ["h20-gpu-02", "h20-gpu-03"]),
+                                ("Export the transport verdict", ["h20-gpu-02", "h20-gpu-03"])],
+    "llmops diagnose": [("Diagnose the Kubernetes engine", ["k8s-api-01"]),
+                        ("Diagnose the local engine of each colocated node", ["h20-gpu-01"])],
+    "llmops benchmark": [("Serving benchmark", ["bench-01"]), ("Export the benchmark report", ["bench-01"])],
+}
+
+
+PLAYBOOKS = ("playbooks/site.yml", "playbooks/stage.yml", "playbooks/verify_transport.yml", "playbooks/diagnose.yml",
+             "playbooks/benchmark.yml")
+
+
+@functools.lru_cache(maxsize=None)
+def _list_all(limit, inventory):
+    """{playbook: [(play name, sorted hosts)]} of every playbook from one ``ansible-playbook --list-hosts`` run."""
+    cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", inventory, "--list-hosts"]
+    cmd += (["-l", limit] if limit else []) + [os.path.join(ROOT, p) for p in PLAYBOOKS]
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    books, plays, current = {}, None, None
+    for line in proc.stdout.splitlines():
+        m = re.match(r"^playbook: (.*)$", line)
+        if m:
+            plays = books.setdefault(os.path.relpath(m.group(1), ROOT), [])
+            continue
+        m = re.match(r"\s+play #\d+ \((.*?)\): (.*?)\tTAGS:", line)
+        if m:
+            current = (m.group(2).strip(), [])
+            plays.append(current)
+        elif current is not None and re.match(r"^      \S+$", line):
+            current[1].append(line.strip())
+    return {book: [(name, sorted(hosts)) for name, hosts in p] for book, p in books.items()}
+
+
+def list_hosts(playbook, limit=None, inventory=EXAMPLE):
+    """[(play name, sorted hosts)] of one playbook, as ``ansible-playbook --list-hosts [-l limit]`` lists them."""
+    return _list_all(limit, inventory)[playbook]
+
+
+@pytest.mark.parametrize("template", TEMPLATES, ids=[t["name"] for t in TEMPLATES])
+def test_each_template_runs_its_plays_on_the_hosts_its_limit_names(template):
+    assert template.get("limit"), "%s has no limit" % template["name"]
+    assert template.get("ask_limit_on_launch") is True
+    assert list_hosts(template["playbook"], template["limit"]) == EXPECTED[template["name"]]
+
+
+def test_no_staging_or_deploy_step_reaches_the_kubernetes_api_host():
+    """Without any limit too: the plays name groups, so k8s-api-01 and the client never stage or run an engine."""
+    for playbook in ("playbooks/site.yml", "playbooks/stage.yml"):
+        for name, hosts in list_hosts(playbook):
+            assert "k8s-api-01" not in hosts and "bench-01" not in hosts, (playbook, name, hosts)
+
+
+def test_the_workflow_limit_keeps_every_node_on_its_hosts():
+    """The workflow's limit replaces each node's: every node still reaches exactly its own template's hosts."""
+    (wf,) = OBJECTS["controller_workflows"]
+    assert wf["ask_limit_on_launch"] is True
+    for node in wf["workflow_nodes"]:
+        template = awx.by_name(TEMPLATES, node["unified_job_template"]["name"])
+        assert list_hosts(template["playbook"], wf["limit"]) == EXPECTED[template["name"]], node["identifier"]
+
+
+def test_a_narrower_limit_on_launch_narrows_the_plays():
+    plays = list_hosts("playbooks/stage.yml", "h20-gpu-02")
+    assert plays == [("Demo model on the shared filesystem", ["h20-gpu-02"]),
+                     ("Stage the model to node-local NVMe", ["h20-gpu-02"])]
+
+
+def test_the_local_inventory_puts_its_one_host_in_every_group():
+    for playbook in ("playbooks/site.yml", "playbooks/verify_transport.yml", "playbooks/diagnose.yml",
+                     "playbooks/benchmark.yml", "playbooks/stage.yml"):
+        plays = list_hosts(playbook, inventory=os.path.join(ROOT, "inventories", "local"))
+        assert plays and all(hosts == ["localhost"] for _name, hosts in plays), (playbook, plays)
+
+
+def test_no_play_targets_all_or_a_bare_localhost():
+    """awx_configure.yml talks to the controller from the machine that runs it: the one play on localhost."""
+    for path in sorted(glob.glob(os.path.join(ROOT, "playbooks", "*.yml"))):
+        with open(path, encoding="utf-8") as f:
+            plays = yaml.safe_load(f)
+        for play in plays:
+            if "import_playbook" in play:
+                continue
+            hosts = str(play["hosts"])
+            assert hosts != "all" and "localhost" not in hosts or path.endswith("awx_configure.yml"), (path, play["name"])
+
+
+def test_templates_that_reach_the_cluster_run_kubernetes_calls_in_the_execution_environment():
+    """The Kubernetes credential is injected into the EE (K8S_AUTH_*): its templates set the one switch."""
+    for template in TEMPLATES:
+        if "llmops Kubernetes" in template["credentials"] or template["name"] == "llmops benchmark":
+            assert (template.get("extra_vars") or {}).get("llmops_k8s_delegate_to") == "localhost", template["name"]
+    roles = glob.glob(os.path.join(ROOT, "roles", "*", "tasks", "*.yml"))
+    text = "\n".join(open(p, encoding="utf-8").read() for p in roles)
+    # every delegation to the API host goes through the switch
+    assert "delegate_to: \"{{ engine_k8s_delegate_to }}\"" not in text
+    for role in ("engine", "pd_disagg", "diagnose", "benchmark"):
+        role_text = "\n".join(open(p, encoding="utf-8").read() for p in roles if "/roles/%s/" % role in p)
+        assert "llmops_k8s_delegate_to | default(groups['k8s_api']" in role_text, role
