@@ -38,7 +38,7 @@ description:
   - O(operation=gc) keeps the newest O(keep) fingerprints of O(engine). A fingerprint listed in
     O(in_use), or whose published directory or C(.run/) copy a running process uses, is never removed.
     Copies no process uses go with their fingerprint; stale C(.partial-*) directories whose lock is free
-    are removed too. Only real directories count: a symlink where a fingerprint directory, an engine copy or
+    are removed too. Only real directories count; a symlink where a fingerprint directory, an engine copy or
     a build directory would be is never followed, counted or removed; it is reported (C(links) in RV(details),
     and a warning) with the fix, and gc goes on with the rest. So does a directory that cannot be removed
     (C(errors)).
