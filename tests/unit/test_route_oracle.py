@@ -385,3 +385,31 @@ def test_the_old_default_checks_fail_through_the_gateway():
         assert not ok and "lacks routing-strategy, target-pod" in msg
     finally:
         srv.shutdown()
+
+
+def test_a_stormservice_answer_longer_than_original_route_is_caught_before_apply():
+    """The renderer and the route table agree: every StormService request rides original_route (config/gateway/
+    gateway.yaml, timeout: 120s), so the profile's longest answer (131072 tokens at 65 tok/s) would be cut; the
+    render warns, a cluster policy that keeps 120 s fails the render with the fix, one without a timeout passes."""
+    from ansible_collections.llmops.serving.plugins.module_utils import _aibrix_route as aroute
+
+    objs = pd_set("vllm", DOTTED, "stormservice", engine_args={"max-model-len": 131072})
+    a = oracle.gateway(objs, "POST", "/v1/chat/completions", model=DOTTED)
+    need, dummy = aroute.longest_answer(131072)
+    assert a.route == "original_route" and 0 < a.timeout_s < need
+    params = dict(engine="vllm", workload="stormservice", transport="rdma", model_name=DOTTED, namespace="llm-lab",
+                  image="vllm/vllm-openai:v0.11.0", model_path="/models/glm", model_host_path="/mnt/nvme/models/glm/3f2a9c1",
+                  ucx_net_devices={"rdma": "mlx5_0:1,mlx5_1:1", "tcp": "eth0"}, engine_args={"max-model-len": 131072})
+    assert any("original_route" in w for w in pd.render(dict(params))["warnings"])
+
+    def epp(timeout):
+        return {"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "EnvoyPatchPolicy",
+                "metadata": {"name": "aibrix-epp", "namespace": "aibrix-system"},
+                "spec": {"jsonPatches": [{"operation": {"op": "add", "path": "/virtual_hosts/0/routes/0", "value": {
+                    "name": "original_route", "route": {"cluster": "original_destination_cluster", "timeout": timeout}}}}]}}
+
+    with pytest.raises(pd.SpecError) as e:
+        pd.render(dict(params, gateway_policies=[epp("120s")]))
+    assert "gateway.envoyPatchPolicy.route.timeout" in str(e.value)
+    assert oracle.gateway(objs + [epp("0s")], "POST", "/v1/chat/completions", model=DOTTED).timeout_s == 0
+    assert not any("original_route" in w for w in pd.render(dict(params, gateway_policies=[epp("0s")]))["warnings"])
