@@ -13,7 +13,6 @@ module run, so many hosts can be followed at a short interval.
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -25,6 +24,7 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 from ansible_collections.llmops.serving.plugins.module_utils import _units
+from ansible_collections.llmops.serving.plugins.module_utils._untrusted import MAX_ABS_NUMBER, UntrustedInput, loads_json
 
 display = Display()
 
@@ -36,13 +36,20 @@ _JID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _STATE = re.compile(r"^[a-z][a-z_-]{0,23}$")  # a state word (copying, publishing, ...), nothing else is shown
 # Keys async_status adds to the job's own result.
 _STATUS_KEYS = ("started", "finished", "results_file", "stdout_lines", "stderr_lines")
+# What one poll reads of each file on the target (only regular files are read, never more than this): a job
+# file holds the module's result, a progress file one small record.
+JOB_MAX_BYTES = 16 * 1024 * 1024
+PROGRESS_MAX_BYTES = 1024 * 1024
 
 
 def _number(value):
-    """A finite non-negative number from a progress field, else None (bools are not numbers)."""
+    """A finite non-negative number within the shared reader's range from a progress field, else None (bools are
+    not numbers)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    if math.isnan(value) or value < 0 or math.isinf(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # (math.isnan of an int like 10**400 would raise OverflowError: ints are always finite)
+    if value < 0 or value > MAX_ABS_NUMBER:
         return None
     return value
 
@@ -75,14 +82,16 @@ def progress_line(record):
     return ", ".join(parts)
 
 
-def _load(text):
-    """JSON from text read off the target, or None (empty, being replaced, not JSON, too deep)."""
+def _load(text, field="progress_file", max_bytes=JOB_MAX_BYTES):
+    """JSON from text read off the target through the shared reader, or None (empty, being replaced, cut at the
+    size cap, not JSON, too deep, numbers out of range: a ``bytes_done`` of ``10**400`` is no progress, never a
+    traceback)."""
     text = text.strip()
     if not text:
         return None
     try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
+        return loads_json(text, field, max_bytes=max_bytes)
+    except UntrustedInput:
         return None
 
 
@@ -92,12 +101,20 @@ def _job_running(text):
     An empty or unparsable file is a job whose wrapper has not written it yet (None: ask again);
     ``{"started": 1, "finished": 0}`` is running; anything else is a result.
     """
-    data = _load(text)
+    data = _load(text, "async job file")
     if data is None:
         return None if not text.strip() else False
     if isinstance(data, dict) and data.get("started") and not data.get("finished"):
         return True
     return False
+
+
+class _NotAJobFile(Exception):
+    """The async job file is a FIFO, a device or a directory: neither this action nor async_status reads it."""
+
+    def __init__(self, path):
+        super(_NotAJobFile, self).__init__(path)
+        self.path = path
 
 
 class ActionModule(ActionBase):
@@ -154,20 +171,27 @@ class ActionModule(ActionBase):
 
         ``running`` is True while the job file says started and not finished, None while it is still
         empty, and False once it is missing or holds anything else (async_status then gives the result).
+        Only regular files are read, and at most a cap of each: a FIFO in the progress file's place would
+        block ``cat`` for ever and ``/dev/zero`` would stream without end (it is shown as no progress).
+        Raises :class:`_NotAJobFile` when the job file exists but is not a regular file.
         """
         shell = self._connection._shell
         sep = "--llmops-follow-%s--" % uuid.uuid4().hex
         job = shell.quote(shell.join_path(self._async_dir, jid))
-        cmd = "if [ -e %s ]; then echo 1; cat -- %s 2>/dev/null; else echo 0; fi; echo; echo %s" % (job, job, sep)
+        cmd = ("if [ -f %s ]; then echo 1; head -c %d -- %s 2>/dev/null; elif [ -e %s ]; then echo 2; else echo 0; "
+               "fi; echo; echo %s" % (job, JOB_MAX_BYTES + 1, job, job, sep))
         if progress_file:
-            cmd += "; cat -- %s 2>/dev/null" % shell.quote(progress_file)
+            prog = shell.quote(progress_file)
+            cmd += "; if [ -f %s ]; then head -c %d -- %s 2>/dev/null; fi" % (prog, PROGRESS_MAX_BYTES + 1, prog)
         got = self._low_level_execute_command(cmd + "; exit 0", sudoable=True)
         out = to_text(got.get("stdout", ""))
-        if got.get("rc") != 0 or sep not in out or out[:1] not in ("0", "1"):
+        if got.get("rc") != 0 or sep not in out or out[:1] not in ("0", "1", "2"):
             raise AnsibleError("reading the job status on the target failed (rc %s)" % got.get("rc"))
+        if out[:1] == "2":
+            raise _NotAJobFile(shell.join_path(self._async_dir, jid))
         job_text, dummy, progress_text = out[1:].partition(sep)
         running = _job_running(job_text) if out[:1] == "1" else False
-        return running, _load(progress_text)
+        return running, _load(progress_text, "progress_file", PROGRESS_MAX_BYTES)
 
     # ---- the loop ------------------------------------------------------------------------------
     def _follow(self, args, label):
@@ -178,7 +202,14 @@ class ActionModule(ActionBase):
         while True:
             polls += 1
             try:
-                running, record = self._peek(jid, args["progress_file"])
+                try:
+                    running, record = self._peek(jid, args["progress_file"])
+                except _NotAJobFile as e:
+                    return dict(failed=True, ansible_job_id=jid, polls=polls, finished=False, file=e.path,
+                                reason="not_regular",
+                                msg="%s: the async job file %s on the target is not a regular file, so it is not "
+                                    "read (it would block, or never end); remove it and start the job again"
+                                    % (label, e.path))
                 if running is False:
                     status = self._status(jid)
                     if status.get("finished") or status.get("failed"):
