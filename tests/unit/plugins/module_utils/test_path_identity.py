@@ -289,6 +289,7 @@ KC_SPELLINGS = {
     "dotdot": lambda kc, fp: os.path.join(kc["link"], "vllm", "..", "vllm", fp),
     "double_slash": lambda kc, fp: "/" + os.path.join(kc["link"], "vllm", fp).replace("/", "//"),
     "below": lambda kc, fp: os.path.join(kc["link"], "vllm", fp, "triton"),
+    "relative": lambda kc, fp: os.path.relpath(os.path.join(kc["link"], "vllm", fp)),
 }
 
 
