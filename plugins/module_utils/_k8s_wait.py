@@ -621,7 +621,8 @@ def _judge_exit(out, ctx, pod, container, what, log):
 
 def answered_by(models, model_path):
     """``(proven, roots)``: whether a ``/v1/models`` answer (vLLM and SGLang list the served model with
-    ``root`` = the path it was loaded from) comes from an engine of ``model_path``."""
+    ``root`` = the path it was loaded from) comes from an engine of ``model_path``; ``roots`` is what it lists
+    (empty when the answer names none, as a gateway's own model list)."""
     data = models.get("data") if isinstance(models, dict) else None
     roots = [m.get("root") for m in data if isinstance(m, dict) and isinstance(m.get("root"), str)] \
         if isinstance(data, list) else []
@@ -642,8 +643,8 @@ def evaluate(pods, route=None, now=None, replicas=1, schedule_timeout=900, gatew
 
     With ``workload`` (its ``replicasets`` for a Deployment) only pods of the current revision count, and the
     rollout must be done (:func:`rollout_status`): right after an update the old pod is Ready, and that is
-    "waiting", not "ready". With ``models`` (the ``/v1/models`` answer through the serving URL) the answer must
-    come from the current revision's model path.
+    "waiting", not "ready". With ``models`` (the ``/v1/models`` answer through the serving URL; ``False``: it gave
+    none) the answer must come from the current revision's model path when it names one (``root``).
     """
     logs = logs or {}
     events = [e for e in (shape(ev, "Event") for ev in events or []) if e is not None]
@@ -690,9 +691,13 @@ def evaluate(pods, route=None, now=None, replicas=1, schedule_timeout=900, gatew
     if not waiting and revision is not None and models is not None:
         proven, roots = answered_by(models, revision["model_path"])
         revision.update(proven=proven, answered_roots=roots)
-        if not proven:
+        if not isinstance(models, dict):
+            waiting.append("the serving URL gave no /v1/models answer yet")
+        elif roots and not proven:
             waiting.append("rolling: the serving URL answers from %s, not from the current revision's %s (an old "
-                           "engine still answers)" % (", ".join(roots) or "no listed model root", revision["model_path"]))
+                           "engine still answers)" % (", ".join(roots), revision["model_path"]))
+        elif not roots:
+            revision["proven"] = None  # the answer names no root (a gateway's own model list): nothing to compare
     if waiting:
         return dict(verdict, state="waiting", message="; ".join(waiting))
     return dict(verdict, state="ready", message="%d/%d pod(s) Ready%s%s%s" % (
@@ -772,7 +777,7 @@ def judge(fetch, now, read_log=None, answer=None, **kw):
             verdict = evaluate(seen["pods"], seen["route"], now=now, logs=logs, **args)
     if verdict["state"] == "ready" and answer is not None and verdict.get("revision") is not None:
         models = answer()
-        verdict = evaluate(seen["pods"], seen["route"], now=now, models=models if models is not None else {}, **args)
+        verdict = evaluate(seen["pods"], seen["route"], now=now, models=models if models is not None else False, **args)
     return verdict
 
 

@@ -275,3 +275,13 @@ def test_hints_do_not_contradict_the_rendered_rollout_or_volume():
     _failed_mount(sc, pod, first="2026-08-02T08:57:30Z", count=4)
     f = next(f for f in diagnose(sc)["findings"] if f["code"] == "mount_failed")
     assert "hostPath" in f["hint"] and "model_stage" in f["hint"]
+
+
+def test_every_code_is_documented_in_precedence_order():
+    """docs/diagnose.md lists the codes in the order that breaks ties between findings of one severity."""
+    import re
+
+    doc = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..", "docs", "diagnose.md")
+    with open(doc) as f:
+        rows = [(m.group(1), m.group(2)) for m in re.finditer(r"^\| `([a-z_]+)` \| (error|warning|info) \|", f.read(), re.M)]
+    assert rows == list(d.CODES)
