@@ -811,10 +811,11 @@ def job_name(plan_doc, rnd):
 
 
 def job_manifest(plan_doc, rnd, namespace, image, python="python3", tokenizer_host_path="/mnt/nvme/models",
-                 tokenizer_mount="/models", node_selector=None, active_deadline=3600):
+                 tokenizer_mount="/models", node_selector=None, active_deadline=3600, affinity=None, tolerations=None):
     """The Kubernetes Job that runs round ``rnd`` in the cluster with :data:`JOB_SOURCE` (same flags as a local
-    round). The tokenizer comes from a read-only hostPath; a target's headers go in as arguments (a credential
-    header belongs in the gateway, not here)."""
+    round). The tokenizer comes from a read-only hostPath, so ``affinity`` (a required node affinity to the nodes
+    that hold it) and ``tolerations`` (those nodes' taints) place the pod where it is; a target's headers go in
+    as arguments (a credential header belongs in the gateway, not here)."""
     target = next(t for t in plan_doc["targets"] if t["name"] == rnd["target"])
     argv = client_argv(python, target, rnd, plan_doc["tokenizer"], "/tmp", "unused.json",
                        ready_timeout=plan_doc.get("ready_timeout_s", 30))
@@ -840,6 +841,10 @@ def job_manifest(plan_doc, rnd, namespace, image, python="python3", tokenizer_ho
     }
     if node_selector:
         spec["template"]["spec"]["nodeSelector"] = dict(node_selector)
+    if affinity:
+        spec["template"]["spec"]["affinity"] = json.loads(json.dumps(affinity))
+    if tolerations:
+        spec["template"]["spec"]["tolerations"] = [dict(t) for t in tolerations]
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": job_name(plan_doc, rnd), "namespace": namespace, "labels": labels}, "spec": spec}
 

@@ -27,7 +27,9 @@ options:
     type: str
     required: true
   image:
-    description: Image with vllm installed.
+    description:
+      - Image with vllm installed (its C(vllm.benchmarks.serve) is the client). The benchmark role passes the
+        engine's image (C(engine_image)) unless C(benchmark_k8s_image) is set; an SGLang engine image has no vllm.
     type: str
     required: true
   python:
@@ -46,6 +48,22 @@ options:
     description: Node selector of the Jobs (where the client runs).
     type: dict
     default: {}
+  nodes:
+    description:
+      - Names (C(kubernetes.io/hostname) values) of the nodes whose local disk holds O(tokenizer_host_path) with the
+        plan's tokenizer, for example the nodes that staged the model revision. Every Job gets a required node
+        affinity to exactly these nodes, so its pod is never scheduled where the hostPath is missing (a
+        C(type: Directory) hostPath fails at mount, after scheduling).
+      - Empty places the Jobs on any node that fits (the tokenizer directory must then exist on every node).
+    type: list
+    elements: str
+    default: []
+  tolerations:
+    description:
+      - Tolerations of the Jobs, for the taints of O(nodes) (GPU nodes are often tainted); each names its taint key.
+    type: list
+    elements: dict
+    default: []
   active_deadline:
     description: C(activeDeadlineSeconds) of each Job.
     type: int
@@ -103,7 +121,7 @@ removed:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _bench_run, _render_dir
+from ansible_collections.llmops.serving.plugins.module_utils import _bench_run, _k8s_engine, _render_dir
 
 
 class _SpecError(ValueError):
@@ -111,14 +129,25 @@ class _SpecError(ValueError):
 
 
 def _render(params):
+    if not (params["image"] or "").strip():
+        raise _SpecError("image: empty; set benchmark_k8s_image (by default the engine's image, engine_image) to an "
+                         "image with vllm installed, whose vllm.benchmarks.serve is the client")
+    try:
+        _k8s_engine.check_tolerations(params["tolerations"])
+        nodes = _k8s_engine.check_staged_nodes(params["nodes"] or None, 1, field="nodes", what="the benchmark Job",
+                                               hint="give the nodes that hold the tokenizer")
+    except _k8s_engine.SpecError as e:
+        raise _SpecError(str(e))
     try:
         plan = _bench_run.read_plan(params["out_dir"])
     except _bench_run.BenchError as e:
         raise _SpecError(str(e))
+    affinity = _k8s_engine.pin_to_nodes({}, nodes) if nodes else None
     objects = [_bench_run.job_manifest(plan, r, params["namespace"], params["image"], python=params["python"],
                                        tokenizer_host_path=params["tokenizer_host_path"],
                                        tokenizer_mount=params["tokenizer_mount"], node_selector=params["node_selector"],
-                                       active_deadline=params["active_deadline"]) for r in plan["rounds"]]
+                                       active_deadline=params["active_deadline"], affinity=affinity,
+                                       tolerations=params["tolerations"]) for r in plan["rounds"]]
     return {"objects": objects, "names": [o["metadata"]["name"] for o in objects], "warnings": []}
 
 
@@ -132,6 +161,8 @@ def main():
             tokenizer_host_path=dict(type="str", default="/mnt/nvme/models", no_log=False),
             tokenizer_mount=dict(type="str", default="/models", no_log=False),
             node_selector=dict(type="dict", default={}),
+            nodes=dict(type="list", elements="str", default=[]),
+            tolerations=dict(type="list", elements="dict", default=[]),
             active_deadline=dict(type="int", default=3600),
             render_dir=dict(type="path"),
         ),
