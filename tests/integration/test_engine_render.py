@@ -24,7 +24,7 @@ CASES = {
 }
 
 
-def play(tmp_path, extra):
+def play(tmp_path, extra, inventory="localhost,"):
     env = dict(os.environ)
     env["ANSIBLE_CONFIG"] = os.path.join(ROOT, "ansible.cfg")
     # the working tree first (root conftest links it under .build/pycoll), then what `make install` put there
@@ -35,7 +35,7 @@ def play(tmp_path, extra):
     env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
     varfile = tmp_path / ("vars-%d.json" % len(list(tmp_path.glob("vars-*.json"))))
     varfile.write_text(json.dumps(dict(extra, ansible_python_interpreter=sys.executable)))
-    proc = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", PLAYBOOK, "-e", "@%s" % varfile],
+    proc = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", inventory, PLAYBOOK, "-e", "@%s" % varfile],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
     return proc.returncode, proc.stdout + proc.stderr
 
@@ -161,3 +161,17 @@ def test_role_pins_the_engine_to_the_hosts_that_staged_the_revision(tmp_path):
     assert pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["gpu-node-7"]}]}]}
     assert "engine pods only on gpu-node-7" in output
+
+
+def test_a_host_in_the_colocated_and_a_pd_group_fails_before_rendering(tmp_path):
+    """Colocated and P/D pods take whole GPU nodes: a host in both groups would let one take the other's node."""
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(yaml.safe_dump({"all": {"children": {
+        "colocated": {"hosts": {"localhost": {"ansible_connection": "local"}}},
+        "decode": {"hosts": {"localhost": None}}}}}))
+    out = tmp_path / "manifests"
+    extra = dict(CASES["vllm"], engine_namespace="llm-lab", engine_render_dir=str(out), engine_k8s_staged_nodes=[],
+                 engine_model_path=str(tmp_path / "rev"))
+    rc, output = play(tmp_path, extra, inventory=str(inv))
+    assert rc != 0 and "localhost is in group colocated and in prefill or decode" in output, output[-3000:]
+    assert not out.exists()
