@@ -157,3 +157,55 @@ def test_progress_deadline_exceeded_fails_the_wait_and_is_rollout_stalled():
     res = _diagnose.diagnose_kubernetes(cluster.objects(), {}, namespace="llm-lab", name="glm-5-2-fp8-vllm",
                                         now=cluster.clock())
     assert "rollout_stalled" in [f["code"] for f in res["findings"]]
+
+
+# ---- LeaderWorkerSet and StormService: their own status, the same rule --------------------------------------------
+
+def _lws(generation=2, updated=1, ready=1, conds=None):
+    """kubernetes-sigs/lws api/leaderworkerset/v1/leaderworkerset_types.go: status replicas/readyReplicas/
+    updatedReplicas and the Available / Progressing / UpdateInProgress conditions."""
+    return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+            "metadata": {"name": "glm-5-2-fp8-vllm", "namespace": "llm-lab", "generation": generation},
+            "spec": {"replicas": 1, "leaderWorkerTemplate": {"size": 2, "leaderTemplate": {"spec": {"containers": [
+                {"name": "engine", "args": ["--model", B]}]}}}},
+            "status": {"replicas": 1, "readyReplicas": ready, "updatedReplicas": updated, "conditions": conds or []}}
+
+
+def _lws_pod(name, revision, created, ready=True):
+    return {"metadata": {"name": name, "namespace": "llm-lab", "creationTimestamp": created,
+                         "labels": {"leaderworkerset.sigs.k8s.io/name": "glm-5-2-fp8-vllm",
+                                    "leaderworkerset.sigs.k8s.io/template-revision-hash": revision}},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True" if ready else "False",
+                                                           "lastTransitionTime": created}],
+                       "containerStatuses": [{"name": "engine", "ready": ready, "restartCount": 0, "started": ready,
+                                              "state": {"running": {"startedAt": created}}}]}}
+
+
+def test_leaderworkerset_update_in_progress_is_rolling_and_old_groups_do_not_count():
+    updating = [{"type": "UpdateInProgress", "status": "True", "reason": "GroupsUpdating"},
+                {"type": "Available", "status": "True", "reason": "AllGroupsReady"}]
+    pods = [_lws_pod("glm-5-2-fp8-vllm-0", "6f8d9c", "2026-08-02T08:00:00Z"),
+            _lws_pod("glm-5-2-fp8-vllm-1", "7a1b2c", "2026-08-02T09:00:00Z", ready=False)]
+    v = _k8s_wait.evaluate(pods, None, check_route=False, workload=_lws(updated=0, ready=0, conds=updating))
+    assert v["state"] == "waiting" and "UpdateInProgress" in v["message"]
+    assert v["rollout"]["revision"] == "7a1b2c" and v["rollout"]["current_pods"] == ["glm-5-2-fp8-vllm-1"]
+    done = [{"type": "Available", "status": "True", "reason": "AllGroupsReady"}]
+    pods = [_lws_pod("glm-5-2-fp8-vllm-1", "7a1b2c", "2026-08-02T09:00:00Z")]
+    v = _k8s_wait.evaluate(pods, None, check_route=False, workload=_lws(conds=done))
+    assert v["state"] == "ready" and v["revision"]["model_path"] == B
+
+
+def test_stormservice_between_revisions_is_rolling():
+    """AIBrix v0.7.0 StormService status: observedGeneration, currentRevision, updateRevision, updatedReplicas,
+    updatedReadyReplicas (config/crd orchestration.aibrix.ai_stormservices.yaml)."""
+    storm = {"apiVersion": "orchestration.aibrix.ai/v1alpha1", "kind": "StormService",
+             "metadata": {"name": "glm-pd", "namespace": "llm-lab", "generation": 3},
+             "spec": {"replicas": 1, "template": {"spec": {"roles": []}}},
+             "status": {"observedGeneration": 3, "replicas": 1, "readyReplicas": 1, "updatedReplicas": 0,
+                        "updatedReadyReplicas": 0, "currentRevision": "glm-pd-5d4c", "updateRevision": "glm-pd-7f9e"}}
+    ro = _k8s_wait.rollout_status(_k8s_wait.shape(storm), [], [])
+    assert ro["state"] == "rolling" and "glm-pd-5d4c to glm-pd-7f9e" in ro["message"]
+    storm["status"].update(updatedReplicas=1, updatedReadyReplicas=1, currentRevision="glm-pd-7f9e")
+    assert _k8s_wait.rollout_status(_k8s_wait.shape(storm), [], [])["state"] == "done"
+    storm["metadata"]["generation"] = 4
+    assert "observe generation 4" in _k8s_wait.rollout_status(_k8s_wait.shape(storm), [], [])["message"]
