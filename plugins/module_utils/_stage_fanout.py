@@ -211,8 +211,8 @@ def check_options(piece_size=None, peers=None, peer_token=None, fleet_slots_dir=
     if piece_size is not None:
         if not _marker.valid_piece_size(piece_size) or piece_size > MAX_PIECE_SIZE:
             raise ValueError("piece_size: must be a positive multiple of %d bytes up to %d (1 GiB) (got %r); use "
-                             "e.g. 67108864 (64 MiB), the same on every node" % (_marker.PIECE_ALIGN, MAX_PIECE_SIZE,
-                                                                                piece_size))
+                             "e.g. 67108864 (64 MiB), the same on every node"
+                             % (_marker.PIECE_ALIGN, MAX_PIECE_SIZE, piece_size))
     peers = list(peers or [])
     seen = set()
     for i, peer in enumerate(peers):
@@ -858,9 +858,12 @@ class Receiver(object):
             if status == 403:
                 self._drop(link, "refused this run's token (HTTP 403)")
             elif strikes >= self.max_failures:
-                what = ("listed pieces it did not serve (HTTP 404)" if status == 404 else
-                        "answered HTTP %d" % status if status else
-                        "stalled" if getattr(e, "timed_out", False) else "broke off")
+                if status == 404:
+                    what = "listed pieces it did not serve (HTTP 404)"
+                elif status:
+                    what = "answered HTTP %s" % status
+                else:
+                    what = "stalled" if getattr(e, "timed_out", False) else "broke off"
                 self._drop(link, "%d transfers in a row failed, the last one %s" % (strikes, what))
             return
         digest = h.hexdigest()

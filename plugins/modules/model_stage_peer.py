@@ -25,7 +25,7 @@ description:
     request, so peers with the token are served while idle or slow connections are open.
   - The server is a daemon holding a lock on its pid file in O(state_dir) for its life; it exits on
     O(state=stopped), on SIGTERM, or after O(lifetime) seconds, whichever comes first. The server is given only
-    the token's sha256, never the token: nothing in its memory, files, environment or command line reveals it.
+    the token's sha256, never the token, so nothing in its memory, files, environment or command line reveals it.
   - Starting it again with the same configuration (token included) changes nothing; another configuration
     replaces the running server.
 options:

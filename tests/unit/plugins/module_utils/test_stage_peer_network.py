@@ -55,8 +55,8 @@ def served(tmp_path):
 def _range(port, first, last, token=TOKEN, timeout=10):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        c.request("GET", "/r/m/r1/files/a.bin", headers={"Authorization": "Bearer " + token,
-                                                          "Range": "bytes=%d-%d" % (first, last)})
+        headers = {"Authorization": "Bearer " + token, "Range": "bytes=%d-%d" % (first, last)}
+        c.request("GET", "/r/m/r1/files/a.bin", headers=headers)
         r = c.getresponse()
         return r.status, r.read()
     finally:
