@@ -6,7 +6,7 @@ nesting of lists, or be absent. For every such change the invariants a user reli
 * ``_diagnose.diagnose_kubernetes`` and ``_k8s_wait.evaluate`` answer (a verdict, never a traceback);
 * a verdict of ``healthy`` needs evidence: at least one pod of the workload Ready, and every pod of it Ready
   (a pod that is not Ready - whatever its status lacks - is never healthy);
-* the wait's ``ready`` needs as many Ready pods as replicas.
+* the wait's ``ready`` needs as many Ready pods as replicas and, with a workload, its rollout done.
 
 CI runs a bounded number of examples with a fixed seed; ``make fuzz`` runs many more (``LLMOPS_FUZZ_EXAMPLES``).
 """
@@ -20,6 +20,7 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from ansible_collections.llmops.serving.plugins.module_utils import _diagnose, _k8s_wait, _timeline
+from ansible_collections.llmops.serving.tests.lib import kube_controllers as kc
 
 EXAMPLES = int(os.environ.get("LLMOPS_FUZZ_EXAMPLES", "150"))
 PHASES = [Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if os.environ.get("LLMOPS_FUZZ_SHRINK") else [])
@@ -37,6 +38,14 @@ def _scenarios():
         for key, sc in yaml.safe_load(f).items():
             if not key.startswith("_"):
                 out.append(dict(sc, namespace="llm-lab", name="glm-5-2-fp8-vllm", served_model_name="glm-5.2-fp8-vllm"))
+    # a rollout in the middle, from the controller model: ReplicaSets of two revisions, Events, a loading pod
+    cluster = kc.Cluster()
+    cluster.apply(kc.deployment("/models/a", replicas=2))
+    cluster.advance(150)
+    cluster.apply(kc.deployment("/models/b", replicas=2))
+    cluster.advance(20)
+    out.append(dict(objects=cluster.objects(), logs={}, namespace="llm-lab", name="glm-5-2-fp8-vllm",
+                    served_model_name="glm-5.2-fp8-vllm", now=_timeline.iso(cluster.clock())))
     return out
 
 
@@ -109,9 +118,9 @@ def test_wrong_typed_fields_never_raise_and_healthy_needs_ready_pods(which, chan
                                  replicasets=[o for o in shaped if o["kind"] == "ReplicaSet"],
                                  events=[o for o in shaped if o["kind"] == "Event"], logs={})
     assert verdict["state"] in ("ready", "waiting", "failed")
-    if verdict["state"] == "ready":
+    if verdict["state"] == "ready":  # as many Ready pods as replicas (1 here), and a rollout that is done
         assert sum(1 for p in verdict["pods"] if p["state"] == "ready") >= 1
-        assert all(p["state"] == "ready" for p in verdict["pods"])
+        assert verdict["rollout"] is None or verdict["rollout"]["state"] == "done"
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("LLMOPS_FUZZ_SHRINK"), phases=PHASES,
