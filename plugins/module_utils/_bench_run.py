@@ -596,9 +596,12 @@ def _ms(seconds):
 def _client_number(values, i, what):
     """``values[i]`` as a float, or a reason why it cannot be one request's figure."""
     v = values[i] if i < len(values) else None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return None, "its %s is %s" % (what, "missing" if v is None else "%r, not a finite number" % (v,)
-                                        if isinstance(v, (int, float)) else "a %s" % type(v).__name__)
+    if v is None:
+        return None, "its %s is missing" % what
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None, "its %s is a %s" % (what, type(v).__name__)
+    if not math.isfinite(v):
+        return None, "its %s is %r, not a finite number" % (what, v)
     return float(v), None
 
 

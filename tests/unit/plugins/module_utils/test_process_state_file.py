@@ -149,8 +149,8 @@ def test_describe_exit_of_a_state_file_with_a_list_for_signal_does_not_raise(tmp
     assert _process.describe_exit(st) == "exit status None"
 
 
-def test_a_state_file_naming_another_live_process_after_the_engine_is_gone_signals_nothing(run_module, tmp_path,
-                                                                                          token, decoy):
+def test_a_state_file_naming_another_live_process_after_the_engine_is_gone_signals_nothing(
+        run_module, tmp_path, token, decoy):
     """Engine and supervisor are gone; the state file names a live session leader with its true start time.
     It runs another command than spec.json records, so it is not taken for the engine."""
     args = _args(tmp_path / "run", token)
