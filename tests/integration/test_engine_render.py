@@ -24,7 +24,7 @@ CASES = {
 }
 
 
-def play(tmp_path, extra, inventory="localhost,"):
+def play(tmp_path, extra, inventory="localhost,", args=()):
     env = dict(os.environ)
     env["ANSIBLE_CONFIG"] = os.path.join(ROOT, "ansible.cfg")
     # the working tree first (root conftest links it under .build/pycoll), then what `make install` put there
@@ -35,7 +35,7 @@ def play(tmp_path, extra, inventory="localhost,"):
     env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
     varfile = tmp_path / ("vars-%d.json" % len(list(tmp_path.glob("vars-*.json"))))
     varfile.write_text(json.dumps(dict(extra, ansible_python_interpreter=sys.executable)))
-    proc = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", inventory, PLAYBOOK, "-e", "@%s" % varfile],
+    proc = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", inventory, PLAYBOOK, "-e", "@%s" % varfile] + list(args),
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
     return proc.returncode, proc.stdout + proc.stderr
 
@@ -161,6 +161,20 @@ def test_role_pins_the_engine_to_the_hosts_that_staged_the_revision(tmp_path):
     assert pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["gpu-node-7"]}]}]}
     assert "engine pods only on gpu-node-7" in output
+
+
+
+def test_check_mode_counts_the_hosts_that_will_stage_the_revision(tmp_path):
+    """A Check job before the first stage: the revision is not on the node yet (the stage play would write it), so
+    the group's hosts count, it says so, and nothing is written."""
+    out = tmp_path / "manifests"
+    extra = dict(CASES["vllm"], engine_namespace="llm-lab", engine_render_dir=str(out),
+                 engine_model_path=str(tmp_path / "nvme" / "rev"), engine_k8s_staged_nodes=[])
+    rc, output = play(tmp_path, extra, args=["--check"])
+    assert rc == 0, output[-4000:]
+    assert "is not staged on localhost yet (a real run stages it first)" in output
+    assert "engine pods only on localhost" in output
+    assert not out.exists()
 
 
 def test_a_host_in_the_colocated_and_a_pd_group_fails_before_rendering(tmp_path):
