@@ -261,7 +261,8 @@ def _bracket_depth(text):
         brackets = brackets[:quote]
     if not brackets:
         return 0
-    return max(0, max(itertools.accumulate(map(_BRACKET_STEP.__getitem__, brackets))))
+    deepest = max(itertools.accumulate(map(_BRACKET_STEP.__getitem__, brackets)))
+    return deepest if deepest > 0 else 0
 
 
 def load_json(path, field=None, max_bytes=MAX_BYTES, max_depth=MAX_DEPTH, follow=True):
@@ -275,7 +276,8 @@ def loads_yaml(data, field, max_depth=MAX_DEPTH, file=None, max_bytes=MAX_BYTES,
     """Parse one YAML document (safe loader) under the rules: depth is counted on the event stream before
     anything is built, aliases are refused (no expansion bombs), numbers are checked after.
     ``all_documents=True`` reads a ``---``-separated stream and returns the list of its documents."""
-    import yaml  # pylint: disable=import-outside-toplevel  (only YAML readers need it)
+    # imported here: only YAML readers need it
+    import yaml  # pylint: disable=import-outside-toplevel
 
     if len(data) > max_bytes:
         raise UntrustedInput("%s is %d bytes, over the %d-byte limit; it is not parsed" % (field, len(data), max_bytes),

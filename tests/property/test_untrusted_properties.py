@@ -59,7 +59,7 @@ def nested_text(draw):
     opener = draw(st.sampled_from(["[", '{"k": ', "mixed"]))
     leaf = draw(NUMBERS)
     if opener == "mixed":
-        kinds = [draw(st.booleans()) for _ in range(min(depth, 8))] or [True]
+        kinds = [draw(st.booleans()) for dummy in range(min(depth, 8))] or [True]
         opens = "".join('{"k": ' if kinds[i % len(kinds)] else "[" for i in range(depth))
         closes = "".join("}" if kinds[i % len(kinds)] else "]" for i in reversed(range(depth)))
     else:
@@ -236,9 +236,11 @@ def test_render_manifest_marker_is_used_or_refused_before_anything_changes(data,
             assert box["clean"].file == marker and "Nothing was changed" in str(box["clean"])
 
 
+BIG = st.sampled_from([10 ** 400, -10 ** 400, 2 ** 64, float("inf"), float("nan"), 1])
+
+
 @SETTINGS
-@given(data=json_documents(), kind=FILE_KINDS, doc=VALUES, big=st.sampled_from([10 ** 400, -10 ** 400, 2 ** 64,
-                                                                                 float("inf"), float("nan"), 1]))
+@given(data=json_documents(), kind=FILE_KINDS, doc=VALUES, big=BIG)
 def test_rdma_baseline_from_a_file_or_the_option_is_validated_or_refused_cleanly(data, kind, doc, big):
     with scratch() as d:
         path = os.path.join(d, "baseline.json")
@@ -255,7 +257,7 @@ def test_rdma_baseline_from_a_file_or_the_option_is_validated_or_refused_cleanly
 def credential_arguments(draw):
     """A JSON engine argument holding a credential-named key at a generated depth, in objects and arrays."""
     depth = draw(st.integers(0, 400))
-    shape = [draw(st.booleans()) for _ in range(min(depth, 6))] or [True]
+    shape = [draw(st.booleans()) for dummy in range(min(depth, 6))] or [True]
     opens = "".join('{"k%d": ' % i if shape[i % len(shape)] else "[" for i in range(depth))
     closes = "".join("}" if shape[i % len(shape)] else "]" for i in reversed(range(depth)))
     key = draw(st.sampled_from(["api_key", "hf_token", "secret_key", "password", "AWS_SECRET_ACCESS_KEY"]))
@@ -270,7 +272,7 @@ def test_a_credential_nested_in_a_json_argument_is_found_or_refused_never_passed
     scan = _secrets.Scan()
     outcome(lambda: scan.argv(argv, "extra_args"), ())
     assert scan.findings, "a credential %s levels deep passed unchecked" % arg.count("[")
-    box = outcome(lambda: scan.refuse(), ValueError)
+    box = outcome(scan.refuse, ValueError)
     assert FAKE not in str(box["clean"])
 
 

@@ -281,7 +281,7 @@ def _valid(tmp_path):
 
 def _deep_list(depth):
     top = leaf = []
-    for _ in range(depth - 1):
+    for dummy in range(depth - 1):
         leaf.append([])
         leaf = leaf[0]
     return top

@@ -322,7 +322,7 @@ def test_json_argument_with_numbers_out_of_range_is_still_checked():
 def test_deep_dict_flag_value_is_refused_not_walked_recursively():
     from ansible_collections.llmops.serving.plugins.module_utils import _secrets
     value = leaf = {}
-    for _ in range(5000):
+    for dummy in range(5000):
         leaf["k"] = {}
         leaf = leaf["k"]
     leaf["api_key"] = FAKE

@@ -182,7 +182,7 @@ def test_yaml_nesting_bomb_is_a_clean_depth_error(flow):
 
 def test_check_value_walks_without_recursion():
     doc = leaf = []
-    for _ in range(100000):
+    for dummy in range(100000):
         nxt = []
         leaf.append(nxt)
         leaf = nxt
