@@ -733,9 +733,13 @@ def rule_unschedulable(ctx, pod, pod_ref):
                        "on the GPU nodes do not), lower tp_size/replicas, or add nodes; "
                        "check `kubectl describe node` Allocated resources and that the device plugin advertises "
                        "the resource." % " and ".join(accel))
-    return finding("unschedulable", pod_ref, ev,
-                   "The scheduler's message names the reason per node: fix the nodeSelector/affinity, add the "
-                   "tolerations for the GPU nodes' taints, or bind the PersistentVolumeClaim.")
+    hint = ("The scheduler's message names the reason per node: fix the nodeSelector/affinity, add the "
+            "tolerations for the GPU nodes' taints, or bind the PersistentVolumeClaim.")
+    if "node affinity/selector" in text:
+        hint += (" The engine role pins its pods to the nodes that staged the revision (required node affinity on "
+                 "kubernetes.io/hostname from each host's k8s_node_name): stage the revision on enough nodes, and "
+                 "set k8s_node_name where the inventory name is not the node's name.")
+    return finding("unschedulable", pod_ref, ev, hint)
 
 
 def _waiting_rule(ctx, pod, pod_ref, cs):

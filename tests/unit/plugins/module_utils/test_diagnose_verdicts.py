@@ -275,6 +275,11 @@ def test_hints_do_not_contradict_the_rendered_rollout_or_volume():
     _failed_mount(sc, pod, first="2026-08-02T08:57:30Z", count=4)
     f = next(f for f in diagnose(sc)["findings"] if f["code"] == "mount_failed")
     assert "hostPath" in f["hint"] and "model_stage" in f["hint"]
+    sc, pod = scenario()
+    _unschedulable(pod, "0/5 nodes are available: 5 node(s) didn't match Pod's node affinity/selector. preemption: "
+                        "0/5 nodes are available: 5 Preemption is not helpful for scheduling.", "2026-08-02T08:58:00Z")
+    f = next(f for f in diagnose(sc)["findings"] if f["code"] == "unschedulable")
+    assert "staged the revision" in f["hint"] and "k8s_node_name" in f["hint"]
 
 
 def test_every_code_is_documented_in_precedence_order():
