@@ -237,6 +237,21 @@ def test_sglang_loader_config_missing_a_key_is_refused():
         k8s.build(dict(SGLANG, engine_args={"model-loader-extra-config": {"enable_multithread_load": True}}))
 
 
+@pytest.mark.parametrize("raw,why", [
+    ("[" * 200 + "]" * 200, "nests deeper"),
+    ('{"enable_multithread_load": true, "num_threads": NaN}', "refused"),
+    ('{"enable_multithread_load": true, "num_threads": 4', "is not JSON"),
+    ('["enable_multithread_load"]', "must be a JSON object"),
+])
+def test_sglang_loader_config_text_is_read_as_untrusted_json(raw, why):
+    """The JSON text given for model-loader-extra-config goes through the shared reader (_untrusted.loads_json):
+    a clean error naming the flag, never a RecursionError or a NaN thread count, and never the text itself."""
+    with pytest.raises(k8s.SpecError) as e:
+        k8s.build(dict(SGLANG, engine_args={"model-loader-extra-config": raw}))
+    assert "model-loader-extra-config" in str(e.value) and why in str(e.value)
+    assert raw not in str(e.value)
+
+
 def test_overrides_extra_args_and_removal():
     b = k8s.build(dict(VLLM, engine_args={"max-num-seqs": 32, "enable-prefix-caching": None, "max-model-len": 65536},
                        extra_args=["--disable-log-requests"]))
