@@ -680,15 +680,11 @@ def target_alive(target, opener=None, timeout=5):
 
 
 def _tail(path, lines=20):
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 16384))
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return []
-    return text.splitlines()[-lines:]
+    """The last ``lines`` of the client's log (a regular file only: a FIFO put in its place is not waited on)."""
+    from ansible_collections.llmops.serving.plugins.module_utils import _process  # pylint: disable=import-outside-toplevel
+
+    data = _process.read_part(path, 16384, from_end=True)
+    return [] if data is None else data.decode("utf-8", "replace").splitlines()[-lines:]
 
 
 def run_client(argv, log_path, timeout, env=None, child_cls=None):
