@@ -82,10 +82,12 @@ def test_stage_template_runs_with_its_survey_defaults(controller, staged):
     # what AWX wrote: answers !unsafe (the empty model name too, which ansible-core reads as null), AWX's variables
     text = _extravars(staged)
     assert "!unsafe 'stage_model_name': !unsafe ''" in text
-    assert "!unsafe 'model_stage_read_streams': 4" in text
+    # no default for what the inventory sets: the site's model_stage_read_streams stays in place
+    assert "model_stage_read_streams" not in text
     assert "!unsafe 'awx_job_id': %d" % staged.id in text and "!unsafe 'tower_job_id': %d" % staged.id in text
     assert "!unsafe 'awx_job_template_name': !unsafe 'llmops stage model'" in text
-    assert staged.cmdline == "-u root --forks=64"
+    # the template's limit: the plays name groups, the job is held to the GPU nodes
+    assert staged.cmdline == "-u root --forks=64 -l gpu_nodes"
     assert staged.env["JOB_ID"] == str(staged.id)
     first_path = staged.env["ANSIBLE_COLLECTIONS_PATH"].split(":")[0]
     assert first_path == os.path.join(staged.private_data_dir, "requirements_collections")
@@ -100,10 +102,11 @@ def test_stage_template_runs_with_its_survey_defaults(controller, staged):
 def test_refused_launches_run_nothing(controller):
     before = sorted(os.listdir(controller.workdir))
     answers = awx.ui_answers(controller.template("llmops stage model")["survey_spec"])
-    missing = {k: v for k, v in answers.items() if k != "model_stage_keep_revisions"}
     with pytest.raises(awx.SurveyError) as e:
-        controller.launch("llmops stage model", answers=missing)
-    assert e.value.errors == ["'model_stage_keep_revisions' value missing"]
+        bench = controller.template("llmops benchmark")["survey_spec"]
+        controller.launch("llmops benchmark", answers=dict(awx.ui_answers(bench), benchmark_a_model="m",
+                                                           benchmark_tokenizer="/t"))
+    assert e.value.errors == ["'benchmark_a_url' value missing"]
     with pytest.raises(awx.SurveyError) as e:
         controller.launch("llmops stage model", answers=dict(answers, model_stage_read_streams=65))
     assert e.value.errors == ["'model_stage_read_streams' value 65 is too large (must be no more than 64)."]

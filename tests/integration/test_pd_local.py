@@ -39,7 +39,9 @@ def pd_pair(tmp_path_factory):
     model = generate_model(str(base / "models"), name="tiny-llama", seed=0)
     root = base / "llmops"
     common = ["-e", "pd_disagg_platform=local", "-e", "pd_disagg_local_model_path=%s" % model["path"],
-              "-e", "pd_disagg_local_python=%s" % sys.executable]
+              "-e", "pd_disagg_local_python=%s" % sys.executable,
+              # an inventory of one ungrouped host: name it (the plays default to the prefill and decode groups)
+              "-e", "pd_verify_hosts=localhost"]
     yield {"root": root, "common": common, "model": model}
     # Stop through the role itself (pd_state=absent), whatever the tests did.
     stop_play = base / "stop.yml"

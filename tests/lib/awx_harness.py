@@ -478,7 +478,8 @@ class Controller:
     def __init__(self, workdir, task_env=None, awx_dir=AWX_DIR, collections=None, credentials=None, settings=None):
         self.workdir = workdir
         self.objects = load_controller(awx_dir)
-        # values of the llmops_awx_* variables playbooks/awx_configure.yml was given (its defaults otherwise)
+        # values of the llmops_awx_* variables playbooks/awx_configure.yml was given (it has no default for the
+        # inventory path; the tests' controller imports inventories/local, whose one host is in every group)
         self.settings = {"llmops_awx_inventory_path": "inventories/local"}
         self.settings.update(settings or {})
         self.task_env = dict(task_env or {})  # the AWX_TASK_ENV setting: extra environment of every job

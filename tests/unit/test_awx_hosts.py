@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import glob
+import json
 import os
 import re
 import subprocess
@@ -132,3 +133,42 @@ def test_templates_that_reach_the_cluster_run_kubernetes_calls_in_the_execution_
     for role in ("engine", "pd_disagg", "diagnose", "benchmark"):
         role_text = "\n".join(open(p, encoding="utf-8").read() for p in roles if "/roles/%s/" % role in p)
         assert "llmops_k8s_delegate_to | default(groups['k8s_api']" in role_text, role
+
+
+def _diagnose_delegation(*extra):
+    """{task name: (host, delegated ansible_host)} of diagnose.yml's Kubernetes read on the example fleet.
+
+    Every host is reached with the local connection (nothing is contacted over SSH); no cluster answers, so the read
+    fails where it ran, and the JSON callback says where that was (``_ansible_delegated_vars``)."""
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
+               ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, ".build", "pycoll"),
+               ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", KUBECONFIG=os.devnull)
+    for key in [k for k in env if k.startswith("K8S_AUTH_")]:
+        env.pop(key)
+    cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", EXAMPLE,
+           os.path.join(ROOT, "playbooks", "diagnose.yml"), "-e", "ansible_connection=local",
+           "-e", "ansible_python_interpreter=%s" % sys.executable, "-e", "diagnose_name=glm-5-2-fp8-vllm",
+           "-e", "diagnose_fail_on_error=false"] + list(extra)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    report = json.loads(proc.stdout)
+    out = {}
+    for play in report["plays"]:
+        for task in play["tasks"]:
+            if task["task"]["name"].endswith("Read the evidence and name the cause"):
+                for host, result in task["hosts"].items():
+                    out[host] = ((result.get("_ansible_delegated_vars") or {}).get("ansible_host"),
+                                 result.get("skipped", False), result.get("msg", ""))
+    return out
+
+
+def test_kubernetes_calls_follow_the_one_switch():
+    """Outside AWX the cluster is read on the first k8s_api host; the AWX templates' llmops_k8s_delegate_to:
+    localhost reads it in the execution environment (where AWX injects K8S_AUTH_*), once per engine."""
+    default = _diagnose_delegation()
+    # once: the Kubernetes engine is read from the k8s_api host alone (the colocated play reads local engines only)
+    assert [h for h, r in default.items() if not r[1]] == ["k8s-api-01"]
+    assert default["k8s-api-01"][0] == "10.0.0.10"  # the k8s_api host's address: delegated there
+    awx_like = _diagnose_delegation("-e", "llmops_k8s_delegate_to=localhost")
+    assert awx_like["k8s-api-01"][:2] == ("localhost", False)
+    # with no cluster to read, the failure names the credential the EE would have had
+    assert "K8S_AUTH_HOST" in awx_like["k8s-api-01"][2]
