@@ -29,7 +29,7 @@ import signal as _signal
 import time
 
 from ansible_collections.llmops.serving.plugins.module_utils import _http, _k8s_names, _k8s_wait, _process, _secrets
-from ansible_collections.llmops.serving.plugins.module_utils._untrusted import loads_json
+from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, loads_json, open_regular
 
 # --------------------------------------------------------------------------------------------- #
 # Codes
@@ -1513,12 +1513,13 @@ def current_run_log(path, max_bytes=LOG_TAIL_BYTES):
     """The log of the latest start: engine_process appends every start to one file after a ``==== ... starting:``
     banner line (see _process.SUPERVISOR_SOURCE)."""
     try:
-        with open(path, "rb") as f:
+        # the shared reader's open: a FIFO, device or socket at the log's path is refused without blocking
+        with open_regular(path, "engine log") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
             f.seek(max(0, size - max_bytes))
-            data = f.read().decode("utf-8", "replace")
-    except OSError:
+            data = f.read(max_bytes).decode("utf-8", "replace")
+    except (OSError, UntrustedInput):
         return None
     banners = [m.start() for m in re.finditer(r"^==== \S+ starting: ", data, re.M)]
     return data[banners[-1]:] if banners else data

@@ -290,3 +290,12 @@ def test_every_code_is_documented_in_precedence_order():
     with open(doc) as f:
         rows = [(m.group(1), m.group(2)) for m in re.finditer(r"^\| `([a-z_]+)` \| (error|warning|info) \|", f.read(), re.M)]
     assert rows == list(d.CODES)
+
+
+def test_a_fifo_at_the_local_log_path_is_not_read_and_does_not_block(tmp_path):
+    fifo = tmp_path / "engine.log"
+    os.mkfifo(str(fifo))
+    assert d.current_run_log(str(fifo)) is None  # returns at once: no writer would ever come
+    plain = tmp_path / "plain.log"
+    plain.write_text("==== engine starting: old\nold run\n==== engine starting: new\nnew run\n")
+    assert d.current_run_log(str(plain)).startswith("==== engine starting: new")
