@@ -146,3 +146,18 @@ def test_the_wait_covers_the_jobs_deadline_and_a_failed_job_does_not_fail_the_pl
     env = jinja2.Environment()
     retries = int(env.from_string(task["retries"]).render(benchmark_k8s_job_timeout=3600, benchmark_k8s_job_poll=10))
     assert retries * 10 >= 3600  # the Job's activeDeadlineSeconds (the same timeout) marks it Failed in time
+
+
+@pytest.mark.parametrize("engine, image, refused", [
+    ("sglang", "lmsysorg/sglang:v0.5.16", True),  # the default: the engine's image, which has no vllm
+    ("sglang", "vllm/vllm-openai:v0.26.0", False),  # a vLLM image set for the client
+    ("vllm", "vllm/vllm-openai:v0.26.0", False),
+])
+def test_an_sglang_engine_image_is_refused_as_the_client_image(engine, image, refused):
+    with open(os.path.join(ROOT, "roles", "benchmark", "tasks", "kubernetes.yml")) as f:
+        tasks = yaml.safe_load(f)
+    check = next(t for t in tasks if "SGLang" in t["name"])["ansible.builtin.assert"]
+    ok = jinja2.Environment().compile_expression(check["that"])(
+        engine_name=engine, engine_image="lmsysorg/sglang:v0.5.16" if engine == "sglang" else image,
+        benchmark_k8s_image=image)
+    assert ok is not refused
