@@ -77,7 +77,6 @@ ASSOCIATED = {"galaxy_credentials": "credentials", "input_inventories": "invento
               "always_nodes": "workflow_job_template_nodes"}
 
 
-
 def _target(association):
     """The list endpoint of the objects an association holds."""
     if association.startswith("notification_templates_"):
@@ -86,8 +85,8 @@ def _target(association):
 
 
 MANAGED_CREDENTIAL_TYPES = [
-    ("Source Control", "scm", ["username", "password", "ssh_key_data", "ssh_key_unlock"], ["password", "ssh_key_data",
-                                                                                            "ssh_key_unlock"]),
+    ("Source Control", "scm", ["username", "password", "ssh_key_data", "ssh_key_unlock"],
+     ["password", "ssh_key_data", "ssh_key_unlock"]),
     ("Machine", "ssh", ["username", "password", "ssh_key_data", "ssh_public_key_data", "ssh_key_unlock", "become_method",
                         "become_username", "become_password"],
      ["password", "ssh_key_data", "ssh_key_unlock", "become_password"]),
