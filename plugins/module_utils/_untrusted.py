@@ -218,12 +218,20 @@ def _parse_int(text):
     return int(text)
 
 
+def _check_body_size(data, field, file, max_bytes):
+    """A body's size in bytes (a ``str`` counts as its UTF-8 encoding: up to 4 bytes a character)."""
+    size = len(data)
+    if isinstance(data, str) and size * 4 > max_bytes:
+        size = len(data.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise UntrustedInput("%s is %d bytes, over the %d-byte limit; it is not parsed" % (field, size, max_bytes),
+                             file=file, limit="size")
+
+
 def loads_json(data, field, max_depth=MAX_DEPTH, file=None, max_bytes=MAX_BYTES, object_pairs_hook=None):
     """Parse a JSON body (``bytes`` or ``str``) under the rules above. ``object_pairs_hook`` is json's (a
     ``ValueError`` it raises, such as a duplicate key, is a ``syntax`` refusal with its message)."""
-    if len(data) > max_bytes:
-        raise UntrustedInput("%s is %d bytes, over the %d-byte limit; it is not parsed" % (field, len(data), max_bytes),
-                             file=file, limit="size")
+    _check_body_size(data, field, file, max_bytes)
     text = decode(data, field, file=file)
     depth = _bracket_depth(text)
     if depth > max_depth:
@@ -279,9 +287,7 @@ def loads_yaml(data, field, max_depth=MAX_DEPTH, file=None, max_bytes=MAX_BYTES,
     # imported here: only YAML readers need it
     import yaml  # pylint: disable=import-outside-toplevel
 
-    if len(data) > max_bytes:
-        raise UntrustedInput("%s is %d bytes, over the %d-byte limit; it is not parsed" % (field, len(data), max_bytes),
-                             file=file, limit="size")
+    _check_body_size(data, field, file, max_bytes)
     text = decode(data, field, file=file)
     resolver = yaml.resolver.Resolver()
     depth = 0

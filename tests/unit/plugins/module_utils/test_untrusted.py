@@ -133,6 +133,14 @@ def test_size_cap_refuses_a_larger_file_and_reads_one_at_the_cap(tmp_path):
     assert read_bytes(str(f), max_bytes=100) == b"x" * 100
 
 
+def test_size_cap_of_a_text_body_counts_its_utf8_bytes():
+    body = '["%s"]' % ("\u6a21" * 30)  # 30 characters of 3 bytes each
+    assert loads_json(body, "x", max_bytes=94) == ["\u6a21" * 30]
+    with pytest.raises(UntrustedInput) as e:
+        loads_json(body, "x", max_bytes=93)
+    assert e.value.limit == "size" and "94 bytes" in str(e.value)
+
+
 def test_size_cap_applies_to_bodies(tmp_path):
     with pytest.raises(UntrustedInput) as e:
         loads_json(b"[" + b"1," * 100 + b"1]", "/pieces", max_bytes=64)
