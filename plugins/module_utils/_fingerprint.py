@@ -234,7 +234,7 @@ def package_dir(name):
 
 cuda = git = None
 torch_dir = package_dir("torch")
-if torch_dir:
+if torch_dir and os.path.isfile(os.path.join(torch_dir, "version.py")):  # a FIFO there would block the read
     try:
         with open(os.path.join(torch_dir, "version.py")) as f:
             for line in f:
@@ -674,6 +674,16 @@ def gather_versions(engine, engine_python, run=subprocess.run):
                                "interpreter or pass the versions explicitly" % (engine_python, e))
     except _process.PythonFailed as e:
         raise FingerprintError("engine_python: %s failed: %s" % (engine_python, e.stderr[-300:]))
+    except subprocess.TimeoutExpired:
+        raise FingerprintError("engine_python: %s did not report its versions within 120 s; check that the engine "
+                               "environment's filesystem is responsive, or pass the versions explicitly" % engine_python)
+    except ValueError as e:  # the shared reader refused the output (not JSON, too deep, numbers out of range)
+        raise FingerprintError("engine_python: %s printed no version report (%s); set engine_python to the engine's "
+                               "interpreter or pass the versions explicitly" % (engine_python, e))
+    if not isinstance(found, dict) or engine not in found or not all(
+            v is None or isinstance(v, str) for v in found.values()):
+        raise FingerprintError("engine_python: %s printed a version report of another shape; set engine_python to "
+                               "the engine's interpreter or pass the versions explicitly" % engine_python)
     engine_version = found.pop(engine)
     return engine_version, found
 

@@ -159,6 +159,16 @@ def locate_engine(engine, engine_python, run=subprocess.run):
         raise MoeError("engine_python: cannot run %s (%s); set engine_python or configs_dir" % (engine_python, e))
     except _process.PythonFailed as e:
         raise MoeError("engine_python: %s failed: %s" % (engine_python, e.stderr[-300:]))
+    except subprocess.TimeoutExpired:
+        raise MoeError("engine_python: %s did not answer within 120 s; check that the engine environment's "
+                       "filesystem is responsive, or set configs_dir and triton_version" % engine_python)
+    except ValueError as e:  # the shared reader refused the output
+        raise MoeError("engine_python: %s printed no package report (%s); set engine_python or configs_dir"
+                       % (engine_python, e))
+    if not isinstance(found, dict) or not all(isinstance(found.get(k), (str, type(None)))
+                                              for k in ("package_dir", "triton")):
+        raise MoeError("engine_python: %s printed a package report of another shape; set engine_python or "
+                       "configs_dir" % engine_python)
     if not found["package_dir"]:
         raise MoeError("engine_python: %s has no %s package; set engine_python to the engine's interpreter or "
                        "configs_dir to its fused-MoE configs directory" % (engine_python, engine))

@@ -353,3 +353,23 @@ def test_config_file_flag_naming_a_fifo_is_refused_without_blocking(tmp_path, mo
     os.mkfifo(fifo)
     box = _no_hang(lambda: compute(model, "vllm", ["--config", str(fifo)]))
     assert isinstance(box.get("error"), fpmod.FingerprintError) and "a FIFO" in str(box["error"])
+
+
+@pytest.mark.parametrize("printed,needle", [
+    ("[1, 2]", "version report of another shape"),
+    ('{"torch": "2.13.0"}', "version report of another shape"),
+    ('{"vllm": "0.26.0", "torch": 5}', "version report of another shape"),
+    ("[" * 5000 + "]" * 5000, "printed no version report"),
+    ('{"vllm": 1e400}', "printed no version report"),
+])
+def test_engine_python_output_of_another_shape_is_a_clean_error(tmp_path, printed, needle):
+    """Before: a list or a missing engine key raised AttributeError / KeyError out of gather_versions."""
+    import stat
+    out = tmp_path / "out.txt"
+    out.write_text(printed + "\n")
+    py = tmp_path / "python"
+    py.write_text("#!/bin/sh\ncat %s\n" % out)
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    with pytest.raises(fpmod.FingerprintError) as e:
+        fpmod.gather_versions("vllm", str(py))
+    assert str(e.value).startswith("engine_python: %s" % py) and needle in str(e.value)

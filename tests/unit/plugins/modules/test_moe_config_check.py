@@ -158,3 +158,22 @@ def test_boolean_expert_count_is_not_an_integer(tmp_path, run_module):
     r = run_module(moe_config_check, dict(engine="vllm", model_path=model(tmp_path, cfg), tp=8,
                                           gpu_name="NVIDIA H20", configs_dir=str(tmp_path)))
     assert r["status"] == "not_moe" and not r.get("failed")
+
+
+@pytest.mark.parametrize("printed,needle", [
+    ("[1, 2]", "package report of another shape"),
+    ('{"package_dir": 5, "triton": null}', "package report of another shape"),
+    ("[" * 5000 + "]" * 5000, "printed no package report"),
+    ("not json", "printed no package report"),
+])
+def test_engine_python_output_of_another_shape_is_a_clean_error(tmp_path, printed, needle):
+    """Before: a list printed by the interpreter raised TypeError out of locate_engine."""
+    import stat
+    out = tmp_path / "out.txt"
+    out.write_text(printed + "\n")
+    py = tmp_path / "python"
+    py.write_text("#!/bin/sh\ncat %s\n" % out)
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    with pytest.raises(_moe.MoeError) as e:
+        _moe.locate_engine("vllm", str(py))
+    assert str(e.value).startswith("engine_python: %s" % py) and needle in str(e.value)
