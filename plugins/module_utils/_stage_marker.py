@@ -40,6 +40,7 @@ traceback. Error messages name the file and what is wrong, never its content.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -361,7 +362,19 @@ class Journal(object):
         self.path = os.path.join(partial, JOURNAL)
         self.source = source
         self._lock = threading.Lock()
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        # O_NONBLOCK: a FIFO put in the journal's place fails the open (no reader) instead of blocking it
+        refused = StageError("dest: %s is not a regular file; remove %s and run again" % (self.path, partial),
+                             file=self.path, reason="not_regular")
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        except OSError as e:
+            if e.errno in (errno.ENXIO, errno.ELOOP):  # a FIFO without a reader; a symlink
+                raise refused
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise refused
+        self.fd = fd
 
     def append(self, record):
         d = record.to_json()

@@ -84,3 +84,25 @@ def test_published_copy_is_hashed_only_as_a_regular_file(tmp_path):
     link.symlink_to(f)
     with pytest.raises(_safetensors.CheckpointError, match="symlink"):
         _stage_plan._sha256_copy(str(link))
+
+
+def test_journal_in_place_of_a_fifo_is_refused_without_blocking(tmp_path):
+    os.mkfifo(tmp_path / _stage_marker.JOURNAL)
+    err = no_hang(lambda: _stage_marker.Journal(str(tmp_path), "/src")).get("error")
+    # no reader: the non-blocking open fails at once (ENXIO) instead of waiting for one
+    assert isinstance(err, _stage_marker.StageError) and err.reason == "not_regular", err
+    assert str(err).startswith("dest: %s is not a regular file" % (tmp_path / _stage_marker.JOURNAL))
+    rfd = os.open(tmp_path / _stage_marker.JOURNAL, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        err = no_hang(lambda: _stage_marker.Journal(str(tmp_path), "/src")).get("error")
+    finally:
+        os.close(rfd)
+    assert isinstance(err, _stage_marker.StageError) and err.reason == "not_regular"
+
+
+def test_journal_is_appended_to_as_a_regular_file(tmp_path):
+    j = _stage_marker.Journal(str(tmp_path), "/src")
+    rec = _stage_marker.FileRecord("a.bin", 3, (1, 2, 3, 4), (5, 3, 6, 7), "size")
+    j.append(rec)
+    j.close()
+    assert sorted(_stage_marker.partial_records(str(tmp_path))) == ["a.bin"]
