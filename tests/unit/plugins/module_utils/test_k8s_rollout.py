@@ -61,7 +61,7 @@ def test_rollout_from_a_to_b_is_not_ready_until_b_answers():
     cluster.apply(kc.deployment(B, replicas=2))
     # right after the re-apply: two pods of A are Ready, the controller has not even observed the new generation
     first = _poll(cluster, 2)
-    assert len([p for p in _pods(cluster.objects(), A)]) == 2
+    assert len(_pods(cluster.objects(), A)) == 2
     assert first["state"] == "waiting" and "rolling" in first["message"], first["message"]
     assert "observe generation 2" in first["message"]
 
