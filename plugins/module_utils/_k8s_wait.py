@@ -546,8 +546,7 @@ def pod_status(pod, container="engine", log=None, max_restarts=0, events=None, n
         deleting=bool(meta.get("deletionTimestamp")),
         labels=dict(meta.get("labels") or {}),
     )
-    if ready and ready.get("status") == "True" and out["ready"] is None:
-        out["ready"] = parse_time(meta.get("creationTimestamp")) or 0.0
+    is_ready = bool(ready and ready.get("status") == "True")  # a Ready pod whose time was not recorded is Ready
     term = state.get("terminated") or last
     if term:
         out["last_exit"] = dict(exit_code=term.get("exitCode"), reason=term.get("reason"), signal=term.get("signal"),
@@ -559,8 +558,8 @@ def pod_status(pod, container="engine", log=None, max_restarts=0, events=None, n
         _judge_exit(out, ctx, pod, container, "exited", log)
     elif out["restarts"] > max_restarts:
         _judge_exit(out, ctx, pod, container, "restarted %d time(s)%s" % (
-            out["restarts"], " and is Ready again" if out["ready"] is not None else ""), log)
-    elif out["ready"] is not None:
+            out["restarts"], " and is Ready again" if is_ready else ""), log)
+    elif is_ready:
         out["state"], out["message"] = "ready", "%s is Ready" % out["name"]
     elif out["waiting_reason"] in FATAL_WAITING:
         out["state"] = "failed"
