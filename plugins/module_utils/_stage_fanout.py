@@ -336,6 +336,8 @@ class PeerLink(object):
         self.why_dropped = None
         self.failures = 0          # piece lists in a row that were no answer or not a piece list
         self.strikes = 0           # transfers in a row that failed (error answer, break, stall, not served)
+        self.lists = 0             # piece lists taken in from it
+        self.unserved_at = None    # ``lists`` when a piece it listed was last not served
         self.lied = False
         self.inflight = 0
         self.load = 0
@@ -536,6 +538,7 @@ class Receiver(object):
             link.board_age = doc["board_age"]
             link.load = doc["load"]
             link.seen_at = time.monotonic()
+            link.lists += 1
             for fs in self._files:
                 e = files.get(fs.rel)
                 if e is None:
@@ -848,12 +851,16 @@ class Receiver(object):
             with self._cond:
                 link.inflight -= 1
                 fs.inflight.discard(i)
-                link.strikes += 1
+                if status == 404:  # not held any more (published meanwhile, or a board race): nothing more is
+                    link.have.clear()  # asked of it until its next piece list
+                    # one strike per piece list: the pulls a list started in parallel are one try, and a seed
+                    # publishing for a moment is not a peer that lists what it does not serve
+                    if link.unserved_at != link.lists:
+                        link.unserved_at = link.lists
+                        link.strikes += 1
+                else:
+                    link.strikes += 1
                 strikes = link.strikes
-                if status == 404:  # not held any more (published meanwhile, or a board race): ask again later
-                    h_ = link.have.get(fs.rel)
-                    if h_ is not None:
-                        link.have[fs.rel] = h_[:i] + "0" + h_[i + 1:]
                 self._cond.notify_all()
             if status == 403:
                 self._drop(link, "refused this run's token (HTTP 403)")
