@@ -244,7 +244,8 @@ def _play(tmp_path, role, extra):
 ENGINE_ROLE = dict(engine_platform="kubernetes", engine_k8s_mode="render", engine_name="vllm",
                    engine_served_model_name="glm-5.2-fp8-vllm", engine_image="vllm/vllm-openai:v0.26.0",
                    engine_namespace="llm-lab", engine_model_path="/mnt/nvme/models/GLM-5.2-FP8/v1",
-                   engine_k8s_tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
+                   engine_k8s_tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                   engine_k8s_staged_nodes=["gpu-node-a"])  # rendered without SSH to the nodes: named by hand
 
 
 def test_engine_role_refuses_a_plain_token_and_never_prints_it(tmp_path):
@@ -271,7 +272,9 @@ def test_engine_role_output_hides_env_but_keeps_the_report(tmp_path):
 def test_pd_role_refuses_a_plain_api_key_and_never_prints_it(tmp_path):
     out = tmp_path / "pd"
     rc, output = _play(tmp_path, "pd_disagg", dict(pd_disagg_platform="kubernetes", pd_disagg_render_dir=str(out),
-                                                   pd_disagg_engine_extra_args=["--api-key", FAKE]))
+                                                   pd_disagg_engine_extra_args=["--api-key", FAKE],
+                                                   pd_disagg_prefill_nodes=["gpu-node-p"],
+                                                   pd_disagg_decode_nodes=["gpu-node-d"]))
     assert rc != 0
     assert "extra_args[1]: plain-text credential" in output
     assert FAKE not in output
