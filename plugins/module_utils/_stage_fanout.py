@@ -26,6 +26,16 @@ gets the same checks as a copy (size, header byte for byte against the source's,
 the seed's digest of the whole file when it equals the manifest's, else a read of the copy), the source's mode
 and mtime, fsync, its name, and its journal line: resume, publish and the marker are the copy's.
 
+Every peer may lie, and lying costs bounded time. A piece list is read under ``_untrusted.loads_json`` (a size
+cap of ``PIECES_MAX_BYTES`` plus a few bytes per piece, ``PIECES_MAX_DEPTH``, finite numbers) and checked field by
+field (:func:`parse_piece_list`: ``have`` and ``sent`` are ASCII digits, counters in range, types exact); one that
+is not, or none within ``timeout``, is a failed try. Transfers that end in an error answer, break off, stall (not
+in within ``timeout + size / MIN_PEER_RATE``, however the bytes trickle) or ask for a piece the peer listed but
+does not serve (one try per piece list) are failed tries too. ``MAX_PEER_TRIES`` failed tries in a row drop the
+peer; a bad piece, a lie about digests or a refused token drop it at once. Every seed that lists a piece gives its
+digest before any byte of the piece is taken: two seeds that disagree are judged by reading that piece from the
+shared filesystem (:meth:`Receiver._judge`), and every seed whose digest differs is dropped with ``lied: true``.
+
 Peers are spoken to over one persistent ``http.client`` connection per stream and peer (a 64 MiB piece per
 request, and a piece list four times a second per peer, are the data plane: a new connection and TLS context per
 request, as ``_http.open_response`` makes, costs more than the transfer on a loaded host). Failures are
