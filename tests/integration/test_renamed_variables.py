@@ -16,8 +16,11 @@ BIN = os.path.dirname(sys.executable)
 ENGINE = dict(engine_platform="kubernetes", engine_k8s_mode="render", engine_name="vllm",
               engine_served_model_name="glm-5.2-fp8-vllm", engine_image="vllm/vllm-openai:v0.26.0",
               engine_namespace="llm-lab", engine_model_path="/mnt/nvme/models/GLM-5.2-FP8/v1",
-              engine_k8s_tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
-PD = dict(pd_disagg_platform="kubernetes", pd_disagg_model_name="glm-5.2-fp8")
+              engine_k8s_tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+              # rendered without SSH to the nodes: the nodes that hold the revision are named
+              engine_k8s_staged_nodes=["gpu-node-1"])
+PD = dict(pd_disagg_platform="kubernetes", pd_disagg_model_name="glm-5.2-fp8", pd_disagg_prefill_nodes=["gpu-p1"],
+          pd_disagg_decode_nodes=["gpu-d1"], pd_disagg_proxy_image="registry.example/python:3.11-slim")
 # What a role resolved, written after it ran (role defaults stay visible to the play's post_tasks).
 RESOLVED = {
     "engine": ["engine_k8s_route_request_timeout", "engine_k8s_route_condition_timeout"],
