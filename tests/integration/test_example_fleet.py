@@ -29,7 +29,8 @@ CRDS = {
     "HTTPRoute": (os.path.join(ROOT, "tests", "unit", "fixtures", "schemas", "gateway-api-v1.4.1", "httproutes.yaml"), "v1"),
     "ReferenceGrant": (os.path.join(ROOT, "tests", "unit", "fixtures", "schemas", "gateway-api-v1.4.1",
                                     "referencegrants.yaml"), "v1beta1"),
-    "StormService": ("/work/shared/schemas/aibrix-v0.7.0/orchestration.aibrix.ai_stormservices.yaml", "v1alpha1"),
+    "StormService": (os.path.join(ROOT, "tests", "unit", "fixtures", "schemas", "aibrix-v0.7.0",
+                                  "orchestration.aibrix.ai_stormservices.yaml"), "v1alpha1"),
 }
 
 
