@@ -126,3 +126,36 @@ def test_diagnose_reads_the_cluster_once_from_the_ee_with_the_credential(fleet, 
     assert {auth for _a, _p, auth in _Gateway.seen} == {"Bearer " + gw_token}
     assert "probe gateway http://%s" % bridge in job.stdout
     assert token not in json.dumps(job.events) and gw_token not in json.dumps(job.events)
+
+
+def test_the_stage_job_copies_on_the_gpu_nodes_only(fleet, tmp_path):
+    """The template's limit (gpu_nodes) and the plays' groups keep staging off the k8s_api host: only the GPU node
+    reads the shared filesystem and gets the verified copy on its NVMe."""
+    from ansible_collections.llmops.serving.tests.lib import stage_synth
+
+    api, gpu = fleet.nodes[0], fleet.nodes[1]
+    src = os.path.join(fleet.shared, "models")
+    stage_synth.write_checkpoint(os.path.join(src, "tiny-fleet", "r1"), 256 * 1024, shards=2)
+    inv = str(tmp_path / "site")
+    os.makedirs(inv)
+    site = {"model_stage_src_root": src, "model_stage_fleet_slots_dir": os.path.join(fleet.shared, ".slots"),
+            "model_stage_fleet_read_streams": 4, "model_stage_min_free_bytes": 0, "model_stage_textfile_dir": "",
+            "model_stage_poll_interval": 1}
+    hosts = {}
+    for node in (api, gpu):
+        hosts[node.name] = dict(fleet.hostvars(node), model_stage_dest_root=os.path.join(node.nvme, "models"),
+                                model_stage_progress_dir=os.path.join(node.dir, "progress"))
+    doc = {"all": {"vars": site, "children": {"k8s_api": {"hosts": {api.name: hosts[api.name]}},
+                                              "gpu_nodes": {"children": {"colocated": {"hosts": {gpu.name: hosts[gpu.name]}}}}}}}
+    with open(os.path.join(inv, "hosts.yml"), "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+    ctl = awx.Controller(str(tmp_path / "jobs"), collections=awx.build_collection(str(tmp_path / "collection")),
+                         settings={"llmops_awx_inventory_path": inv}, task_env=fleet.ansible_env({}))
+    job = ctl.launch("llmops stage model", answers={"stage_model_name": "tiny-fleet", "stage_model_revision": "r1"})
+    assert (job.status, job.rc, job.failed_events) == ("successful", 0, []), job.summary()
+    assert job.cmdline == "-u root --forks=64 -l gpu_nodes"
+    hosts_ran = {e["event_data"]["host"] for e in job.events if e.get("event") in ("runner_on_ok", "runner_on_skipped")}
+    assert hosts_ran == {gpu.name}
+    assert os.path.isfile(os.path.join(gpu.nvme, "models", "tiny-fleet", "r1", "config.json"))
+    assert not os.path.exists(os.path.join(api.nvme, "models"))
+    assert job.artifacts["llmops_staged_path"] == os.path.join(gpu.nvme, "models", "tiny-fleet", "r1")
