@@ -16,6 +16,8 @@ import subprocess
 import sys
 import tarfile
 
+import shutil
+
 import pytest
 import yaml
 
@@ -115,3 +117,132 @@ def test_changelog_md_is_generated_from_changelog_yaml(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with open(os.path.join(ROOT, "CHANGELOG.md")) as f:
         assert f.read() == out.read_text(), "CHANGELOG.md differs: run antsibull-changelog generate"
+
+
+# ---- one release: the collection that runs a job is the release of its playbooks -------------------------------
+
+from ansible_collections.llmops.serving.plugins.module_utils import _release  # noqa: E402
+from ansible_collections.llmops.serving.tests.lib import awx_harness  # noqa: E402
+
+TEMPLATE_PLAYBOOKS = sorted({t["playbook"] for t in awx_harness.load_controller()["controller_templates"]})
+
+
+def _galaxy(directory, version, name="serving"):
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "galaxy.yml").write_text("namespace: llmops\nname: %s\nversion: %s\n" % (name, version))
+    return directory
+
+
+def _manifest(directory, version):
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "MANIFEST.json").write_text(json.dumps(
+        {"collection_info": {"namespace": "llmops", "name": "serving", "version": version}}))
+    return directory
+
+
+def test_the_running_collection_is_found_next_to_its_own_files():
+    """In a source tree, the module_utils file sits in the collection whose galaxy.yml names this repository."""
+    assert os.path.realpath(_release.running_collection_dir()) == os.path.realpath(ROOT)
+    with open(os.path.join(ROOT, "galaxy.yml"), encoding="utf-8") as f:
+        version = yaml.safe_load(f)["version"]
+    assert _release.read_release(ROOT, "x") == {"collection": "llmops.serving", "version": version,
+                                                "file": os.path.join(ROOT, "galaxy.yml")}
+
+
+def test_a_matching_release_passes_and_manifest_wins_over_galaxy(tmp_path):
+    # an installed collection (MANIFEST.json) running the playbooks of a checkout (galaxy.yml) of the same version
+    ee = _manifest(tmp_path / "ee", "1.4.0")
+    (ee / "galaxy.yml").write_text("namespace: llmops\nname: serving\nversion: 9.9.9\n")  # MANIFEST.json is read first
+    project = _galaxy(tmp_path / "project", "1.4.0")
+    result = _release.compare(str(project), str(ee))
+    assert (result["collection_version"], result["playbooks_version"]) == ("1.4.0", "1.4.0")
+    assert result["collection_file"] == str(ee / "MANIFEST.json")
+    assert result["playbooks_file"] == str(project / "galaxy.yml")
+
+
+@pytest.mark.parametrize("project_version,name", [("1.5.0", "serving"), ("1.4.0", "other")])
+def test_a_mismatch_fails_naming_both_releases_and_the_fix(tmp_path, project_version, name):
+    ee = _manifest(tmp_path / "ee", "1.4.0")
+    project = _galaxy(tmp_path / "project", project_version, name)
+    with pytest.raises(_release.ReleaseError) as e:
+        _release.compare(str(project), str(ee))
+    assert e.value.reason == "mismatch" and e.value.file == str(ee / "MANIFEST.json")
+    msg = str(e.value)
+    assert "llmops.%s %s" % (name, project_version) in msg and "llmops.serving 1.4.0" in msg
+    assert "rebuild the execution environment from this commit" in msg
+    assert "sync the project to the release the execution environment carries (llmops.serving 1.4.0)" in msg
+
+
+def test_a_missing_manifest_fails_naming_the_directory(tmp_path):
+    ee = _manifest(tmp_path / "ee", "1.4.0")
+    (tmp_path / "bare").mkdir()
+    with pytest.raises(_release.ReleaseError) as e:
+        _release.compare(str(tmp_path / "bare"), str(ee))
+    assert e.value.reason == "missing" and e.value.file == str(tmp_path / "bare" / "MANIFEST.json")
+    assert "playbook_release_dir: %s holds neither MANIFEST.json nor galaxy.yml" % (tmp_path / "bare") in str(e.value)
+    with pytest.raises(_release.ReleaseError) as e:
+        _release.compare(str(ee), str(tmp_path / "bare"))
+    assert e.value.reason == "missing" and str(e.value).startswith("the running collection: ")
+
+
+def test_an_unreadable_or_incomplete_release_file_is_refused_without_quoting_it(tmp_path):
+    ee = _manifest(tmp_path / "ee", "1.4.0")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "MANIFEST.json").write_text('{"collection_info": {"version": "secret-ish"')
+    with pytest.raises(_release.ReleaseError) as e:
+        _release.compare(str(bad), str(ee))
+    assert e.value.reason == "unreadable" and "secret-ish" not in str(e.value)
+    (bad / "MANIFEST.json").write_text(json.dumps({"collection_info": {"namespace": "llmops", "version": 1.4}}))
+    with pytest.raises(_release.ReleaseError) as e:
+        _release.compare(str(bad), str(ee))
+    assert e.value.reason == "invalid" and "no namespace, name and version" in str(e.value)
+    (bad / "MANIFEST.json").unlink()
+    os.mkfifo(str(bad / "galaxy.yml"))  # a FIFO in its place is refused, not waited on
+    with pytest.raises(_release.ReleaseError) as e:
+        _release.compare(str(bad), str(ee))
+    assert e.value.reason == "unreadable"
+
+
+@pytest.mark.parametrize("playbook", TEMPLATE_PLAYBOOKS)
+def test_every_template_playbook_checks_the_release_before_anything_else(playbook):
+    with open(os.path.join(ROOT, playbook), encoding="utf-8") as f:
+        plays = yaml.safe_load(f)
+    first = plays[0].get("pre_tasks", [{}])[0]
+    assert first.get("ansible.builtin.import_tasks") == "tasks/release_check.yml", playbook
+    with open(os.path.join(ROOT, "playbooks", "tasks", "release_check.yml"), encoding="utf-8") as f:
+        (task,) = yaml.safe_load(f)
+    assert task["llmops.serving.release_check"] == {"playbook_release_dir": "{{ playbook_dir }}/.."}
+    assert task["run_once"] is True and "always" in task["tags"]
+
+
+def test_a_job_whose_project_is_another_release_fails_at_its_first_task(tmp_path):
+    """The task file through the action plugin, the collection being this source tree (galaxy.yml): the same
+    playbook passes next to a galaxy.yml of this version and fails, before its next task, next to another."""
+    collections = tmp_path / "collections"
+    (collections / "ansible_collections" / "llmops").mkdir(parents=True)
+    os.symlink(ROOT, str(collections / "ansible_collections" / "llmops" / "serving"))
+    with open(os.path.join(ROOT, "galaxy.yml"), encoding="utf-8") as f:
+        version = yaml.safe_load(f)["version"]
+    book = tmp_path / "project" / "playbooks"
+    (book / "tasks").mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, "playbooks", "tasks", "release_check.yml"), str(book / "tasks"))
+    (book / "job.yml").write_text("- hosts: localhost\n  gather_facts: false\n  pre_tasks:\n"
+                                  "    - ansible.builtin.import_tasks: tasks/release_check.yml\n"
+                                  "  tasks:\n    - ansible.builtin.debug: {msg: reached}\n")
+    cfg = tmp_path / "ansible.cfg"
+    cfg.write_text("[defaults]\n")
+    env = {"ANSIBLE_COLLECTIONS_PATH": str(collections), "ANSIBLE_CONFIG": str(cfg)}
+    results = {}
+    for label, v in (("same", version), ("other", version + "-next")):
+        _galaxy(tmp_path / "project", v)
+        # a job that selects other tags still runs the check (tags: always)
+        results[label] = _run([os.path.join(BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                               "--tags", "none-of-these", str(book / "job.yml")], env=env, cwd=str(tmp_path))
+    assert results["same"].returncode == 0, results["same"].stdout[-3000:]
+    assert "ok=1 " in results["same"].stdout, results["same"].stdout[-3000:]  # the check ran; the rest is untagged
+    other = results["other"]
+    assert other.returncode == 2, other.stdout[-3000:]
+    assert "the playbooks are llmops.serving %s-next" % version in other.stdout
+    assert "rebuild the execution environment from this commit" in other.stdout
+    assert "failed=1" in other.stdout and "ok=0" in other.stdout
