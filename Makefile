@@ -104,11 +104,13 @@ molecule: install
 stop:
 	ansible-playbook playbooks/stop.yml -i inventories/local
 
-# Opt-in, not part of `make test`: build the AWX execution environment (execution-environment.yml) with docker from
-# a debootstrap base and local wheels, then run one stage job through AWX's route (ansible-runner transmit |
-# docker run EE ansible-runner worker | ansible-runner process). Needs root, debootstrap and a Docker daemon.
+# Opt-in, not part of `make test`: build the AWX execution environment (execution-environment.yml) with podman or
+# docker from a debootstrap base and local wheels, run one stage job through AWX's route (ansible-runner transmit |
+# <runtime> run EE ansible-runner worker | ansible-runner process), then tag and push where asked. Its tools come from
+# their own venv (.build/ee/tools), not the engine's. Needs root, debootstrap and podman or a Docker daemon.
+#   make ee [EE_RUNTIME=podman|docker] [EE_TAG=name:tag] [EE_PUSH=registry/repository:tag]
 .PHONY: ee
-ee: venv
+ee:
 	bash $(CURDIR)/awx/ee/build.sh
 
 # Opt-in benchmarks (not part of `make test`), results under docs/benchmarks/:

@@ -1,21 +1,31 @@
 #!/usr/bin/env bash
 # Build the execution environment of execution-environment.yml without a registry or a package index inside the
-# build, then run one job through the route AWX uses (ansible-runner transmit | worker in the EE | process).
+# build, run one job through the route AWX uses (ansible-runner transmit | worker in the EE | process), then tag
+# and push it where asked.
 #
 #   bash awx/ee/build.sh            (make ee)
+#   bash awx/ee/build.sh --plan     print what would be built with which runtime, tag and push target; build nothing
 #
-# Needs: docker (a running daemon), debootstrap, root (debootstrap and docker), the repository's .venv
-# (ansible-builder, ansible-runner, ansible-galaxy) and pip access to the Python package index on the host.
-# Environment: EE_SUITE (Debian suite of the base; default: the host's), EE_MIRROR (default: the host's first
-# apt source), EE_REBUILD_BASE=1 (debootstrap again even when the base image exists), EE_TEMPLATE / EE_ANSWERS
-# (the job template of awx/controller_templates.yml run at the end, and its survey answers as JSON).
-# Work files go to .build/ee/ (collections, wheels, build context, the job's private data dir and its output).
+# Needs: podman or docker (a working one: `podman info` / `docker info`), debootstrap and root (for the base image),
+# python3 with venv, and access to the Python package index and Ansible Galaxy on this host (the build itself has
+# no network). The tools come from their own small virtual environment, .build/ee/tools (ansible-core and
+# ansible-runner at the definition's pins, ansible-builder at requirements-test.txt's range), never the engine's.
+# Environment:
+#   EE_RUNTIME        podman or docker (default: podman when it is on PATH, else docker)
+#   EE_TAG            the image's local name (default: llmops-serving-ee:<galaxy.yml's version>, the release the job
+#                     templates check at start)
+#   EE_PUSH           registry/repository:tag to tag the image as and push it to once its job passed (default: none)
+#   EE_SUITE          Debian suite of the base (default: the host's); EE_MIRROR (default: the host's first apt source)
+#   EE_REBUILD_BASE=1 debootstrap again even when the base image exists
+#   EE_TEMPLATE / EE_ANSWERS   the job template of awx/controller_templates.yml run at the end, and its survey answers
+#                     as JSON; EE_SKIP_JOB=1 skips that job
+#   PYTHON            the interpreter that creates the tools venv (default: python3)
+# Work files go to .build/ee/ (tools venv, collections, wheels, build context, the job's private data dir and output).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-PY=${PYTHON:-$ROOT/.venv/bin/python}
-BIN=$(dirname "$PY")
 WORK=$ROOT/.build/ee   # execution-environment.yml's additional_build_files point here
+TOOLS=$WORK/tools
 TEMPLATE=${EE_TEMPLATE:-llmops stage model}
 # The stage template's survey, answered for a small synthetic revision (tiny-ee@r1, 16 MiB, written below onto
 # the job's shared filesystem). EE_ANSWERS= (empty) sends the survey defaults, as AWX's launch form does.
@@ -25,57 +35,128 @@ say() { printf '%s ee: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { say "error: $*"; exit 1; }
 elapsed() { echo $(( $(date +%s) - $1 )); }
 
-for tool in docker debootstrap "$BIN/ansible-builder" "$BIN/ansible-runner"; do
-    command -v "$tool" >/dev/null || die "$tool not found; install it (apt-get install docker.io debootstrap; make venv)"
+PLAN=0
+for arg in "$@"; do
+    case $arg in
+        --plan) PLAN=1 ;;
+        *) die "unknown argument $arg; usage: build.sh [--plan] (settings come from EE_RUNTIME, EE_TAG, EE_PUSH, ...)" ;;
+    esac
 done
-docker info >/dev/null 2>&1 || die "no Docker daemon answers; start dockerd (or the docker service) first"
 
-# What the definition says: the base image's name, the EE's tag, the pinned ansible-core / ansible-runner.
-read -r BASE TAG CORE RUNNER < <("$PY" - "$ROOT/execution-environment.yml" <<'EOF'
-import sys, yaml
-ee = yaml.safe_load(open(sys.argv[1]))
-deps = ee["dependencies"]
-print(ee["images"]["base_image"]["name"], ee["options"]["tags"][0], deps["ansible_core"]["package_pip"],
-      deps["ansible_runner"]["package_pip"])
-EOF
-)
+# The container runtime: EE_RUNTIME when set (and on PATH), else podman, else docker.
+if [ -n "${EE_RUNTIME:-}" ]; then
+    case $EE_RUNTIME in
+        podman|docker) ;;
+        *) die "EE_RUNTIME=$EE_RUNTIME is not a runtime ansible-builder drives; set EE_RUNTIME=podman or EE_RUNTIME=docker" ;;
+    esac
+    command -v "$EE_RUNTIME" >/dev/null || die "EE_RUNTIME=$EE_RUNTIME: $EE_RUNTIME is not on PATH; install it or set EE_RUNTIME to the other runtime"
+    RT=$EE_RUNTIME
+elif command -v podman >/dev/null; then
+    RT=podman
+elif command -v docker >/dev/null; then
+    RT=docker
+else
+    die "neither podman nor docker is on PATH; install one (apt-get install podman) or set EE_RUNTIME"
+fi
+
+# What the repository says: the release (galaxy.yml), the base image and the pins (execution-environment.yml), the
+# kubernetes.core version (requirements.yml), the ansible-builder range (requirements-test.txt).
+field() { sed -n "s/^$1: *//p" "$2" | head -1 | tr -d "\"' "; }
+VERSION=$(field version "$ROOT/galaxy.yml")
+[ -n "$VERSION" ] || die "galaxy.yml has no version"
+TAG=${EE_TAG:-llmops-serving-ee:$VERSION}
+PUSH=${EE_PUSH:-}
+if [ -n "$PUSH" ]; then
+    case ${PUSH##*/} in
+        *:?*) ;;
+        *) die "EE_PUSH=$PUSH has no tag; give registry/repository:tag (for example registry.example/llmops/serving-ee:$VERSION)" ;;
+    esac
+fi
+BASE=$(sed -n '/^  base_image:/,/name:/s/^ *name: *//p' "$ROOT/execution-environment.yml" | tr -d "\"' ")
+CORE=$(sed -n '/^  ansible_core:/,/package_pip:/s/^ *package_pip: *//p' "$ROOT/execution-environment.yml" | tr -d "\"' ")
+RUNNER=$(sed -n '/^  ansible_runner:/,/package_pip:/s/^ *package_pip: *//p' "$ROOT/execution-environment.yml" | tr -d "\"' ")
+BUILDER=$(sed -n 's/^\(ansible-builder[^ #]*\).*/\1/p' "$ROOT/requirements-test.txt" | head -1)
+KC=$(sed -n '/name: kubernetes.core/,/version:/s/^ *version: *//p' "$ROOT/requirements.yml" | tr -d "\"' ")
+[ -n "$BASE" ] && [ -n "$CORE" ] && [ -n "$RUNNER" ] || die "execution-environment.yml lacks base_image.name or a package_pip pin"
+[ -n "$BUILDER" ] || die "requirements-test.txt names no ansible-builder"
+[ -n "$KC" ] || die "requirements.yml pins no kubernetes.core version"
+
+# The system packages of the base: what bindep.txt and the collection's meta/ee-bindep.txt declare for dpkg.
+SYSTEM=$(awk '{sub(/#.*/, "")} /platform:dpkg/ {print $1}' "$ROOT/bindep.txt" "$ROOT/meta/ee-bindep.txt" | sort -u | paste -sd, -)
+
+if [ "$PLAN" = 1 ]; then
+    printf 'runtime=%s tag=%s push=%s base=%s system=%s core=%s runner=%s builder=%s kubernetes.core=%s tools=%s\n' \
+        "$RT" "$TAG" "${PUSH:-none}" "$BASE" "$SYSTEM" "$CORE" "$RUNNER" "$BUILDER" "$KC" "$TOOLS"
+    exit 0
+fi
+
+command -v debootstrap >/dev/null || die "debootstrap not found; install it (apt-get install debootstrap)"
+"$RT" info >/dev/null 2>&1 || die "$RT does not answer ($RT info failed); start it (the docker service) or set EE_RUNTIME to the other runtime"
+START=$(date +%s)
+mkdir -p "$WORK"
+
+# 0. The tools, in their own venv (reused while the pins are the same).
+PIN="$CORE $RUNNER $BUILDER"
+if [ "$(cat "$TOOLS/.pins" 2>/dev/null)" != "$PIN" ]; then
+    say "tools venv .build/ee/tools ($PIN)"
+    rm -rf "$TOOLS"
+    "${PYTHON:-python3}" -m venv "$TOOLS" || die "${PYTHON:-python3} -m venv failed; install python3-venv"
+    "$TOOLS/bin/python" -m pip install --quiet "$CORE" "$RUNNER" "$BUILDER" || die "pip could not install $PIN"
+    echo "$PIN" > "$TOOLS/.pins"
+fi
+PY=$TOOLS/bin/python
+BIN=$TOOLS/bin
+
 SUITE=${EE_SUITE:-$(. /etc/os-release && echo "$VERSION_CODENAME")}
 if [ -z "${EE_MIRROR:-}" ]; then
     EE_MIRROR=$(grep -hsE '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2; exit}')
     [ -n "$EE_MIRROR" ] || EE_MIRROR=$(grep -hsE '^deb ' /etc/apt/sources.list | awk '{print $2; exit}')
 fi
 [ -n "$EE_MIRROR" ] || die "no Debian mirror in /etc/apt; set EE_MIRROR"
-mkdir -p "$WORK"
-START=$(date +%s)
 
-# 1. The base: a minimal Debian of the host's suite with python3, pip and the system packages of bindep.txt
-#    (the definition's package_manager_path is /usr/bin/true: nothing is installed from a package repository
-#    inside the build, so what bindep.txt names must already be here).
-if [ "${EE_REBUILD_BASE:-0}" = 1 ] || ! docker image inspect "$BASE" >/dev/null 2>&1; then
+# 1. The base: a minimal Debian of the host's suite with python3, pip and the system packages bindep declares for
+#    dpkg (bindep.txt and the collection's meta/ee-bindep.txt). The build has no package repository: its package
+#    manager (awx/ee/pkg-present) fails the build if bindep lists a package the base lacks.
+if [ "${EE_REBUILD_BASE:-0}" = 1 ] || ! "$RT" image inspect "$BASE" >/dev/null 2>&1; then
     T=$(date +%s)
-    system=$(awk '{sub(/#.*/, "")} /platform:dpkg/ {print $1}' "$ROOT/bindep.txt" | paste -sd, -)
     rootfs=$WORK/rootfs
     rm -rf "$rootfs"
-    say "debootstrap --variant=minbase $SUITE from $EE_MIRROR (python3, pip, venv, ca-certificates, $system)"
-    debootstrap --variant=minbase --include="python3,python3-pip,python3-venv,ca-certificates,$system" \
+    say "debootstrap --variant=minbase $SUITE from $EE_MIRROR (python3, pip, venv, ca-certificates, $SYSTEM)"
+    debootstrap --variant=minbase --include="python3,python3-pip,python3-venv,ca-certificates,$SYSTEM" \
         "$SUITE" "$rootfs" "$EE_MIRROR" > "$WORK/debootstrap.log" 2>&1 \
         || { tail -20 "$WORK/debootstrap.log" >&2; die "debootstrap failed (log: $WORK/debootstrap.log)"; }
     rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/cache/apt/archives/*.deb
-    tar -C "$rootfs" --numeric-owner -c . | docker import -c 'CMD ["/bin/bash"]' - "$BASE" >/dev/null
+    tar -C "$rootfs" --numeric-owner -c . | "$RT" import -c 'CMD ["/bin/bash"]' - "$BASE" >/dev/null
     rm -rf "$rootfs"
     say "base $BASE imported in $(elapsed "$T")s"
 else
     say "base $BASE exists (EE_REBUILD_BASE=1 rebuilds it)"
 fi
 
-# 2. The two collection tarballs the definition installs: this repository's artifact, and kubernetes.core
-#    re-packed from the copy the ansible package installed (the version the tests use).
-say "collection tarballs -> .build/ee/collections"
-"$PY" "$ROOT/tests/lib/awx_harness.py" ee-collections "$WORK/collections" >/dev/null
+# 2. The two collection tarballs the definition installs: this repository's artifact, and kubernetes.core at
+#    requirements.yml's pin (the one a project sync would install, so both paths carry the same version).
+cols=$WORK/collections
+mkdir -p "$cols"
+rm -rf "$cols/.dist" && mkdir "$cols/.dist"
+"$BIN/ansible-galaxy" collection build --force --output-path "$cols/.dist" "$ROOT" >/dev/null \
+    || die "ansible-galaxy collection build failed"
+mv "$cols"/.dist/llmops-serving-*.tar.gz "$cols/llmops-serving.tar.gz"
+manifest_version() { tar -xzOf "$1" MANIFEST.json 2>/dev/null | "$PY" -c 'import json, sys; print(json.load(sys.stdin)["collection_info"]["version"])' 2>/dev/null || true; }
+if [ "$(manifest_version "$cols/kubernetes-core.tar.gz")" != "$KC" ]; then
+    say "ansible-galaxy collection download kubernetes.core:$KC"
+    "$BIN/ansible-galaxy" collection download --no-deps -p "$cols/.dist" "kubernetes.core:$KC" >/dev/null \
+        || die "kubernetes.core $KC could not be downloaded from Galaxy; put its artifact at $cols/kubernetes-core.tar.gz"
+    mv "$cols/.dist/kubernetes-core-$KC.tar.gz" "$cols/kubernetes-core.tar.gz"
+fi
+rm -rf "$cols/.dist"
+[ "$(manifest_version "$cols/kubernetes-core.tar.gz")" = "$KC" ] || die "$cols/kubernetes-core.tar.gz is not kubernetes.core $KC"
+[ "$(manifest_version "$cols/llmops-serving.tar.gz")" = "$VERSION" ] || die "the built artifact is not llmops.serving $VERSION"
+say "collections: llmops.serving $VERSION, kubernetes.core $KC"
 
 # 3. Local wheels of everything pip installs in the build: the pins, both collections' Python requirements,
 #    what ansible-builder's builder stage needs (bindep, PyYAML, packaging) and dumb-init (its final stage).
-KC_REQ=$("$PY" -c 'import os, ansible_collections.kubernetes.core as k; print(os.path.join(list(k.__path__)[0], "requirements.txt"))')
+KC_REQ=$WORK/kubernetes-core-requirements.txt
+tar -xzOf "$cols/kubernetes-core.tar.gz" requirements.txt > "$KC_REQ" 2>/dev/null || : > "$KC_REQ"
 T=$(date +%s)
 say "pip download -> .build/ee/wheels ($CORE, $RUNNER, meta/ee-requirements.txt, kubernetes.core's requirements.txt)"
 "$PY" -m pip download --quiet --only-binary=:all: --dest "$WORK/wheels" "$CORE" "$RUNNER" \
@@ -85,43 +166,54 @@ say "$(ls "$WORK/wheels" | wc -l) wheels ($(du -sh "$WORK/wheels" | cut -f1)) in
 
 # 4. The image. --network=none: a RUN step that tried to reach a package index or a registry would fail.
 T=$(date +%s)
-say "ansible-builder build -t $TAG (log: .build/ee/build.log)"
-(cd "$ROOT" && PIP_NO_INDEX=1 "$BIN/ansible-builder" build -f execution-environment.yml -c "$WORK/context" \
-    --container-runtime docker --extra-build-cli-args=--network=none -v 2) > "$WORK/build.log" 2>&1 \
+say "ansible-builder build -t $TAG --container-runtime $RT (log: .build/ee/build.log)"
+(cd "$ROOT" && "$BIN/ansible-builder" build -f execution-environment.yml -c "$WORK/context" -t "$TAG" \
+    --container-runtime "$RT" --extra-build-cli-args=--network=none -v 2) > "$WORK/build.log" 2>&1 \
     || { tail -40 "$WORK/build.log" >&2; die "ansible-builder build failed (log: $WORK/build.log)"; }
 BUILD_S=$(elapsed "$T")
-SIZE=$(docker image inspect -f '{{.Size}}' "$TAG")
+SIZE=$("$RT" image inspect -f '{{.Size}}' "$TAG")
 say "built $TAG: $((SIZE / 1000000)) MB in ${BUILD_S}s"
 
 # 5. One job, the way AWX runs it: the private data dir is streamed to ansible-runner worker inside the EE
 #    (AWX's receptor work unit: --user 1000:0, no network), and the event stream is processed on this side.
-jobs=$WORK/jobs out=$WORK/out
-rm -rf "$jobs" "$out"
-prepared=$("$PY" "$ROOT/tests/lib/awx_harness.py" prepare "$jobs" "$TEMPLATE" ${ANSWERS:+"$ANSWERS"}) \
-    || die "the job template '$TEMPLATE' could not be launched with these answers"
-pdd=$(sed -n 1p <<<"$prepared") playbook=$(sed -n 2p <<<"$prepared")
-# The job's LLMOPS_ROOT is /runner/llmops, inside the private data dir the worker receives: its "shared
-# filesystem" gets a 2-shard safetensors revision with SHA256SUMS (tests/lib/stage_synth.py).
-"$PY" -c 'import sys; sys.path.insert(0, sys.argv[1]); import stage_synth; stage_synth.write_checkpoint(sys.argv[2], 16 << 20, shards=2)' \
-    "$ROOT/tests/lib" "$pdd/llmops/shared/models/tiny-ee/r1" >/dev/null
-T=$(date +%s)
-say "job '$TEMPLATE' ($playbook): ansible-runner transmit | docker run -i --rm --user 1000:0 --network none $TAG ansible-runner worker | ansible-runner process"
-set +e
-"$BIN/ansible-runner" transmit "$pdd" -p "$playbook" \
-    | docker run -i --rm --user 1000:0 --network none "$TAG" ansible-runner worker --private-data-dir=/runner \
-    | "$BIN/ansible-runner" process "$out" > "$WORK/job.log" 2>&1
-rcs="${PIPESTATUS[*]}"
-set -e
-JOB_S=$(elapsed "$T")
-read -r status rc events failed artifacts < <("$PY" "$ROOT/awx/ee/job_summary.py" "$out/artifacts")
-say "job status $status, rc $rc, $events events, $failed failed, ${JOB_S}s (transmit|worker|process exit codes: $rcs)"
-say "job artifacts (set_stats): $artifacts"
+status=skipped rc=- events=- failed=0 JOB_S=0
+if [ "${EE_SKIP_JOB:-0}" != 1 ]; then
+    jobs=$WORK/jobs out=$WORK/out
+    rm -rf "$jobs" "$out"
+    prepared=$("$PY" "$ROOT/tests/lib/awx_harness.py" prepare "$jobs" "$TEMPLATE" ${ANSWERS:+"$ANSWERS"}) \
+        || die "the job template '$TEMPLATE' could not be launched with these answers"
+    pdd=$(sed -n 1p <<<"$prepared") playbook=$(sed -n 2p <<<"$prepared")
+    # The job's LLMOPS_ROOT is /runner/llmops, inside the private data dir the worker receives: its "shared
+    # filesystem" gets a 2-shard safetensors revision with SHA256SUMS (tests/lib/stage_synth.py).
+    "$PY" -c 'import sys; sys.path.insert(0, sys.argv[1]); import stage_synth; stage_synth.write_checkpoint(sys.argv[2], 16 << 20, shards=2)' \
+        "$ROOT/tests/lib" "$pdd/llmops/shared/models/tiny-ee/r1" >/dev/null
+    T=$(date +%s)
+    say "job '$TEMPLATE' ($playbook): ansible-runner transmit | $RT run -i --rm --user 1000:0 --network none $TAG ansible-runner worker | ansible-runner process"
+    set +e
+    "$BIN/ansible-runner" transmit "$pdd" -p "$playbook" \
+        | "$RT" run -i --rm --user 1000:0 --network none "$TAG" ansible-runner worker --private-data-dir=/runner \
+        | "$BIN/ansible-runner" process "$out" > "$WORK/job.log" 2>&1
+    rcs="${PIPESTATUS[*]}"
+    set -e
+    JOB_S=$(elapsed "$T")
+    read -r status rc events failed artifacts < <("$PY" "$ROOT/awx/ee/job_summary.py" "$out/artifacts")
+    say "job status $status, rc $rc, $events events, $failed failed, ${JOB_S}s (transmit|worker|process exit codes: $rcs)"
+    say "job artifacts (set_stats): $artifacts"
+    [ "$status" = successful ] && [ "$rc" = 0 ] && [ "$failed" = 0 ] \
+        || { tail -40 "$WORK/job.log" >&2; die "the job did not succeed (log: $WORK/job.log); $TAG is not pushed"; }
+fi
+
+# 6. Tag and push where asked (only an image whose job passed).
+if [ -n "$PUSH" ]; then
+    "$RT" tag "$TAG" "$PUSH" || die "$RT tag $TAG $PUSH failed"
+    "$RT" push "$PUSH" || die "$RT push $PUSH failed; log in to the registry ($RT login ${PUSH%%/*}) and run make ee again"
+    say "pushed $PUSH"
+fi
 
 # Leave no build cache behind (the stage images are dangling once the EE is tagged).
-docker builder prune -f >/dev/null 2>&1 || true
-docker image prune -f >/dev/null 2>&1 || true
+if [ "$RT" = docker ]; then docker builder prune -f >/dev/null 2>&1 || true; fi
+"$RT" image prune -f >/dev/null 2>&1 || true
 rm -rf "$WORK/context"
 
-printf 'ee_image=%s ee_size_bytes=%s build_s=%s job_template="%s" job_status=%s job_rc=%s job_events=%s job_s=%s total_s=%s\n' \
-    "$TAG" "$SIZE" "$BUILD_S" "$TEMPLATE" "$status" "$rc" "$events" "$JOB_S" "$(elapsed "$START")"
-[ "$status" = successful ] && [ "$rc" = 0 ] && [ "$failed" = 0 ] || { tail -40 "$WORK/job.log" >&2; die "the job did not succeed (log: $WORK/job.log)"; }
+printf 'ee_image=%s ee_push=%s ee_runtime=%s ee_size_bytes=%s build_s=%s job_template="%s" job_status=%s job_rc=%s job_events=%s job_s=%s total_s=%s\n' \
+    "$TAG" "${PUSH:-none}" "$RT" "$SIZE" "$BUILD_S" "$TEMPLATE" "$status" "$rc" "$events" "$JOB_S" "$(elapsed "$START")"

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import glob
 import importlib.metadata
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 
 import pytest
 import yaml
@@ -44,6 +46,18 @@ def _names(lines):
     return out
 
 
+def _stages(containerfile):
+    """{stage name: [instruction lines]} of a Containerfile (continuation lines joined)."""
+    stages, current = {}, None
+    for line in containerfile.replace("\\\n", " ").splitlines():
+        m = re.match(r"FROM \S+ AS (\w+)$", line.strip())
+        if m:
+            current = stages.setdefault(m.group(1), [])
+        elif current is not None and line.strip():
+            current.append(line.strip())
+    return stages
+
+
 def _builder(*args, cwd):
     return subprocess.run([os.path.join(BIN, "ansible-builder")] + list(args), cwd=cwd, capture_output=True, text=True,
                           timeout=300, check=False, env=dict(os.environ, ANSIBLE_NOCOLOR="1"))
@@ -53,9 +67,9 @@ def _builder(*args, cwd):
 def ee_tree(tmp_path_factory):
     """A copy of the EE definition and its files, with the two collection tarballs `make ee` prepares."""
     tree = tmp_path_factory.mktemp("ee")
-    for rel in ("execution-environment.yml", "bindep.txt", "meta/ee-requirements.txt"):
+    for rel in ("execution-environment.yml", "bindep.txt", "meta/ee-requirements.txt", "awx/ee/pkg-present"):
         os.makedirs(tree / os.path.dirname(rel), exist_ok=True)
-        shutil.copy(os.path.join(ROOT, rel), tree / rel)
+        shutil.copy2(os.path.join(ROOT, rel), tree / rel)
     awx_harness.ee_collections(str(tree / ".build" / "ee" / "collections"))
     os.makedirs(tree / ".build" / "ee" / "wheels")
     return tree
@@ -85,8 +99,23 @@ def test_builder_create_succeeds_offline(ee_tree):
     assert 'ARG ANSIBLE_INSTALL_REFS="ansible-core==%s ansible-runner==%s"' % (
         importlib.metadata.version("ansible-core"), importlib.metadata.version("ansible-runner")) in containerfile
     assert 'ARG ANSIBLE_GALAXY_CLI_COLLECTION_OPTS="--offline"' in containerfile
-    assert "ENV PIP_NO_INDEX=1 PIP_FIND_LINKS=/output/local-wheels" in containerfile
     build = ee_tree / "context" / "_build"
+    stages = _stages(containerfile)
+    assert list(stages) == ["base", "galaxy", "builder", "final"]
+    # No build-only setting reaches the image: the final stage starts from base, so neither may set one with ENV
+    # (an ENV stays in the image; a job's pip in the EE would find no index). Every stage that runs pip gets them
+    # as build arguments (in its RUN steps' environment, not in the image).
+    for name in ("base", "final"):
+        envs = [line for line in stages[name] if line.startswith("ENV ")]
+        assert [e for e in envs if re.search(r"PIP_NO_INDEX|PIP_FIND_LINKS|local-wheels|/output", e)] == [], name
+    for name in ("base", "builder", "final"):
+        assert "ARG PIP_NO_INDEX=1" in stages[name] and "ARG PIP_FIND_LINKS=/output/local-wheels" in stages[name]
+    # the wheels and the bindep check live under /output, which the final stage removes before its USER line
+    final = stages["final"]
+    assert final.index("RUN rm -rf /output") < final.index("USER 1000")
+    # the build's "package manager" is the presence check, shipped with the builder's scripts
+    assert 'ARG PKGMGR="/output/scripts/pkg-present"' in containerfile
+    assert os.access(str(build / "scripts" / "pkg-present"), os.X_OK)
     assert sorted(os.listdir(build / "collections")) == ["kubernetes-core.tar.gz", "llmops-serving.tar.gz"]
     galaxy = yaml.safe_load((build / "requirements.yml").read_text())
     # each name resolves inside the galaxy stage's WORKDIR (/build, the context's _build)
@@ -136,21 +165,134 @@ def test_bindep_names_packages_for_the_debian_base_and_rpm():
     assert {"git", "openssh-clients"} <= set(rpm)
 
 
-def test_definition_installs_nothing_from_a_package_repository():
-    """The base carries the system packages (awx/ee/build.sh debootstraps what bindep.txt names for dpkg):
-    the build's package manager is a no-op, so no RUN step needs an apt/dnf repository."""
-    ee = _load("execution-environment.yml")
-    assert ee["options"]["package_manager_path"] == "/usr/bin/true"
-    with open(os.path.join(ROOT, "awx", "ee", "build.sh"), encoding="utf-8") as f:
-        script = f.read()
-    assert "platform:dpkg" in script and "bindep.txt" in script and "--variant=minbase" in script
+def _galaxy_version():
+    return _load("galaxy.yml")["version"]
+
+
+def test_bindep_packages_are_in_the_base_or_the_build_fails(tmp_path):
+    """The build has no package repository: install-from-bindep's "package manager" (awx/ee/pkg-present) checks
+    that each package bindep lists for the image is installed and fails naming the missing ones. Called the way
+    ansible-builder's install-from-bindep calls it (ansible-builder 3.2.0, src/ansible_builder/_target_scripts/
+    install-from-bindep: ``$PKGMGR install -y $PKGMGR_OPTS $PACKAGES``, then ``$PKGMGR clean all``)."""
+    assert _load("execution-environment.yml")["options"]["package_manager_path"] == "/output/scripts/pkg-present"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    # dpkg-query of a base that has git and openssh-client only
+    (fake / "dpkg-query").write_text('#!/bin/sh\ncase "$4" in git|openssh-client) echo "install ok installed";;'
+                                     ' *) echo "dpkg-query: no packages found" >&2; exit 1;; esac\n')
+    (fake / "dpkg-query").chmod(0o755)
+    script = os.path.join(ROOT, "awx", "ee", "pkg-present")
+    env = dict(os.environ, PATH="%s:/usr/bin:/bin" % fake)
+
+    def call(*args):
+        return subprocess.run(["/bin/sh", script] + list(args), capture_output=True, text=True, env=env, timeout=30,
+                              check=False)
+    ok = call("install", "-y", "git", "openssh-client")
+    assert ok.returncode == 0, ok.stderr
+    bad = call("install", "-y", "git", "rsync", "openssh-client", "curl")
+    assert bad.returncode == 1
+    assert "bindep declares packages the base image lacks: rsync curl;" in bad.stderr
+    assert "EE_REBUILD_BASE=1" in bad.stderr
+    assert call("clean", "all").returncode == 0
+    assert call("upgrade").returncode == 2
+
+
+def _plan(tmp_path, runtimes, **env):
+    """``build.sh --plan`` with only the named fake runtimes on PATH (and the few tools the script reads with)."""
+    fake = tmp_path / ("bin-" + "-".join(runtimes or ["none"]))
+    fake.mkdir(parents=True)
+    for tool in ("dirname", "sed", "awk", "head", "tr", "sort", "paste", "date", "cat"):
+        os.symlink(shutil.which(tool), str(fake / tool))
+    for rt in runtimes:
+        (fake / rt).write_text("#!/bin/sh\necho \"$0 $*\" >> %s/calls\n" % tmp_path)
+        (fake / rt).chmod(0o755)
+    proc = subprocess.run([shutil.which("bash"), os.path.join(ROOT, "awx", "ee", "build.sh"), "--plan"],
+                          capture_output=True, text=True, timeout=30, check=False, env=dict(env, PATH=str(fake)))
+    plan = dict(kv.split("=", 1) for kv in proc.stdout.split()) if proc.returncode == 0 else None
+    return proc, plan
+
+
+@pytest.mark.parametrize("runtimes,chosen,env", [
+    (["docker"], "docker", {}),
+    (["podman"], "podman", {}),
+    (["podman", "docker"], "podman", {}),
+    (["podman", "docker"], "docker", {"EE_RUNTIME": "docker"}),
+])
+def test_make_ee_picks_podman_or_docker(tmp_path, runtimes, chosen, env):
+    proc, plan = _plan(tmp_path, runtimes, **env)
+    assert proc.returncode == 0, proc.stderr
+    assert plan["runtime"] == chosen
+    assert not (tmp_path / "calls").exists(), "--plan runs no container command"
+
+
+@pytest.mark.parametrize("runtimes,env,error", [
+    ([], {}, "neither podman nor docker is on PATH"),
+    (["docker"], {"EE_RUNTIME": "podman"}, "EE_RUNTIME=podman: podman is not on PATH"),
+    (["docker"], {"EE_RUNTIME": "nerdctl"}, "EE_RUNTIME=nerdctl is not a runtime ansible-builder drives"),
+    (["docker"], {"EE_PUSH": "registry.example/llmops/serving-ee"}, "EE_PUSH=registry.example/llmops/serving-ee has no tag"),
+])
+def test_make_ee_refuses_a_runtime_or_push_target_it_cannot_use(tmp_path, runtimes, env, error):
+    proc, _plan_ = _plan(tmp_path, runtimes, **env)
+    assert proc.returncode == 1 and error in proc.stderr, proc.stderr
+
+
+def test_make_ee_tags_with_the_release_and_pushes_where_asked(tmp_path):
+    proc, plan = _plan(tmp_path, ["docker"])
+    assert proc.returncode == 0, proc.stderr
+    # the tag is galaxy.yml's version, the one the definition names and the job templates' release check reads
+    assert plan["tag"] == "llmops-serving-ee:%s" % _galaxy_version()
+    assert _load("execution-environment.yml")["options"]["tags"] == [plan["tag"]]
+    assert plan["push"] == "none"
+    # the tools venv is the script's own (ansible-core / ansible-runner at the definition's pins), not .venv
+    deps = _load("execution-environment.yml")["dependencies"]
+    assert plan["tools"] == os.path.join(ROOT, ".build", "ee", "tools")
+    assert (plan["core"], plan["runner"]) == (deps["ansible_core"]["package_pip"], deps["ansible_runner"]["package_pip"])
+    assert plan["builder"].startswith("ansible-builder")
+    proc, plan = _plan(tmp_path / "x", ["docker"], EE_TAG="ee:test", EE_PUSH="registry.example:5000/llmops/ee:0.1")
+    assert (plan["tag"], plan["push"]) == ("ee:test", "registry.example:5000/llmops/ee:0.1"), proc.stderr
+
+
+def test_the_base_carries_every_system_package_bindep_declares_for_dpkg(tmp_path):
+    """build.sh debootstraps exactly the platform:dpkg entries of bindep.txt and the collection's meta/ee-bindep.txt
+    (the files ansible-builder's introspection combines), so pkg-present finds them all."""
+    declared = set()
+    for rel in ("bindep.txt", os.path.join("meta", "ee-bindep.txt")):
+        with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+            declared |= {line.split()[0] for line in (raw.split("#", 1)[0] for raw in f) if "platform:dpkg" in line}
+    proc, plan = _plan(tmp_path, ["docker"])
+    assert proc.returncode == 0, proc.stderr
+    assert set(plan["system"].split(",")) == declared and "rsync" in declared
+
+
+def test_build_script_parses():
+    for name in ("build.sh", "pkg-present"):
+        proc = subprocess.run(["bash", "-n", os.path.join(ROOT, "awx", "ee", name)], capture_output=True, text=True,
+                              timeout=30, check=False)
+        assert proc.returncode == 0, proc.stderr
+
+
+def test_requirements_pin_exactly_what_the_ee_carries_and_the_tests_run(ee_tree):
+    """A project sync installs requirements.yml's collections ahead of the EE's (ansible/awx, devel,
+    awx/playbooks/project_update.yml): each is pinned to one version, the one the tests run and the EE carries."""
+    pins = {c["name"]: c["version"] for c in _load("requirements.yml")["collections"]}
+    assert sorted(pins) == ["awx.awx", "kubernetes.core"]
+    assert all(re.fullmatch(r"\d+\.\d+\.\d+", v) for v in pins.values()), pins
+    for name, pin in pins.items():
+        namespace, coll = name.split(".")
+        with open(os.path.join(awx_harness.SITE_COLLECTIONS, namespace, coll, "MANIFEST.json"), encoding="utf-8") as f:
+            assert json.load(f)["collection_info"]["version"] == pin, name
+    # the EE's kubernetes.core tarball is that version; llmops.serving's is galaxy.yml's
+    for tarball, version in (("kubernetes-core.tar.gz", pins["kubernetes.core"]),
+                             ("llmops-serving.tar.gz", _galaxy_version())):
+        with tarfile.open(str(ee_tree / ".build" / "ee" / "collections" / tarball)) as tar:
+            assert json.load(tar.extractfile("MANIFEST.json"))["collection_info"]["version"] == version, tarball
+    # and llmops.serving's own dependency admits it
+    assert _load("galaxy.yml")["dependencies"]["kubernetes.core"] == ">=6.0.0"
 
 
 def test_job_summary_reads_status_events_failures_and_artifacts(tmp_path):
     """`make ee` judges the job from what ansible-runner process wrote, as AWX does: status, rc, failed events
     (an ignored failure does not count) and the set_stats artifacts of playbook_on_stats."""
-    import json
-
     sys.path.insert(0, os.path.join(ROOT, "awx", "ee"))
     try:
         import job_summary
