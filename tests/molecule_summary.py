@@ -1,7 +1,11 @@
 """Run every molecule scenario (or the ones named) with ``molecule test -s <name>``, one after the other, and end
 with one plain line: ``N passed, N failed``. Exits 1 when any scenario failed.
 
-Usage: python tests/molecule_summary.py [scenario ...]   (``make molecule`` runs it on all of molecule/*/)
+Usage: python tests/molecule_summary.py [scenario ...]   (``make molecule`` runs it on all of extensions/molecule/*/)
+
+The scenarios live where molecule expects them in a collection, ``extensions/molecule/<scenario>/`` (molecule 26,
+ansible/molecule ``src/molecule/constants.py`` MOLECULE_COLLECTION_ROOT), and molecule runs from the collection's
+root (the directory of galaxy.yml), where it finds them.
 
 Each scenario runs to its end even when an earlier one failed, so one broken role does not hide the others.
 """
@@ -13,7 +17,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MOLECULE_DIR = os.path.join(ROOT, "molecule")
+MOLECULE_DIR = os.path.join(ROOT, "extensions", "molecule")
+#: A scenario should take well under a minute (``make test`` runs them all); a slower one is marked in the report.
+BUDGET_S = 60
 # molecule from the same environment as this interpreter (the project's .venv), else from PATH
 _BESIDE = os.path.join(os.path.dirname(sys.executable), "molecule")
 MOLECULE = _BESIDE if os.access(_BESIDE, os.X_OK) else "molecule"
@@ -31,7 +37,10 @@ def summary(results):
 
 
 def report(results, total_seconds):
-    lines = ["molecule %-14s %s  %5.0f s" % (name, "passed" if ok else "FAILED", secs) for name, ok, secs in results]
+    lines = []
+    for name, ok, secs in results:
+        slow = "  (over the %d s budget)" % BUDGET_S if secs > BUDGET_S else ""
+        lines.append("molecule %-14s %s  %5.0f s%s" % (name, "passed" if ok else "FAILED", secs, slow))
     lines.append("molecule total %.0f s" % total_seconds)
     lines.append(summary(results))
     return "\n".join(lines)
@@ -46,15 +55,16 @@ def run(names, molecule=MOLECULE, cwd=ROOT):
     return results
 
 
-def main(argv, molecule_dir=MOLECULE_DIR, molecule=MOLECULE):
+def main(argv, molecule_dir=MOLECULE_DIR, molecule=MOLECULE, project=ROOT):
     known = scenarios(molecule_dir)
     names = argv or known
     unknown = [n for n in names if n not in known]
     if unknown:
-        sys.stderr.write("unknown scenario(s) %s; molecule/ has: %s\n" % (", ".join(unknown), ", ".join(known)))
+        where = os.path.relpath(molecule_dir, project)
+        sys.stderr.write("unknown scenario(s) %s; %s has: %s\n" % (", ".join(unknown), where, ", ".join(known)))
         return 2
     start = time.monotonic()
-    results = run(names, molecule, os.path.dirname(molecule_dir))
+    results = run(names, molecule, project)
     print(report(results, time.monotonic() - start))
     return 0 if all(r[1] for r in results) else 1
 

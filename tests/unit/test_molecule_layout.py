@@ -1,6 +1,12 @@
 """Every role has a molecule scenario that tests it the same way (default driver on localhost, no prerun, the built
-collection, syntax -> converge -> idempotence -> testinfra verify, cleaned up by destroy), and `make molecule`'s
-summary script reports each scenario and fails when one failed."""
+collection, syntax -> converge -> idempotence -> testinfra verify, cleaned up by destroy), in the layout molecule
+expects for a collection (extensions/molecule/<scenario>/), and `make molecule`'s summary script reports each
+scenario and fails when one failed.
+
+molecule 26.10.0 (ansible/molecule, src/molecule/util.py ``molecule_directory``): in a collection (a galaxy.yml in
+the working directory) scenarios are read from ``extensions/molecule/**/molecule.yml``; a ``molecule/`` directory at
+the collection's root is still read but logs "Molecule scenarios should migrate to 'extensions/molecule'".
+"""
 from __future__ import annotations
 
 import ast
@@ -12,17 +18,25 @@ import pytest
 import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MOLECULE = os.path.join(ROOT, "molecule")
+MOLECULE = os.path.join(ROOT, "extensions", "molecule")
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import molecule_summary  # noqa: E402  (tests/ is not a package)
 
 # Roles without a scenario, and why. A role listed here that gains a scenario must leave the list.
-WITHOUT_SCENARIO = {
-    "benchmark": "it measures a running engine with vllm bench serve; molecule never starts an engine",
-    "diagnose": "it explains a failed engine from cluster or process evidence; its tests build that evidence",
+WITHOUT_SCENARIO = {}
+# Scenarios without the idempotence step, and why.
+NOT_IDEMPOTENT = {
+    "benchmark": "every run is a new measurement: benchmark_plan moves the previous run's files under "
+                 "previous/<time>/ and reports a change",
 }
 ROLES = sorted(n for n in os.listdir(os.path.join(ROOT, "roles")) if os.path.isdir(os.path.join(ROOT, "roles", n)))
 SCENARIOS = molecule_summary.scenarios(MOLECULE)
+
+
+def test_scenarios_are_in_the_collection_layout():
+    assert molecule_summary.MOLECULE_DIR == MOLECULE
+    assert not os.path.exists(os.path.join(ROOT, "molecule")), "move scenarios to extensions/molecule/"
+    assert os.path.isfile(os.path.join(molecule_summary.ROOT, "galaxy.yml")), "molecule runs from the collection root"
 
 
 def load(*parts):
@@ -58,12 +72,15 @@ def test_the_sequence_checks_idempotence_and_verifies_with_testinfra(name):
     seq = cfg["scenario"]["test_sequence"]
     assert seq[0] == seq[-1] == "destroy", "start clean and remove what the scenario wrote"
     core = [s for s in seq if s in ("syntax", "converge", "idempotence", "verify")]
-    assert core == ["syntax", "converge", "idempotence", "verify"]
+    if name in NOT_IDEMPOTENT:
+        assert core == ["syntax", "converge", "verify"]
+    else:
+        assert core == ["syntax", "converge", "idempotence", "verify"]
     assert ("prepare" in seq) == ("prepare" in cfg["ansible"]["playbooks"])
     assert cfg["verifier"]["name"] == "testinfra"
     assert cfg["verifier"]["options"]["hosts"] == "ansible://localhost"
     tests = [f for f in os.listdir(os.path.join(MOLECULE, name, "tests")) if f.startswith("test_") and f.endswith(".py")]
-    assert tests, "no testinfra tests in molecule/%s/tests" % name
+    assert tests, "no testinfra tests in extensions/molecule/%s/tests" % name
     for t in tests:
         with open(os.path.join(MOLECULE, name, "tests", t)) as f:
             tree = ast.parse(f.read())
@@ -75,6 +92,11 @@ def test_the_sequence_checks_idempotence_and_verifies_with_testinfra(name):
 def test_converge_applies_the_role_and_writes_under_the_scenario_root(name):
     plays = load(name, "converge.yml")
     roles = [r["role"] if isinstance(r, dict) else r for play in plays for r in play.get("roles", [])]
+    for play in plays:
+        for task in play.get("tasks", []):
+            for key in ("ansible.builtin.include_role", "ansible.builtin.import_role"):
+                if key in task:
+                    roles.append(task[key]["name"])
     assert roles and set(roles) == {"llmops.serving." + name}
     text = open(os.path.join(MOLECULE, name, "converge.yml")).read()
     assert "/var/tmp" not in text and "/tmp/" not in text, "write under molecule_root, not a shared path"
@@ -96,31 +118,40 @@ def test_testinfra_is_a_test_requirement():
 
 @pytest.fixture
 def fake_project(tmp_path):
-    """A molecule/ with three scenarios and a molecule executable that fails scenario ``bad``."""
+    """An extensions/molecule/ with three scenarios and a molecule executable that fails scenario ``bad`` (and
+    records the directory it ran in)."""
+    scenarios = tmp_path / "extensions" / "molecule"
     for name in ("alpha", "bad", "gamma"):
-        (tmp_path / "molecule" / name).mkdir(parents=True)
-        (tmp_path / "molecule" / name / "molecule.yml").write_text("---\n")
-    (tmp_path / "molecule" / "shared").mkdir()  # no molecule.yml: not a scenario
+        (scenarios / name).mkdir(parents=True)
+        (scenarios / name / "molecule.yml").write_text("---\n")
+    (scenarios / "shared").mkdir()  # no molecule.yml: not a scenario
     exe = tmp_path / "molecule-bin"
-    exe.write_text("#!/bin/sh\necho \"$@\" >> %s/calls\n[ \"$3\" != bad ]\n" % tmp_path)
+    exe.write_text("#!/bin/sh\necho \"$@\" >> %s/calls\npwd >> %s/cwd\n[ \"$3\" != bad ]\n" % (tmp_path, tmp_path))
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     return tmp_path, str(exe)
 
 
+def test_the_excepted_scenarios_exist():
+    assert [s for s in NOT_IDEMPOTENT if s not in SCENARIOS] == []
+
+
 def test_summary_runs_every_scenario_and_fails_when_one_failed(fake_project, capsys):
     root, exe = fake_project
-    rc = molecule_summary.main([], molecule_dir=str(root / "molecule"), molecule=exe)
+    rc = molecule_summary.main([], molecule_dir=str(root / "extensions" / "molecule"), molecule=exe, project=str(root))
     out = capsys.readouterr().out.splitlines()
     assert rc == 1
     assert out[-1] == "2 passed, 1 failed"
     assert [line.split()[1:3] for line in out[:3]] == [["alpha", "passed"], ["bad", "FAILED"], ["gamma", "passed"]]
     assert (root / "calls").read_text().splitlines() == ["test -s alpha", "test -s bad", "test -s gamma"]
+    # molecule runs from the collection root, where it finds extensions/molecule/
+    assert set((root / "cwd").read_text().splitlines()) == {str(root)}
 
 
 def test_summary_passes_for_named_scenarios_and_refuses_unknown_ones(fake_project, capsys):
     root, exe = fake_project
-    assert molecule_summary.main(["gamma", "alpha"], molecule_dir=str(root / "molecule"), molecule=exe) == 0
+    kw = dict(molecule_dir=str(root / "extensions" / "molecule"), molecule=exe, project=str(root))
+    assert molecule_summary.main(["gamma", "alpha"], **kw) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "2 passed, 0 failed"
-    assert molecule_summary.main(["shared"], molecule_dir=str(root / "molecule"), molecule=exe) == 2
+    assert molecule_summary.main(["shared"], **kw) == 2
     assert "unknown scenario(s) shared" in capsys.readouterr().err
     assert (root / "calls").read_text().splitlines() == ["test -s gamma", "test -s alpha"]

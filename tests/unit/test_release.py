@@ -29,7 +29,7 @@ TOP_LEVEL = {"MANIFEST.json", "FILES.json", "README.md", "LICENSE", "CHANGELOG.m
              "playbooks", "plugins", "roles"}
 # Directories whose every file ships (where they exist in the source tree).
 RUNTIME_DIRS = ("plugins", "roles", "playbooks", "meta")
-NEVER = ("tests/*", "molecule/*", "benchmarks/*", "docs/*", "inventories/*", ".ci/*", "Makefile", "conftest.py",
+NEVER = ("tests/*", "extensions/*", "benchmarks/*", "docs/*", "inventories/*", ".ci/*", "Makefile", "conftest.py",
          "ansible.cfg", "pytest.ini", "requirements*", "*.png", "*/__pycache__/*", "*.pyc", ".*",
          "changelogs/fragments/*", "changelogs/config.yaml", "galaxy.yml")
 

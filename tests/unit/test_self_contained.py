@@ -12,7 +12,7 @@ SYSTEM = ("/proc", "/sys", "/dev", "/etc", "/tmp", "/var/tmp", "/usr", "/bin", "
 
 
 def _python_files():
-    for top in ("tests", "molecule", "benchmarks"):
+    for top in ("tests", "extensions", "benchmarks"):
         for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, top)):
             dirnames[:] = [d for d in dirnames if d not in ("__pycache__", ".hypothesis")]
             for fn in filenames:

@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY") or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY") or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURES = os.path.join(PROJECT, "tests", "unit", "fixtures")
 K8S_VERSION = "1.33.0"
 # Custom resources are validated against the upstream CRDs the unit tests vendor; core kinds by kubernetes-validate.
