@@ -114,7 +114,12 @@ def test_pd_workload_and_render_dir_names(tmp_path):
 def test_pd_apply_names(tmp_path):
     """pd_disagg_k8s_mode apply (new) and pd_disagg_k8s_apply true (deprecated) both apply; render does not."""
     def applies(out):
-        # the apply block ran and failed there (its rescue reports it): there is no cluster here
+        # apply mode talks to the API server: it reads the gateway's EnvoyPatchPolicy, then applies (a failed apply
+        # is reported by the block's rescue); there is no cluster here, so the first call to the API fails
+        for chunk in out.split("TASK [")[1:]:
+            if chunk.startswith("llmops.serving.pd_disagg : Read AIBrix's EnvoyPatchPolicy"):
+                ran = chunk.split("PLAY RECAP")[0]
+                return "fatal: [localhost]" in ran or "ok: [localhost]" in ran
         return "Report what the API server refused" in out
 
     base = dict(PD, pd_disagg_render_dir=str(tmp_path / "pd"))
