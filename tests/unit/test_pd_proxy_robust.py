@@ -573,3 +573,26 @@ def test_bad_limits_on_the_command_line_name_the_option(capsys):
         pd_proxy.main(["--port", "0", "--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:2",
                        "--backlog", "0"])
     assert "--backlog: must be > 0" in capsys.readouterr().err
+
+
+def test_metrics_answers_the_counters_in_prometheus_text(proxy):
+    """AIBrix v0.7.0 scrapes ``http://<podIP>:<model.aibrix.ai/metric-port, else 8000>/metrics`` of every pod
+    labelled with the model (vllm-project/aibrix v0.7.0 pkg/cache/cache_metrics.go; package cache's
+    getPodMetricPort falls back to defaultMetricPort without the label): a front that is scraped answers /metrics
+    instead of a steady stream of 404s."""
+    from ansible_collections.llmops.serving.plugins.module_utils import _prom
+
+    port, router = proxy(request_timeout=0.5, max_body_bytes=4096)
+    assert post(port, {"prompt": "a"})[0] == 200
+    assert post(port, b"not json")[0] == 400
+    status, headers, body, _c = exchange(port, request_bytes(b"", method="GET", path="/metrics"), close_wait=0)
+    assert status == 200
+    samples, types = _prom.parse_text(body.decode())
+    got = {(n, tuple(sorted(lab.items()))): v for n, lab, v in samples}
+    assert types["llmops_pd_proxy_outcomes_total"] == "counter"
+    assert got[("llmops_pd_proxy_outcomes_total", (("outcome", "completed"),))] == 1
+    assert got[("llmops_pd_proxy_outcomes_total", (("outcome", "bad_request"),))] == 1
+    assert got[("llmops_pd_proxy_pd_requests_total", (("result", "completed"),))] == 1
+    # the scrape counts itself, as /proxy/stats does
+    assert got[("llmops_pd_proxy_received_total", ())] == 3
+    assert router.snapshot()["outcomes"]["served"] == 1

@@ -15,7 +15,9 @@ Speaks the protocol of AIBrix's ``pd`` routing strategy and of vLLM's P/D proxy:
 
 Response headers name the engines used: ``prefill-target-pod-ip`` and ``target-pod-ip`` (decode),
 as AIBrix v0.7 does. ``GET /health`` is 200 only when every backend is healthy; ``GET /v1/models`` is
-answered by a decode engine; ``GET /proxy/stats`` returns request counts and timings as JSON.
+answered by a decode engine; ``GET /proxy/stats`` returns request counts and timings as JSON, and ``GET /metrics``
+the same counters in Prometheus text format (``llmops_pd_proxy_*``), so a scraper that reaches the front (AIBrix
+scrapes port 8000 of a pod without a ``model.aibrix.ai/metric-port`` label) gets an answer, not a 404 stream.
 
 Serving rules (each a command-line option):
 
@@ -218,6 +220,34 @@ class Router:
             out["outcomes"] = dict(out["outcomes"])
             out["status"] = dict(out["status"])
             return out
+
+    def prometheus_text(self):
+        """The counters of :meth:`snapshot` in Prometheus text exposition format 0.0.4."""
+        st = self.snapshot()
+        lines = []
+
+        def family(name, kind, helptext, samples):
+            lines.append("# HELP %s %s" % (name, helptext))
+            lines.append("# TYPE %s %s" % (name, kind))
+            for labels, value in samples:
+                shown = ",".join('%s="%s"' % (k, str(v).replace("\\", "\\\\").replace('"', '\\"'))
+                                 for k, v in sorted(labels.items()))
+                lines.append("%s%s %s" % (name, "{%s}" % shown if shown else "", repr(float(value))))
+
+        family("llmops_pd_proxy_received_total", "counter", "Requests that reached the proxy.",
+               [({}, st["received"])])
+        family("llmops_pd_proxy_outcomes_total", "counter", "Requests by how they ended.",
+               [({"outcome": k}, v) for k, v in sorted(st["outcomes"].items())])
+        family("llmops_pd_proxy_responses_total", "counter", "Answers by HTTP status.",
+               [({"status": k}, v) for k, v in sorted(st["status"].items())])
+        family("llmops_pd_proxy_pd_requests_total", "counter", "Prefill/decode requests forwarded, by result.",
+               [({"result": "forwarded"}, st["requests"]), ({"result": "completed"}, st["completed"]),
+                ({"result": "failed"}, st["failed"])])
+        family("llmops_pd_proxy_phase_seconds_total", "counter", "Seconds spent waiting on each phase's engine.",
+               [({"phase": "prefill"}, st["prefill_s"]), ({"phase": "decode"}, st["decode_s"])])
+        family("llmops_pd_proxy_connections_total", "counter", "Client connections accepted.",
+               [({}, st["connections"])])
+        return "\n".join(lines) + "\n"
 
     def run_prefill(self, backend, path, body, request_id):
         payload = json.dumps(prefill_body(body)).encode()
@@ -563,6 +593,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if path == "/proxy/stats":
             self._record("served", 200)  # the answer counts itself
             self._json(200, r.snapshot())
+            return
+        if path == "/metrics":
+            self._record("served", 200)  # the answer counts itself
+            data = r.prometheus_text().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
             return
         if path.rstrip("/") == "/v1/models":
             _p, d = r.pick()
