@@ -81,8 +81,8 @@ docs-lint: install
 	  ANSIBLE_COLLECTIONS_PATH="$$d" antsibull-docs lint-collection-docs --plugin-docs \
 	    --validate-collection-refs all "$$d/ansible_collections/llmops/serving" && \
 	  printf '[galaxy-importer]\nRUN_ANSIBLE_TEST = False\nRUN_ANSIBLE_LINT = False\n' > "$$d/importer.cfg" && \
-	  GALAXY_IMPORTER_CONFIG="$$d/importer.cfg" $(VPY) -m galaxy_importer.main $(BUILD)/dist/llmops-serving-*.tar.gz \
-	    > "$$d/importer.log" 2>&1 || { tail -40 "$$d/importer.log"; exit 1; }; \
+	  (cd "$$d" && GALAXY_IMPORTER_CONFIG="$$d/importer.cfg" $(VPY) -m galaxy_importer.main \
+	    $(BUILD)/dist/llmops-serving-*.tar.gz > "$$d/importer.log" 2>&1) || { tail -40 "$$d/importer.log"; exit 1; }; \
 	  grep -E "^(ERROR|WARNING)" "$$d/importer.log" && { echo "galaxy-importer reported the lines above"; exit 1; }; \
 	  tail -1 "$$d/importer.log"
 
