@@ -91,8 +91,8 @@ def compare(playbook_release_dir, collection_dir=None):
     if (running["collection"], running["version"]) != (playbooks["collection"], playbooks["version"]):
         raise ReleaseError(
             "the playbooks are %s %s (%s) but the collection that runs them is %s %s (%s); rebuild the execution "
-            "environment from this commit (make ee, tag %s) or sync the project to the release the execution "
-            "environment carries (%s %s)"
+            "environment from this commit (make ee builds llmops-serving-ee:%s) or sync the project to the release "
+            "the execution environment carries (%s %s)"
             % (playbooks["collection"], playbooks["version"], playbooks["file"], running["collection"],
                running["version"], running["file"], playbooks["version"], running["collection"],
                running["version"]),
