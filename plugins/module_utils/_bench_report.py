@@ -514,6 +514,7 @@ def markdown(report):
             for conc, i, o, ra, rb, ratio in pairs:
                 lines.append("| %d | %d/%d | %s | %s | %.1f× |" % (conc, i, o, _rate(ra), _rate(rb), ratio))
         lines.append("")
+    lines += _phases_markdown(cells)
     comps = report.get("comparisons") or []
     if comps:
         lines += ["## A/B", "", "Pooled p95, ms; B − A with its 95 % bootstrap interval; \"differs\" only when the "
@@ -547,6 +548,53 @@ def markdown(report):
         cav = caveats(report)
     lines += ["## What this does not prove", ""] + ["- " + c["text"] for c in cav] + [""]
     return "\n".join(lines)
+
+
+#: Phases of a request in the order it goes through them (``phases_ms`` of a cell).
+REQUEST_PHASES = ("queue", "prefill", "kv_transfer", "decode")
+
+
+def _phase_mean(c, key):
+    v = ((c.get("phases_ms") or {}).get(key) or {})
+    return v.get("mean_ms") if isinstance(v, dict) else None
+
+
+def _phases_markdown(cells):
+    """"Where the time goes": per cell, the engines' phase means (p95 from the buckets) and the share of the
+    client's mean end-to-end latency they explain."""
+    rows = [c for c in _sorted_cells(cells) if c.get("phases")]
+    if not rows:
+        return []
+    lines = ["## Where the time goes", "",
+             "Means per request from the engines' histograms over the cell's rounds (sum / count; p95 interpolated in "
+             "its bucket where the bucket is bounded). P/D: queue is the prefill engine's plus the decode engine's, "
+             "KV transfer the decode engine's NIXL time per request. Explained: the phases' sum over the client's "
+             "mean E2EL; the rest is HTTP, tokenization, a proxy or gateway, streaming.", "",
+             "| target | C | in/out | queue | prefill | KV transfer | decode | phases sum | client E2EL mean | "
+             "explained |", "|---|---|---|---|---|---|---|---|---|---|"]
+    notes = []
+    for c in rows:
+        ph = c["phases"]
+        cols = []
+        for key in REQUEST_PHASES:
+            v = (ph.get("phases_ms") or {}).get(key)
+            if key == "kv_transfer" and not ph.get("pd"):
+                cols.append("–")
+            elif not isinstance(v, dict) or v.get("mean_ms") is None:
+                cols.append("n/a")
+            else:
+                bucket = v.get("p95_bucket_ms")
+                p95 = (" (p95 %s)" % _f(v["p95_ms"]) if v.get("p95_ms") is not None else
+                       " (p95 ≤ %s)" % _f(bucket[1]) if isinstance(bucket, list) and len(bucket) == 2 else "")
+                cols.append(_f(v["mean_ms"]) + p95)
+        frac = ph.get("explained_fraction")
+        lines.append("| %s | %d | %d/%d | %s | %s | %s | %s |" % (
+            _md(c["target"]), c["concurrency"], c["input_len"], c["output_len"], " | ".join(cols),
+            _f(ph.get("phases_total_ms")), _f(ph.get("client_e2el_ms_mean")),
+            "%.0f %%" % (frac * 100) if frac is not None else "n/a"))
+        for w in list(ph.get("warnings") or []) + list(ph.get("errors") or []):
+            notes.append("- %s: %s" % (_cell_name(c), _md(w)))
+    return lines + [""] + notes + ([""] if notes else [])
 
 
 def _phase_names(cs):
@@ -686,6 +734,31 @@ def _figures(report, plt):
         fig.suptitle("A/B: difference of pooled p95 with 95 % interval (red: differs, gray: cannot tell)", fontsize=10)
         fig.tight_layout()
         figs.append(("ab_delta.png", fig))
+    pcells = [c for c in _sorted_cells(report["cells"]) if any(_phase_mean(c, k) is not None for k in REQUEST_PHASES)]
+    if pcells:
+        fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(pcells) + 2.5), 4.5))
+        labels = ["%s C=%d %d/%d" % (c["target"], c["concurrency"], c["input_len"], c["output_len"]) for c in pcells]
+        bottom = [0.0] * len(pcells)
+        cmap = plt.get_cmap("tab10")
+        for k, key in enumerate(REQUEST_PHASES):
+            vals = [_phase_mean(c, key) or 0.0 for c in pcells]
+            if not any(vals):
+                continue
+            ax.bar(range(len(pcells)), vals, bottom=bottom, label=key.replace("_", " "), color=cmap(k))
+            bottom = [b0 + v for b0, v in zip(bottom, vals)]
+        client = [(x, c["phases"].get("client_e2el_ms_mean")) for x, c in enumerate(pcells)
+                  if c["phases"].get("client_e2el_ms_mean") is not None]
+        if client:
+            ax.plot([x for x, _y in client], [y for _x, y in client], linestyle="none", marker="_", markersize=28,
+                    color="black", label="client E2EL mean")
+        ax.set_xticks(range(len(pcells)))
+        ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("ms per request (mean)")
+        ax.set_title("where the time goes: engine phases per cell")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        ax.grid(True, axis="y", alpha=0.3)
+        fig.tight_layout()
+        figs.append(("phases.png", fig))
     cs = report.get("coldstart")
     if cs and any(st.get("reps") for st in cs.get("states") or []):
         phases = _phase_names(cs)

@@ -29,7 +29,9 @@ import re
 import shutil
 import time
 
-from ansible_collections.llmops.serving.plugins.module_utils import _bench_stats, _fsutil, _http, _prom, _rdma, _timeline, _units
+from ansible_collections.llmops.serving.plugins.module_utils import (
+    _bench_phases, _bench_stats, _fsutil, _http, _prom, _rdma, _timeline, _units,
+)
 from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, load_json, loads_json
 
 PLAN_SCHEMA = 1
@@ -117,7 +119,7 @@ def _int(value, var, minimum, fix):
 
 
 def check_targets(targets):
-    """Normalized ``benchmark_targets``: one or two ``{name, url, model, headers, decode_metrics_url,
+    """Normalized ``benchmark_targets``: one or two ``{name, url, model, headers, metrics_url, decode_metrics_url,
     prefill_metrics_url, transport}``."""
     var = "benchmark_targets"
     example = ("for example [{name: colocated, url: 'http://10.0.0.5:8000', model: glm-5.2-fp8}] "
@@ -131,11 +133,12 @@ def check_targets(targets):
         where = "%s[%d]" % (var, i)
         if not isinstance(t, dict):
             raise BenchError("%s: must be a mapping {name, url, model}; %s" % (where, example), field=var)
-        unknown = sorted(set(t) - {"name", "url", "model", "headers", "decode_metrics_url", "prefill_metrics_url",
-                                   "transport"})
+        unknown = sorted(set(t) - {"name", "url", "model", "headers", "metrics_url", "decode_metrics_url",
+                                   "prefill_metrics_url", "transport"})
         if unknown:
-            raise BenchError("%s: unknown keys %s; the keys are name, url, model, headers, decode_metrics_url, "
-                             "prefill_metrics_url, transport" % (where, ", ".join(unknown)), field=var)
+            raise BenchError("%s: unknown keys %s; the keys are name, url, model, headers, metrics_url, "
+                             "decode_metrics_url, prefill_metrics_url, transport" % (where, ", ".join(unknown)),
+                             field=var)
         for key in ("name", "url", "model"):
             if not isinstance(t.get(key), str) or not t.get(key).strip():
                 raise BenchError("%s.%s: missing or empty; %s" % (where, key, example), field=var)
@@ -165,7 +168,7 @@ def check_targets(targets):
                 raise BenchError("%s.headers: %r is not a header name with a one-line value" % (where, str(k)[:64]),
                                  field=var)
             clean_headers[str(k)] = str(v)
-        for key in ("decode_metrics_url", "prefill_metrics_url"):
+        for key in ("metrics_url", "decode_metrics_url", "prefill_metrics_url"):
             if t.get(key) and not _prom.is_url(str(t[key])):
                 raise BenchError("%s.%s: %r is not an http(s):// URL; give the engine's /metrics URL"
                                  % (where, key, t[key]), field=var)
@@ -175,6 +178,7 @@ def check_targets(targets):
                              "check that transport, any only reports" % (where, transport, ", ".join(TRANSPORTS)),
                              field=var)
         out.append({"name": name, "url": url, "model": t["model"].strip(), "headers": clean_headers,
+                    "metrics_url": t.get("metrics_url") or None,
                     "decode_metrics_url": t.get("decode_metrics_url") or None,
                     "prefill_metrics_url": t.get("prefill_metrics_url") or None, "transport": transport})
     return out
@@ -497,9 +501,13 @@ def round_problem(rec, index, plan_doc=None):
         v = rec.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
             return "round.%s: expected a non-negative number of seconds, got %s" % (key, _shown(v))
-    for key in ("client", "evidence"):
+    for key in ("client", "evidence", "phases"):
         if rec.get(key) is not None and not isinstance(rec[key], dict):
             return "round.%s: expected a mapping or null, got %s" % (key, _shown(rec[key]))
+    if rec.get("phases") is not None:
+        problem = _bench_phases.round_problem(rec["phases"], "round.phases")
+        if problem:
+            return problem
     failed = rec.get("failed")
     if isinstance(failed, bool) or not isinstance(failed, int) or failed < 0:
         return "round.failed: expected a non-negative integer, got %s" % _shown(failed)
@@ -729,9 +737,13 @@ def run_round(out_dir, plan_doc, index, python, env=None, client_timeout=0, evid
         return None, _stop(out_dir, rnd, "target_down",
                            "target %s stopped answering before round %d of %d: %s"
                            % (target["name"], index, len(rounds), dead), now)
-    ev_before = None
+    ev_before, ph_before = None, None
+    fetch = metrics_reader(opener)
     if evidence_args is not None and target.get("decode_metrics_url"):
-        ev_before = evidence_snapshot(target, opener=opener, **evidence_args)
+        ev_before = evidence_snapshot(target, opener=opener, fetch=fetch, **evidence_args)
+    if client_output is None:
+        # the engines' request histograms before the load (a Job's round is read after it ran: no before)
+        ph_before = _bench_phases.snapshot(target, fetch=fetch)
     result_name = "%03d.json" % index
     raw_dir = os.path.join(out_dir, "raw")
     raw_path = os.path.join(raw_dir, result_name)
@@ -777,9 +789,12 @@ def run_round(out_dir, plan_doc, index, python, env=None, client_timeout=0, evid
                    "failed": sum(1 for s in samples if not s["ok"]),
                    "duration_s": float(duration or seconds), "wall_s": round(seconds, 3),
                    "client": client_summary(doc), "raw": os.path.relpath(raw_path, out_dir),
-                   "log": os.path.relpath(log_path, out_dir), "evidence": None})
+                   "log": os.path.relpath(log_path, out_dir), "evidence": None, "phases": None})
+    fetch = metrics_reader(opener)
+    if ph_before is not None:
+        record["phases"] = _bench_phases.round_phases(ph_before, _bench_phases.snapshot(target, fetch=fetch))
     if ev_before is not None:
-        after = evidence_snapshot(target, opener=opener, **evidence_args)
+        after = evidence_snapshot(target, opener=opener, fetch=fetch, **evidence_args)
         record["evidence"] = evidence(ev_before, after, target.get("transport") or "any",
                                       direction=evidence_args.get("direction", "both"))
     _fsutil.atomic_write_json(round_path(out_dir, index), record, sort_keys=True, newline=True)
@@ -901,10 +916,29 @@ def describe_round(rec):
 # Transport evidence
 # --------------------------------------------------------------------------------------------- #
 
+def metrics_reader(opener=None):
+    """A ``fetch(url)`` that GETs each /metrics URL once (the evidence and the phases of one moment read the same
+    text); a failed fetch raises the same ``_http.HttpError`` again."""
+    cache = {}
+
+    def fetch(url):
+        if url not in cache:
+            try:
+                cache[url] = (_prom.fetch_text(url, opener=opener), None)
+            except _http.HttpError as e:
+                cache[url] = (None, e)
+        text, err = cache[url]
+        if err is not None:
+            raise err
+        return text
+    return fetch
+
+
 def evidence_snapshot(target, sysfs_root="/sys", proc_root="/proc", devices=None, ports=None, direction="both",
-                      opener=None):
+                      opener=None, fetch=None):
     """The decode engine's KV counters (and the prefill engine's, when given) with an RDMA port snapshot."""
     del direction
+    fetch = fetch or metrics_reader(opener)
     snap = {"rdma": _rdma.snapshot(sysfs_root, devices=devices or [], ports=ports or [], proc_root=proc_root),
             "kv": None, "kv_prefill": None, "errors": []}
     for key, field in (("kv", "decode_metrics_url"), ("kv_prefill", "prefill_metrics_url")):
@@ -912,7 +946,7 @@ def evidence_snapshot(target, sysfs_root="/sys", proc_root="/proc", devices=None
         if not url:
             continue
         try:
-            snap[key] = _prom.kv_sample(_prom.fetch_text(url, opener=opener))
+            snap[key] = _prom.kv_sample(fetch(url))
         except (_http.HttpError, _prom.PromParseError) as e:
             snap["errors"].append("%s: %s" % (field, e))
     return snap

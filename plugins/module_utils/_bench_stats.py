@@ -33,6 +33,8 @@ import math
 import random
 import statistics
 
+from ansible_collections.llmops.serving.plugins.module_utils import _bench_phases
+
 #: Latency metrics a cell reports p95s, intervals and the unstable check for.
 METRICS = ("ttft", "tpot", "e2el")
 #: Percentiles per round, as ``--metric-percentiles 50,95,99``.
@@ -303,6 +305,10 @@ def cell(target, concurrency, input_len, output_len, rounds, unstable_threshold=
     out["unstable_reasons"] = reasons
     out["unstable_threshold"] = float(unstable_threshold)
     out["evidence_summary"] = evidence_summary(evidence)
+    e2el = [s.get("e2el_ms") for stratum in [[s for s in r["samples"] if s["ok"]] for r in rounds] for s in stratum]
+    out["phases"] = _bench_phases.cell_phases([r.get("phases") for r in rounds], client_e2el_ms_mean=_mean(e2el),
+                                              client_requests=out["requests"])
+    out["phases_ms"] = out["phases"]["phases_ms"] if out["phases"] else None
     return out
 
 

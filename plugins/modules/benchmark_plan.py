@@ -25,9 +25,10 @@ options:
     description:
       - >-
         One or two targets (two make an A/B run). Each is C({name, url, model}) plus optional C(headers) (for
-        example C({model: glm}) for the AIBrix gateway, C({routing-strategy: pd})), C(decode_metrics_url) and
-        C(prefill_metrics_url) (a P/D target's engines' C(/metrics), for the transport evidence) and C(transport)
-        (C(any), C(rdma) or C(tcp): what the evidence verdict checks).
+        example C({model: glm}) for the AIBrix gateway, C({routing-strategy: pd})), C(metrics_url) (the engine's
+        C(/metrics) behind a gateway or router; default C(<url>/metrics), read around every round for the phases),
+        C(decode_metrics_url) and C(prefill_metrics_url) (a P/D target's engines' C(/metrics), for the transport
+        evidence and the phases) and C(transport) (C(any), C(rdma) or C(tcp): what the evidence verdict checks).
     type: list
     elements: dict
     required: true
@@ -197,6 +198,7 @@ def main():
     )
     _http.refuse_url_credentials(module, {
         "targets[].url": "send them as an Authorization header in the target's headers (never shown)",
+        "targets[].metrics_url": "expose the engine's /metrics without them",
         "targets[].decode_metrics_url": "expose the engine's /metrics without them",
         "targets[].prefill_metrics_url": "expose the engine's /metrics without them"})
     p = module.params

@@ -55,6 +55,7 @@ class _Server(http.server.BaseHTTPRequestHandler):
     models = ["tiny-llama"]
     nixl_bytes = [0.0]
     completions = [0]
+    metrics_texts = []
 
     def log_message(self, *a):
         pass
@@ -70,6 +71,10 @@ class _Server(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path.rstrip("/") == "/v1/models":
             self._send(200, {"object": "list", "data": [{"id": m} for m in self.models]})
+        elif self.path == "/metrics" and self.metrics_texts:
+            # recorded engine texts, one per read (the last one stays)
+            text = self.metrics_texts.pop(0) if len(self.metrics_texts) > 1 else self.metrics_texts[0]
+            self._send(200, text.encode(), "text/plain")
         elif self.path == "/metrics":
             self.nixl_bytes[0] += 65536.0
             text = ("vllm:nixl_bytes_transferred_sum %s\nvllm:nixl_bytes_transferred_count 4\n"
@@ -87,7 +92,8 @@ class _Server(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server():
-    handler = type("H", (_Server,), {"models": ["tiny-llama"], "nixl_bytes": [0.0], "completions": [0]})
+    handler = type("H", (_Server,), {"models": ["tiny-llama"], "nixl_bytes": [0.0], "completions": [0],
+                                     "metrics_texts": []})
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
@@ -310,3 +316,43 @@ def test_coldstart_phases_add_up_to_the_first_correct_answer(run_module, tmp_pat
                                            "log_file": str(log), "coldstart_file": str(tmp_path / "cs.json")})
     assert bad["failed"] and "timeline: no first correct answer" in bad["msg"]
     assert _bench_coldstart.parse_log("nothing")["weights_load_s"] is None
+
+
+def _fixture_text(name):
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "prom", name)) as f:
+        return f.read()
+
+
+def test_a_round_records_where_the_time_went_and_the_report_shows_it(run_module, server, tokenizer, fake_python,
+                                                                     tmp_path):
+    # the engine's /metrics before the round (idle) and after it (one request): recorded vLLM CPU texts
+    server["handler"].metrics_texts[:] = [_fixture_text("vllm_cpu_colocated_idle.txt"),
+                                          _fixture_text("vllm_cpu_colocated_one.txt")]
+    out = tmp_path / "out"
+    run_module(benchmark_plan, _plan_args(server, tokenizer, out, concurrency=[1], seeds=[1], warmup_rounds=0,
+                                          requests_per_round=1))
+    res = run_module(benchmark_round, {"out_dir": str(out), "index": 1, "python": fake_python})
+    eng = res["record"]["phases"]["engines"]["engine"]
+    assert eng["prefill"]["count"] == 1 and eng["prefill"]["sum"] == pytest.approx(0.256899, abs=1e-6)
+    report = _bench_run.build_report(str(out), n_boot=50)
+    _bench_report.validate(report)
+    cell = report["cells"][0]
+    assert cell["phases_ms"]["decode"]["mean_ms"] == pytest.approx(2252.4615, abs=1e-2)
+    # the stand-in client's one request took 26 ms: the engine's 2.5 s cannot be this client's, and it says so
+    assert cell["phases"]["explained_fraction"] == pytest.approx(2509.41 / 26.0, abs=0.01)
+    assert any("not the client's" in w for w in cell["phases"]["warnings"])
+    md = _bench_report.markdown(report)
+    assert "## Where the time goes" in md
+    assert "| colocated | 1 | 16/4 | 0.0 (p95 ≤ 300.0) | 256.9 (p95 ≤ 300.0) | – | 2252.5 (p95 2475.0) |" in md
+    # the stacked bar per cell is drawn from the same phases
+    assert "phases.png" in [name for name, _fig in _figure_names(report)]
+
+
+def _figure_names(report):
+    plt = _bench_report.pyplot()
+    if plt is None:
+        pytest.skip("matplotlib is not installed")
+    figs = _bench_report._figures(report, plt)  # pylint: disable=protected-access
+    for _name, fig in figs:
+        plt.close(fig)
+    return figs
