@@ -163,7 +163,6 @@ def test_role_pins_the_engine_to_the_hosts_that_staged_the_revision(tmp_path):
     assert "engine pods only on gpu-node-7" in output
 
 
-
 def test_check_mode_counts_the_hosts_that_will_stage_the_revision(tmp_path):
     """A Check job before the first stage: the revision is not on the node yet (the stage play would write it), so
     the group's hosts count, it says so, and nothing is written."""
