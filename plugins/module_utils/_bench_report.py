@@ -185,9 +185,13 @@ def validate(report):
     seen = set()
     for i, c in enumerate(cells):
         _validate_cell(c, "cells[%d]" % i, names)
-        key = (c["target"], c["concurrency"], c["input_len"], c["output_len"])
+        rate = c.get("request_rate")
+        if rate is not None and (not _is_number(rate) or rate <= 0):
+            _fail("cells[%d].request_rate" % i, "expected requests per second above 0 or null, got %r" % (rate,))
+        key = (c["target"], c["concurrency"], c["input_len"], c["output_len"], rate)
         if key in seen:
-            _fail("cells[%d]" % i, "a second cell for target %r, C=%d, %d/%d" % key)
+            _fail("cells[%d]" % i, "a second cell for target %r, C=%d, %d/%d%s" % (
+                key[:4] + ((", R=%g/s" % rate) if rate else "",)))
         seen.add(key)
     if not isinstance(_need(report, "meta", ""), dict):
         _fail("meta", "expected a mapping of the run's protocol and host")
@@ -229,6 +233,8 @@ def validate(report):
 
 
 def _cell_name(c):
+    if c.get("request_rate"):
+        return "%s R=%g/s %d/%d" % (c["target"], c["request_rate"], c["input_len"], c["output_len"])
     return "%s C=%d %d/%d" % (c["target"], c["concurrency"], c["input_len"], c["output_len"])
 
 
@@ -400,9 +406,12 @@ def _latency(c, m):
                                 _f(c.get("p95_%s_ms_mean_of_seeds" % m)), _ci(c.get("p95_%s_ms_ci95" % m)))
 
 
-def _sorted_cells(cells, target=None):
-    return sorted((c for c in cells if target is None or c["target"] == target),
-                  key=lambda c: (c["input_len"], c["output_len"], c["concurrency"]))
+def _sorted_cells(cells, target=None, rates=None):
+    """Cells of ``target`` (all when None) by lengths, concurrency and rate; ``rates`` True: only fixed-rate cells,
+    False: only concurrency cells."""
+    return sorted((c for c in cells if (target is None or c["target"] == target)
+                   and (rates is None or bool(c.get("request_rate")) == rates)),
+                  key=lambda c: (c["input_len"], c["output_len"], c["concurrency"], c.get("request_rate") or 0))
 
 
 def _bytes(v):
@@ -421,7 +430,7 @@ def _transport_pairs(report):
     by = {}
     for c in report["cells"]:
         es = c.get("evidence_summary") or {}
-        if es.get("kv_rate_bytes_s"):
+        if es.get("kv_rate_bytes_s") and not c.get("request_rate"):
             by[(c["target"], c["concurrency"], c["input_len"], c["output_len"])] = es["kv_rate_bytes_s"]
     out = []
     for (t, conc, i, o), ra in sorted(by.items(), key=lambda kv: (kv[0][2], kv[0][3], kv[0][1])):
@@ -457,7 +466,7 @@ def markdown(report):
         lines += ["Latency columns, in ms: p50 / p95 of all requests pooled (mean of the per-round p95s) "
                   "[95 % bootstrap interval of the pooled p95].", ""]
     for t in report["targets"]:
-        tc = _sorted_cells(cells, t["name"])
+        tc = _sorted_cells(cells, t["name"], rates=False)
         if not tc:
             continue
         lines += ["## %s" % t["name"], "",
@@ -514,6 +523,7 @@ def markdown(report):
             for conc, i, o, ra, rb, ratio in pairs:
                 lines.append("| %d | %d/%d | %s | %s | %.1f× |" % (conc, i, o, _rate(ra), _rate(rb), ratio))
         lines.append("")
+    lines += _ramp_markdown(cells)
     lines += _phases_markdown(cells)
     comps = report.get("comparisons") or []
     if comps:
@@ -524,7 +534,8 @@ def markdown(report):
         for cp in sorted(comps, key=lambda x: (x.get("input_len") or 0, x.get("output_len") or 0,
                                                x.get("concurrency") or 0, METRICS.index(x["metric"]))):
             lines.append("| %s | %s | %s/%s | %s | %s | %s | %s | %s %s | %s | **%s** |" % (
-                LABELS[cp["metric"]], cp.get("concurrency"), cp.get("input_len"), cp.get("output_len"),
+                LABELS[cp["metric"]], "R=%g/s" % cp["request_rate"] if cp.get("request_rate") else cp.get("concurrency"),
+                cp.get("input_len"), cp.get("output_len"),
                 _md(cp.get("target_a")), _f(cp["a"]), _md(cp.get("target_b")), _f(cp["b"]), _f(cp["delta_ms"], "%+.1f"),
                 _ci(cp["delta_ci95"]), _f(cp.get("ratio"), "%.2f"), cp["verdict"]))
         lines.append("")
@@ -552,6 +563,28 @@ def markdown(report):
 
 #: Phases of a request in the order it goes through them (``phases_ms`` of a cell).
 REQUEST_PHASES = ("queue", "prefill", "kv_transfer", "decode")
+
+
+def _ramp_markdown(cells):
+    """The fixed-rate ladder: offered, achieved and expected rate, saturation, goodput and latency per cell."""
+    rows = _sorted_cells(cells, rates=True)
+    if not rows:
+        return []
+    lines = ["## Fixed-rate ramp", "",
+             "Open loop (vllm bench serve --request-rate R). Achieved: completed requests / the rounds' duration; "
+             "expected: what R allows when nothing queues (the arrivals' span plus one request's latency). "
+             "**Saturated**: achieved below expected by more than the allowance (the larger of the tolerance and "
+             "two standard deviations of the arrivals' spread). p95 latencies in ms, pooled.", "",
+             "| target | in/out | offered req/s | achieved | expected | allowance | saturated | goodput req/s | "
+             "p95 TTFT | p95 E2EL | failed |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in rows:
+        lines.append("| %s | %d/%d | %g | %s | %s | %s | %s | %s | %s | %s | %d |" % (
+            _md(c["target"]), c["input_len"], c["output_len"], c["request_rate"], _f(c.get("achieved_rate"), "%.2f"),
+            _f(c.get("expected_rate"), "%.2f"), _f(c.get("saturation_allowance"), "%.2f"),
+            "**yes**" if c.get("saturated") else "no" if c.get("saturated") is False else "n/a",
+            _f(c.get("goodput_rate"), "%.2f"), _f(c.get("p95_ttft_ms_pooled")), _f(c.get("p95_e2el_ms_pooled")),
+            c["failed"]))
+    return lines + [""]
 
 
 def _phase_mean(c, key):
@@ -588,8 +621,9 @@ def _phases_markdown(cells):
                        " (p95 ≤ %s)" % _f(bucket[1]) if isinstance(bucket, list) and len(bucket) == 2 else "")
                 cols.append(_f(v["mean_ms"]) + p95)
         frac = ph.get("explained_fraction")
-        lines.append("| %s | %d | %d/%d | %s | %s | %s | %s |" % (
-            _md(c["target"]), c["concurrency"], c["input_len"], c["output_len"], " | ".join(cols),
+        lines.append("| %s | %s | %d/%d | %s | %s | %s | %s |" % (
+            _md(c["target"]), c["concurrency"] if not c.get("request_rate") else "R=%g/s" % c["request_rate"],
+            c["input_len"], c["output_len"], " | ".join(cols),
             _f(ph.get("phases_total_ms")), _f(ph.get("client_e2el_ms_mean")),
             "%.0f %%" % (frac * 100) if frac is not None else "n/a"))
         for w in list(ph.get("warnings") or []) + list(ph.get("errors") or []):
@@ -658,7 +692,7 @@ def pyplot():
 def _figures(report, plt):
     """``[(file name, matplotlib figure)]`` drawn with ``plt`` (:func:`pyplot`)."""
     figs = []
-    series = _series(report["cells"])
+    series = _series([c for c in report["cells"] if not c.get("request_rate")])
     if series:
         fig, axes = plt.subplots(1, len(METRICS), figsize=(5 * len(METRICS), 4.2))
         for ax, m in zip(axes, METRICS):
@@ -734,10 +768,39 @@ def _figures(report, plt):
         fig.suptitle("A/B: difference of pooled p95 with 95 % interval (red: differs, gray: cannot tell)", fontsize=10)
         fig.tight_layout()
         figs.append(("ab_delta.png", fig))
+    rcells = _sorted_cells(report["cells"], rates=True)
+    if rcells:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        groups = {}
+        for c in rcells:
+            groups.setdefault((c["target"], c["input_len"], c["output_len"]), []).append(c)
+        top = max(c["request_rate"] for c in rcells)
+        axes[0].plot([0, top], [0, top], color="gray", linestyle=":", label="achieved = offered")
+        for (t, i, o), cs in sorted(groups.items()):
+            cs.sort(key=lambda c: c["request_rate"])
+            xs = [c["request_rate"] for c in cs]
+            line = axes[0].plot(xs, [c.get("achieved_rate") or 0.0 for c in cs], marker="o", label="%s %d/%d" % (t, i, o))
+            sat = [c for c in cs if c.get("saturated")]
+            if sat:
+                axes[0].plot([c["request_rate"] for c in sat], [c.get("achieved_rate") or 0.0 for c in sat],
+                             linestyle="none", marker="x", markersize=12, color="tab:red")
+            ys = [c.get("p95_e2el_ms_pooled") for c in cs]
+            axes[1].plot([x for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None], marker="o",
+                         color=line[0].get_color(), label="%s %d/%d" % (t, i, o))
+        axes[0].set_xlabel("offered requests/s")
+        axes[0].set_ylabel("achieved requests/s")
+        axes[0].set_title("fixed-rate ramp (red x: saturated)")
+        axes[1].set_xlabel("offered requests/s")
+        axes[1].set_ylabel("p95 E2EL (ms)")
+        for ax in axes:
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        figs.append(("rate_ramp.png", fig))
     pcells = [c for c in _sorted_cells(report["cells"]) if any(_phase_mean(c, k) is not None for k in REQUEST_PHASES)]
     if pcells:
         fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(pcells) + 2.5), 4.5))
-        labels = ["%s C=%d %d/%d" % (c["target"], c["concurrency"], c["input_len"], c["output_len"]) for c in pcells]
+        labels = [_cell_name(c) for c in pcells]
         bottom = [0.0] * len(pcells)
         cmap = plt.get_cmap("tab10")
         for k, key in enumerate(REQUEST_PHASES):

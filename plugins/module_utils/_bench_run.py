@@ -201,11 +201,79 @@ def check_lengths(lengths):
     return out
 
 
+#: SLO metrics of the client's ``--goodput`` (vllm/benchmarks/serve.py: ttft, tpot, e2el in ms).
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+
+
+def _positive_number(v, var, fix):
+    if isinstance(v, bool):
+        raise BenchError("%s: %r is not a number; %s" % (var, v, fix), field=var.split("[")[0])
+    try:
+        f = float(str(v))
+    except ValueError:
+        raise BenchError("%s: %r is not a number; %s" % (var, v, fix), field=var.split("[")[0])
+    if not math.isfinite(f) or f <= 0:
+        raise BenchError("%s: %r must be a finite number above 0; %s" % (var, v, fix), field=var.split("[")[0])
+    return f
+
+
+def check_rates(value):
+    """``benchmark_request_rates``: requests per second of the open-loop ladder (empty: no ladder)."""
+    var = "benchmark_request_rates"
+    fix = "give offered requests per second, for example [1, 2, 4, 8], or [] for no fixed-rate ladder"
+    if value is None or value == "":
+        return []
+    if not isinstance(value, list):
+        raise BenchError("%s: must be a list; %s" % (var, fix), field=var)
+    out = [_positive_number(v, "%s[%d]" % (var, i), fix) for i, v in enumerate(value)]
+    if len(set(out)) != len(out):
+        raise BenchError("%s: %s lists a rate twice; list each once" % (var, out), field=var)
+    return out
+
+
+def check_goodput(value):
+    """``benchmark_goodput``: the client's ``--goodput`` SLO pairs, ``["ttft:500", "e2el:2000"]``."""
+    var = "benchmark_goodput"
+    fix = "give SLO pairs metric:milliseconds, metric one of %s, for example [\"ttft:500\", \"tpot:50\"]" % (
+        ", ".join(GOODPUT_METRICS))
+    if value is None or value == "":
+        return []
+    if not isinstance(value, list):
+        raise BenchError("%s: must be a list; %s" % (var, fix), field=var)
+    out, seen = [], set()
+    for i, v in enumerate(value):
+        name, sep, ms = str(v).partition(":")
+        if not sep or name.strip() not in GOODPUT_METRICS:
+            raise BenchError("%s[%d]: %s is not metric:milliseconds; %s" % (var, i, _shown(v), fix), field=var)
+        if name.strip() in seen:
+            raise BenchError("%s[%d]: %s is given twice; give each metric once" % (var, i, name.strip()), field=var)
+        seen.add(name.strip())
+        out.append("%s:%g" % (name.strip(), _positive_number(ms.strip(), "%s[%d]" % (var, i), fix)))
+    return out
+
+
 def check_inputs(p):
     """Validated protocol from the module parameters (the role's variables); raises :class:`BenchError`."""
     out = {"targets": check_targets(p.get("targets"))}
-    out["concurrency"] = _int_list(p.get("concurrency"), "benchmark_concurrency", 1,
-                                   "give the ladder of client concurrencies, for example [1, 4, 8]")
+    out["request_rates"] = check_rates(p.get("request_rates"))
+    if out["request_rates"] and p.get("concurrency") in (None, [], ""):
+        out["concurrency"] = []  # the fixed-rate ladder instead of the concurrency ladder
+    else:
+        out["concurrency"] = _int_list(p.get("concurrency"), "benchmark_concurrency", 1,
+                                       "give the ladder of client concurrencies, for example [1, 4, 8] ([] with "
+                                       "benchmark_request_rates runs only the fixed-rate ladder)")
+    out["burstiness"] = _positive_number(p.get("burstiness") if p.get("burstiness") is not None else 1.0,
+                                         "benchmark_burstiness", "1 sends Poisson arrivals; below 1 burstier, "
+                                         "above 1 more even")
+    out["goodput"] = check_goodput(p.get("goodput"))
+    out["rate_max_concurrency"] = _int(p.get("rate_max_concurrency") or 256, "benchmark_rate_max_concurrency", 1,
+                                       "give the most requests in flight a fixed-rate round allows, for example 256")
+    tol = p.get("saturation_tolerance") if p.get("saturation_tolerance") is not None else 0.1
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 <= tol < 1:
+        raise BenchError("benchmark_saturation_tolerance: %s must be a fraction in [0, 1), for example 0.1 (a cell "
+                         "whose achieved rate is more than 10 %% short of what the offered rate allows is "
+                         "saturated)" % _shown(tol), field="benchmark_saturation_tolerance")
+    out["saturation_tolerance"] = float(tol)
     out["seeds"] = _int_list(p.get("seeds"), "benchmark_seeds", 0, "give the prompt seeds, for example [1, 2, 3]")
     out["lengths"] = check_lengths(p.get("lengths"))
     out["requests_per_round"] = _int(p.get("requests_per_round"), "benchmark_requests_per_round", 1,
@@ -319,41 +387,58 @@ def probe(target, index, input_len, output_len, opener=None, timeout=600, clock=
 # The plan and the time it needs
 # --------------------------------------------------------------------------------------------- #
 
-def requests_for(concurrency, proto):
+def requests_for(concurrency, proto, rate=None):
+    if rate:
+        return proto["requests_per_round"]
     return max(proto["requests_per_round"], proto["requests_per_concurrency"] * concurrency)
 
 
-def make_plan(proto):
-    """The ordered rounds: ``[{index, kind, target, concurrency, input_len, output_len, seed, rep, num_prompts}]``.
+def _ladder(proto):
+    """``[(concurrency, request_rate or None)]``: the concurrency ladder (closed loop), then the fixed-rate ladder
+    (open loop, at most ``rate_max_concurrency`` in flight)."""
+    return ([(c, None) for c in proto["concurrency"]]
+            + [(proto.get("rate_max_concurrency", 256), r) for r in proto.get("request_rates") or []])
 
-    Per length pair, per concurrency (ascending as given): every target's warm-up rounds first (``kind:
-    warmup``, ``C`` requests each, seeds no measured round uses), then the measured rounds, rep by rep and seed by
-    seed; with two targets and ``interleave`` each (rep, seed) runs A then B (ABAB), else all of A then all of B.
+
+def make_plan(proto):
+    """The ordered rounds: ``[{index, kind, target, concurrency, request_rate, input_len, output_len, seed, rep,
+    num_prompts}]``.
+
+    Per length pair, per concurrency (as given), then per fixed request rate (as given; ``request_rate`` set,
+    ``concurrency`` its in-flight cap): every target's warm-up rounds first (``kind: warmup``, ``C`` requests each,
+    or two seconds of arrivals at a fixed rate, at most a measured round's; seeds no measured round uses), then the measured rounds, rep by rep
+    and seed by seed; with two targets and ``interleave`` each (rep, seed) runs A then B (ABAB), else all of A then
+    all of B.
     """
     rounds = []
     names = [t["name"] for t in proto["targets"]]
     for input_len, output_len in proto["lengths"]:
-        for c in proto["concurrency"]:
+        for c, rate in _ladder(proto):
+            warm_n = c if rate is None else min(max(2, int(math.ceil(2 * rate))), proto["requests_per_round"])
             for w in range(proto["warmup_rounds"]):
                 for name in names:
-                    rounds.append({"kind": "warmup", "target": name, "concurrency": c, "input_len": input_len,
-                                   "output_len": output_len, "seed": WARMUP_SEED_BASE + w, "rep": w,
-                                   "num_prompts": c})
+                    rounds.append({"kind": "warmup", "target": name, "concurrency": c, "request_rate": rate,
+                                   "input_len": input_len, "output_len": output_len, "seed": WARMUP_SEED_BASE + w,
+                                   "rep": w, "num_prompts": warm_n})
             measured = [(rep, seed) for rep in range(proto["repetitions"]) for seed in proto["seeds"]]
             order = ([(rs, n) for rs in measured for n in names] if proto["interleave"]
                      else [(rs, n) for n in names for rs in measured])
             for (rep, seed), name in order:
-                rounds.append({"kind": "measure", "target": name, "concurrency": c, "input_len": input_len,
-                               "output_len": output_len, "seed": seed, "rep": rep,
-                               "num_prompts": requests_for(c, proto)})
+                rounds.append({"kind": "measure", "target": name, "concurrency": c, "request_rate": rate,
+                               "input_len": input_len, "output_len": output_len, "seed": seed, "rep": rep,
+                               "num_prompts": requests_for(c, proto, rate)})
     for i, r in enumerate(rounds):
         r["index"] = i + 1
     return rounds
 
 
 def round_lower_bound(rnd, probe_s):
-    """Seconds a round takes at least: its requests in ``ceil(N / C)`` waves of one request's time alone."""
-    return math.ceil(rnd["num_prompts"] / float(rnd["concurrency"])) * probe_s
+    """Seconds a round takes at least: its requests in ``ceil(N / C)`` waves of one request's time alone; at a
+    fixed rate at least the time the arrivals take (``(N - 1) / rate``) plus one request."""
+    waves = math.ceil(rnd["num_prompts"] / float(rnd["concurrency"])) * probe_s
+    if rnd.get("request_rate"):
+        return max(waves, (rnd["num_prompts"] - 1) / float(rnd["request_rate"]) + probe_s)
+    return waves
 
 
 def estimate(plan, probes):
@@ -446,6 +531,9 @@ def round_shape_problem(r, where):
         return "%s.kind: expected warmup or measure, got %s" % (where, _shown(r.get("kind")))
     if not isinstance(r.get("target"), str) or not r["target"]:
         return "%s.target: expected the target's name, got %s" % (where, _shown(r.get("target")))
+    rate = r.get("request_rate")
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0):
+        return "%s.request_rate: expected requests per second above 0 or null, got %s" % (where, _shown(rate))
     return None
 
 
@@ -520,8 +608,8 @@ def round_problem(rec, index, plan_doc=None):
         planned = next((r for r in plan_doc["rounds"] if r["index"] == index), None)
         if planned is None:
             return "round %d is not in plan.json (%d rounds)" % (index, len(plan_doc["rounds"]))
-        differs = [k for k in ("target", "kind", "concurrency", "input_len", "output_len", "seed", "rep")
-                   if rec.get(k) != planned.get(k)]
+        differs = [k for k in ("target", "kind", "concurrency", "request_rate", "input_len", "output_len", "seed",
+                               "rep") if rec.get(k) != planned.get(k)]
         if differs:
             return "round.%s: differs from round %d of plan.json" % (differs[0], index)
     return None
@@ -578,23 +666,40 @@ def read_stopped(out_dir):
 # One round
 # --------------------------------------------------------------------------------------------- #
 
-def client_argv(python, target, rnd, tokenizer, result_dir, result_file, ready_timeout=30):
-    """The ``vllm bench serve`` command line of one round (random dataset, exact lengths, greedy, unlimited
-    arrival rate, at most C in flight, every per-request field saved)."""
+def client_argv(python, target, rnd, tokenizer, result_dir, result_file, ready_timeout=30, burstiness=1.0,
+                goodput=None):
+    """The ``vllm bench serve`` command line of one round (random dataset, exact lengths, greedy, at most C in
+    flight, every per-request field saved): unlimited arrival rate, or for a fixed-rate round ``--request-rate R
+    --burstiness B`` (B = 1: Poisson arrivals); ``goodput`` adds ``--goodput`` with the SLO pairs."""
+    rate = rnd.get("request_rate")
     argv = [python, "-c", CLIENT_SOURCE,
             "--backend", "openai", "--base-url", target["url"], "--endpoint", "/v1/completions",
             "--model", target["model"], "--served-model-name", target["model"], "--tokenizer", tokenizer,
             "--dataset-name", "random", "--random-input-len", str(rnd["input_len"]),
             "--random-output-len", str(rnd["output_len"]), "--random-range-ratio", "0",
             "--num-prompts", str(rnd["num_prompts"]), "--max-concurrency", str(rnd["concurrency"]),
-            "--request-rate", "inf", "--seed", str(rnd["seed"]), "--temperature", "0", "--ignore-eos",
+            "--request-rate", "%g" % rate if rate else "inf", "--seed", str(rnd["seed"]), "--temperature", "0",
+            "--ignore-eos",
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95,99",
             "--ready-check-timeout-sec", str(int(ready_timeout)), "--disable-tqdm",
             "--save-result", "--save-detailed", "--result-dir", result_dir, "--result-filename", result_file,
-            "--label", "%s-c%d" % (target["name"], rnd["concurrency"])]
+            "--label", "%s-c%d" % (target["name"], rnd["concurrency"]) if not rate else "%s-r%g" % (target["name"], rate)]
+    if rate:
+        argv += ["--burstiness", "%g" % burstiness]
+    if goodput:
+        argv += ["--goodput"] + list(goodput)
     for k, v in sorted(target["headers"].items()):
         argv += ["--header", "%s=%s" % (k, v)]
     return argv
+
+
+def _load_args(plan_doc):
+    """``{burstiness, goodput}`` of the plan's protocol (a plan written before these existed: Poisson, none)."""
+    proto = plan_doc.get("protocol") or {}
+    b = proto.get("burstiness")
+    g = proto.get("goodput")
+    return {"burstiness": float(b) if isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0 else 1.0,
+            "goodput": [str(x) for x in g] if isinstance(g, list) else []}
 
 
 def _ms(seconds):
@@ -672,7 +777,7 @@ def samples_from_result(doc, seed):
 def client_summary(doc):
     keys = ("completed", "failed", "duration", "output_throughput", "request_throughput", "total_input_tokens",
             "total_output_tokens", "p95_ttft_ms", "p95_tpot_ms", "p95_itl_ms", "p95_e2el_ms", "p50_ttft_ms",
-            "max_concurrent_requests")
+            "max_concurrent_requests", "request_goodput")
     return dict((k, doc.get(k)) for k in keys if k in doc)
 
 
@@ -761,7 +866,7 @@ def run_round(out_dir, plan_doc, index, python, env=None, client_timeout=0, evid
         rc, seconds = (0 if doc is not None else 1), took
     else:
         argv = client_argv(python, target, rnd, plan_doc["tokenizer"], raw_dir, result_name,
-                           ready_timeout=plan_doc.get("ready_timeout_s", 30))
+                           ready_timeout=plan_doc.get("ready_timeout_s", 30), **_load_args(plan_doc))
         rc, seconds = runner(argv, log_path, client_timeout, env)
     doc, refused = None, None
     if rc == 0 and os.path.lexists(raw_path):
@@ -832,7 +937,7 @@ def job_manifest(plan_doc, rnd, namespace, image, python="python3", tokenizer_ho
     as arguments (a credential header belongs in the gateway, not here)."""
     target = next(t for t in plan_doc["targets"] if t["name"] == rnd["target"])
     argv = client_argv(python, target, rnd, plan_doc["tokenizer"], "/tmp", "unused.json",
-                       ready_timeout=plan_doc.get("ready_timeout_s", 30))
+                       ready_timeout=plan_doc.get("ready_timeout_s", 30), **_load_args(plan_doc))
     # JOB_SOURCE adds the result flags itself
     cut = argv.index("--save-result")
     args = argv[3:cut] + argv[cut + 6:]
@@ -880,14 +985,14 @@ def progress(plan_doc, done, index, now=time.time):
     n = len(rounds)
     per_req, overhead = {}, []
     for rec in done.values():
-        key = (rec["target"], rec["concurrency"], rec["input_len"], rec["output_len"])
+        key = (rec["target"], rec["concurrency"], rec["input_len"], rec["output_len"], rec.get("request_rate"))
         per_req.setdefault(key, []).append(rec["duration_s"] / max(1, rec["num_prompts"]))
         overhead.append(max(0.0, rec["wall_s"] - rec["duration_s"]))
     start_s = sum(overhead) / len(overhead) if overhead else 0.0
     probes = dict(((p["target"], p["input_len"], p["output_len"]), p["seconds"]) for p in plan_doc.get("probes", []))
     eta = 0.0
     for r in rounds[index:]:
-        key = (r["target"], r["concurrency"], r["input_len"], r["output_len"])
+        key = (r["target"], r["concurrency"], r["input_len"], r["output_len"], r.get("request_rate"))
         if key in per_req:
             eta += start_s + sum(per_req[key]) / len(per_req[key]) * r["num_prompts"]
         else:
@@ -1012,12 +1117,13 @@ def report_targets(plan_doc):
 
 
 def group_cells(plan_doc, done):
-    """``[(target, concurrency, input_len, output_len, [rounds])]`` of the measured rounds saved, in plan order."""
+    """``[(target, concurrency, input_len, output_len, request_rate, [rounds])]`` of the measured rounds saved, in
+    plan order (``request_rate`` None: a concurrency cell)."""
     order, groups = [], {}
     for r in plan_doc["rounds"]:
         if r["kind"] != "measure":
             continue
-        key = (r["target"], r["concurrency"], r["input_len"], r["output_len"])
+        key = (r["target"], r["concurrency"], r["input_len"], r["output_len"], r.get("request_rate"))
         if key not in groups:
             groups[key] = []
             order.append(key)
@@ -1047,23 +1153,26 @@ def build_report(out_dir, meta=None, unstable_threshold=0.2, n_boot=2000, rng_se
     plan_doc = read_plan(out_dir)
     done, unreadable = read_rounds(out_dir, plan_doc)
     cells = []
-    for target, c, input_len, output_len, rounds in group_cells(plan_doc, done):
+    proto = plan_doc["protocol"]
+    for target, c, input_len, output_len, rate, rounds in group_cells(plan_doc, done):
         cells.append(stats.cell(target, c, input_len, output_len, rounds, unstable_threshold=unstable_threshold,
-                                n_boot=n_boot, rng_seed=rng_seed))
+                                n_boot=n_boot, rng_seed=rng_seed, request_rate=rate,
+                                burstiness=_load_args(plan_doc)["burstiness"],
+                                saturation_tolerance=proto.get("saturation_tolerance", 0.1)))
     comparisons = None
     names = [t["name"] for t in plan_doc["targets"]]
     if len(names) == 2:
         comparisons = []
-        by_key = dict(((x["target"], x["concurrency"], x["input_len"], x["output_len"]), x) for x in cells)
+        by_key = dict(((x["target"], x["concurrency"], x["input_len"], x["output_len"], x.get("request_rate")), x)
+                      for x in cells)
         for x in cells:
             if x["target"] != names[0]:
                 continue
-            other = by_key.get((names[1], x["concurrency"], x["input_len"], x["output_len"]))
+            other = by_key.get((names[1], x["concurrency"], x["input_len"], x["output_len"], x.get("request_rate")))
             if other is None:
                 continue
             for m in stats.METRICS:
                 comparisons.append(stats.compare(x, other, m, n_boot=n_boot, rng_seed=rng_seed))
-    proto = plan_doc["protocol"]
     warmups = sum(1 for r in plan_doc["rounds"] if r["kind"] == "warmup")
     meta.setdefault("machine", machine())
     client = plan_doc.get("client") or "control node"
@@ -1077,7 +1186,10 @@ def build_report(out_dir, meta=None, unstable_threshold=0.2, n_boot=2000, rng_se
         "rounds_planned": len(plan_doc["rounds"]), "rounds_done": len(done),
         "probes": plan_doc.get("probes"), "estimate_s": plan_doc.get("estimate_s"),
         "load_generator": "vllm bench serve (random dataset, exact lengths, temperature 0, --ignore-eos, "
-                          "--request-rate inf, --max-concurrency C)",
+                          "--request-rate inf, --max-concurrency C%s)" % (
+                              "; fixed-rate rounds: --request-rate R --burstiness %g, at most %s in flight"
+                              % (_load_args(plan_doc)["burstiness"], proto.get("rate_max_concurrency", 256))
+                              if proto.get("request_rates") else ""),
     })
     if proto.get("repetitions", 1) > 1:
         meta.setdefault("notes", []).append(

@@ -226,7 +226,37 @@ def _spread(values):
     return float(lo), float(hi), (float(rel) if rel is not None else None)
 
 
-def cell(target, concurrency, input_len, output_len, rounds, unstable_threshold=0.2, n_boot=2000, rng_seed=0):
+#: Standard deviations of the Poisson spread of a round's arrival span the saturation rule allows.
+SATURATION_SIGMAS = 2.0
+
+
+def saturation(offered, rounds, e2el_ms_mean, burstiness=1.0, tolerance=0.1):
+    """``{achieved_rate, expected_rate, allowance, saturated}`` of a fixed-rate cell.
+
+    ``rounds``: ``[(requests sent, requests completed, duration_s)]``. Unsaturated, a round of N requests offered
+    at R per second takes about ``(N - 1) / R`` for the arrivals plus one request's latency, so the rate it can
+    show is ``expected = sum N / sum((N - 1) / R + E2EL)``; ``achieved`` = completed requests / the rounds'
+    duration. The cell is saturated when ``achieved < expected x (1 - allowance)``, ``allowance`` the larger of
+    ``tolerance`` and :data:`SATURATION_SIGMAS` relative standard deviations of the arrival span (gamma arrivals:
+    ``1 / sqrt(burstiness x (N - 1))``), so a short Poisson round is not called saturated by chance."""
+    sent = sum(n for n, _c, _d in rounds)
+    done = sum(c for _n, c, _d in rounds)
+    duration = sum(d for _n, _c, d in rounds)
+    gaps = sum(max(0, n - 1) for n, _c, _d in rounds)
+    e2el_s = (e2el_ms_mean or 0.0) / 1000.0
+    span = gaps / float(offered) + e2el_s * len(rounds)
+    out = {"achieved_rate": round(done / duration, 4) if duration > 0 else None,
+           "expected_rate": round(sent / span, 4) if span > 0 else None, "allowance": None, "saturated": None}
+    if out["achieved_rate"] is None or out["expected_rate"] is None:
+        return out
+    spread = SATURATION_SIGMAS / math.sqrt(burstiness * gaps) if gaps > 0 else 1.0
+    out["allowance"] = round(max(tolerance, spread), 4)
+    out["saturated"] = out["achieved_rate"] < out["expected_rate"] * (1.0 - out["allowance"])
+    return out
+
+
+def cell(target, concurrency, input_len, output_len, rounds, unstable_threshold=0.2, n_boot=2000, rng_seed=0,
+         request_rate=None, burstiness=1.0, saturation_tolerance=0.1):
     """The report's cell for one target x concurrency x length pair from its measured ``rounds``.
 
     ``rounds``: ``[{seed, rep, samples, failed, duration_s, evidence}]`` (warm-up rounds are not passed).
@@ -306,6 +336,19 @@ def cell(target, concurrency, input_len, output_len, rounds, unstable_threshold=
     out["unstable_threshold"] = float(unstable_threshold)
     out["evidence_summary"] = evidence_summary(evidence)
     e2el = [s.get("e2el_ms") for stratum in [[s for s in r["samples"] if s["ok"]] for r in rounds] for s in stratum]
+    out["request_rate"] = request_rate
+    sat = saturation(request_rate or 1.0, [(rs["requests"], rs["completed"], r.get("duration_s") or 0.0)
+                                           for rs, r in zip(summaries, rounds)], _mean(e2el), burstiness,
+                     saturation_tolerance)
+    out["achieved_rate"] = sat["achieved_rate"]
+    if request_rate:
+        out.update(expected_rate=sat["expected_rate"], saturated=sat["saturated"],
+                   saturation_allowance=sat["allowance"])
+    else:
+        out.update(expected_rate=None, saturated=None, saturation_allowance=None)
+    goodputs = [(r.get("client") or {}).get("request_goodput") for r in rounds]
+    goodputs = [g for g in goodputs if _is_number(g)]
+    out["goodput_rate"] = _mean(goodputs) if goodputs else None
     out["phases"] = _bench_phases.cell_phases([r.get("phases") for r in rounds], client_e2el_ms_mean=_mean(e2el),
                                               client_requests=out["requests"])
     out["phases_ms"] = out["phases"]["phases_ms"] if out["phases"] else None
@@ -366,10 +409,11 @@ def compare(cell_a, cell_b, metric, n_boot=2000, rng_seed=0, q=95):
     a = percentile([v for s in sa for v in s], q)
     b = percentile([v for s in sb for v in s], q)
     out = {"metric": m, "q": q, "target_a": cell_a.get("target"), "target_b": cell_b.get("target"),
-           "concurrency": cell_a.get("concurrency"), "input_len": cell_a.get("input_len"),
+           "concurrency": cell_a.get("concurrency"), "request_rate": cell_a.get("request_rate"),
+           "input_len": cell_a.get("input_len"),
            "output_len": cell_a.get("output_len"), "a": a, "b": b, "delta_ms": None, "ratio": None,
            "delta_ci95": None, "verdict": "cannot tell"}
-    for k in ("concurrency", "input_len", "output_len"):
+    for k in ("concurrency", "request_rate", "input_len", "output_len"):
         if cell_a.get(k) != cell_b.get(k):
             out[k + "_b"] = cell_b.get(k)
     if a is None or b is None:

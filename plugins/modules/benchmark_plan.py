@@ -33,7 +33,8 @@ options:
     elements: dict
     required: true
   concurrency:
-    description: Client concurrencies (C(--max-concurrency)), run in the order given.
+    description: Client concurrencies (C(--max-concurrency)), run in the order given; may be empty when
+      O(request_rates) is set (then only the fixed-rate ladder runs).
     type: list
     elements: int
     required: true
@@ -97,6 +98,32 @@ options:
       C(kubernetes job)).
     type: str
     default: control node
+  request_rates:
+    description: Offered requests per second of the open-loop ladder (C(--request-rate R)), run after the
+      concurrency ladder of each length pair, in the order given; empty for none. Each cell records C(request_rate)
+      and C(achieved_rate) and is C(saturated) when the achieved rate falls short of what the offered rate allows.
+    type: list
+    elements: float
+    default: []
+  burstiness:
+    description: Arrival burstiness of the fixed-rate rounds (C(--burstiness)); 1 sends Poisson arrivals.
+    type: float
+    default: 1.0
+  goodput:
+    description: SLO pairs of the client's C(--goodput) (C(ttft:500), C(tpot:50), C(e2el:2000), in ms); each cell
+      then reports the client's goodput.
+    type: list
+    elements: str
+    default: []
+  rate_max_concurrency:
+    description: Requests in flight a fixed-rate round allows at most (its C(--max-concurrency)).
+    type: int
+    default: 256
+  saturation_tolerance:
+    description: A fixed-rate cell is saturated when its achieved rate is below (1 - this) x the rate the offered
+      rate allows (the Poisson spread of the round's arrivals widens it for short rounds).
+    type: float
+    default: 0.1
 extends_documentation_fragment:
   - llmops.serving.attributes
 attributes:
@@ -193,6 +220,11 @@ def main():
             probe_timeout=dict(type="float", default=600),
             ready_timeout=dict(type="int", default=30),
             client=dict(type="str", default="control node"),
+            request_rates=dict(type="list", elements="float", default=[]),
+            burstiness=dict(type="float", default=1.0),
+            goodput=dict(type="list", elements="str", default=[]),
+            rate_max_concurrency=dict(type="int", default=256),
+            saturation_tolerance=dict(type="float", default=0.1),
         ),
         supports_check_mode=True,
     )

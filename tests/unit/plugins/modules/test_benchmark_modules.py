@@ -9,6 +9,7 @@ import os
 import stat
 import sys
 import threading
+import time
 
 import pytest
 
@@ -31,8 +32,11 @@ while i < len(args):
         opt[args[i]] = True; i += 1
 n, out_len, seed = int(opt["--num-prompts"]), int(opt["--random-output-len"]), int(opt["--seed"])
 doc = {"ttfts": [], "itls": [], "latencies": [], "input_lens": [], "output_lens": [], "errors": []}
+rate = float(opt["--request-rate"])
 t0 = time.time()
 for k in range(n):
+    if rate != float("inf"):  # open loop, one request at a time: behind the schedule it sends at once
+        time.sleep(max(0.0, t0 + k / rate - time.time()))
     try:
         urllib.request.urlopen(urllib.request.Request(opt["--base-url"] + "/v1/completions", data=b"{}",
                                headers={"Content-Type": "application/json"}), timeout=5).read()
@@ -45,7 +49,10 @@ for k in range(n):
     doc["input_lens"].append(int(opt["--random-input-len"])); doc["output_lens"].append(out_len)
     doc["errors"].append("")
 doc.update(duration=time.time() - t0, completed=n, failed=0, output_throughput=n * out_len / 1.0,
-           p95_ttft_ms=10.0, p95_tpot_ms=2.0, p95_e2el_ms=50.0)
+           p95_ttft_ms=10.0, p95_tpot_ms=2.0, p95_e2el_ms=50.0, request_throughput=n / (time.time() - t0))
+if "--goodput" in opt:  # one SLO, ttft:<ms>
+    slo = float(opt["--goodput"].split(":")[1]) / 1000.0
+    doc["request_goodput"] = sum(1 for t in doc["ttfts"] if t <= slo) / doc["duration"]
 with open(os.path.join(opt["--result-dir"], opt["--result-filename"]), "w") as f:
     json.dump(doc, f)
 '''
@@ -56,6 +63,7 @@ class _Server(http.server.BaseHTTPRequestHandler):
     nixl_bytes = [0.0]
     completions = [0]
     metrics_texts = []
+    delay = 0.0
 
     def log_message(self, *a):
         pass
@@ -86,6 +94,8 @@ class _Server(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.delay:
+            time.sleep(self.delay)
         self.completions[0] += 1
         self._send(200, {"choices": [{"text": "x"}]})
 
@@ -356,3 +366,71 @@ def _figure_names(report):
     for _name, fig in figs:
         plt.close(fig)
     return figs
+
+
+def test_the_fixed_rate_ladder_runs_beside_the_concurrency_ladder_interleaved():
+    proto = {"targets": [{"name": "a"}, {"name": "b"}], "lengths": [[16, 4]], "concurrency": [1], "seeds": [1],
+             "warmup_rounds": 1, "repetitions": 1, "interleave": True, "requests_per_round": 8,
+             "requests_per_concurrency": 0, "request_rates": [0.5, 4.0], "rate_max_concurrency": 64}
+    plan = _bench_run.make_plan(proto)
+    got = [(r["kind"], r["target"], r["concurrency"], r["request_rate"], r["num_prompts"]) for r in plan]
+    assert got == [
+        ("warmup", "a", 1, None, 1), ("warmup", "b", 1, None, 1), ("measure", "a", 1, None, 8),
+        ("measure", "b", 1, None, 8),
+        # a fixed-rate warm-up is two seconds of arrivals (at least 2 requests, at most a measured round's)
+        ("warmup", "a", 64, 0.5, 2), ("warmup", "b", 64, 0.5, 2), ("measure", "a", 64, 0.5, 8),
+        ("measure", "b", 64, 0.5, 8),
+        ("warmup", "a", 64, 4.0, 8), ("warmup", "b", 64, 4.0, 8), ("measure", "a", 64, 4.0, 8),
+        ("measure", "b", 64, 4.0, 8)]
+    target = {"name": "a", "url": "http://e:8000", "model": "m", "headers": {}}
+    argv = _bench_run.client_argv("py", target, plan[6], "/tok", "/out", "r.json", burstiness=0.5,
+                                  goodput=["ttft:500"])
+    flags = dict(zip(argv, argv[1:]))
+    assert flags["--request-rate"] == "0.5" and flags["--burstiness"] == "0.5"
+    assert flags["--max-concurrency"] == "64" and flags["--goodput"] == "ttft:500"
+    closed = _bench_run.client_argv("py", target, plan[2], "/tok", "/out", "r.json")
+    assert dict(zip(closed, closed[1:]))["--request-rate"] == "inf" and "--burstiness" not in closed
+    # the lower bound of a fixed-rate round is its arrivals' span: 8 requests at 0.5/s take 14 s at least
+    assert _bench_run.round_lower_bound(plan[6], 0.1) == pytest.approx(14.1)
+
+
+@pytest.mark.parametrize("args,words", [
+    ({"request_rates": [0]}, "benchmark_request_rates[0]: 0 must be a finite number above 0"),
+    ({"request_rates": [2, 2]}, "benchmark_request_rates: [2.0, 2.0] lists a rate twice"),
+    ({"goodput": ["latency:5"]}, "benchmark_goodput[0]: 'latency:5' is not metric:milliseconds"),
+    ({"burstiness": -1}, "benchmark_burstiness: -1 must be a finite number above 0"),
+    ({"concurrency": []}, "benchmark_concurrency: must be a non-empty list"),
+])
+def test_bad_ramp_inputs_are_refused_naming_the_variable(args, words):
+    p = {"targets": [{"name": "a", "url": "http://e:8000", "model": "m"}], "concurrency": [1], "seeds": [1],
+         "lengths": [[16, 4]], "requests_per_round": 4, "warmup_rounds": 0}
+    p.update(args)
+    with pytest.raises(_bench_run.BenchError) as e:
+        _bench_run.check_inputs(p)
+    assert words in str(e.value)
+
+
+def test_an_open_loop_cell_past_what_the_target_serves_is_saturated(run_module, server, tokenizer, fake_python,
+                                                                    tmp_path):
+    # the stand-in server takes 20 ms a request and the stand-in client sends one at a time: it keeps up with 20/s
+    # offered, not with 1000/s
+    server["handler"].delay = 0.02
+    out = tmp_path / "out"
+    run_module(benchmark_plan, _plan_args(server, tokenizer, out, concurrency=[], request_rates=[20, 1000], seeds=[1],
+                                          warmup_rounds=0, requests_per_round=12, goodput=["ttft:25"]))
+    for i in (1, 2):
+        res = run_module(benchmark_round, {"out_dir": str(out), "index": i, "python": fake_python})
+        assert res["stopped"] is None, res
+    report = _bench_run.build_report(str(out), n_boot=50)
+    cells = sorted(report["cells"], key=lambda c: c["request_rate"])
+    assert [c["request_rate"] for c in cells] == [20, 1000]
+    slow, fast = cells
+    assert slow["saturated"] is False and fast["saturated"] is True
+    assert fast["achieved_rate"] < 55 < fast["expected_rate"]
+    assert slow["achieved_rate"] == pytest.approx(20, rel=0.5)
+    # the client's goodput: the 6 requests with TTFT <= 25 ms over the round's duration
+    rnd = _bench_run.done_rounds(str(out))[1]
+    assert slow["goodput_rate"] == pytest.approx(6 / rnd["duration_s"], rel=1e-6)
+    md = _bench_report.markdown(report)
+    assert "## Fixed-rate ramp" in md and "| colocated | 16/4 | 1000 |" in md and "| **yes** |" in md
+    assert "rate_ramp.png" in [name for name, _fig in _figure_names(report)]
