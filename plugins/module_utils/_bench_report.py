@@ -41,7 +41,7 @@ from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _un
 SCHEMA = 1
 METRICS = ("ttft", "tpot", "e2el")
 LABELS = {"ttft": "TTFT", "tpot": "TPOT", "e2el": "E2EL", "itl": "ITL"}
-VERDICTS = ("differs", "cannot tell")
+VERDICTS = ("differs", "cannot tell", "not comparable")
 #: Fewer successful requests than this in a round: its p95 is one of its two largest values.
 FEW_REQUESTS = 30
 #: Fewer successful requests than this in a cell: the percentile bootstrap of a p95 covers the truth less
@@ -323,6 +323,10 @@ def caveats(report):
         add("cannot_tell", "%d of %d A/B comparison(s) cannot tell the targets apart (the interval of the "
             "difference includes 0): %s. No gain or regression is shown there."
             % (len(cannot), len(comps), _some(_comparison_name(cp) for cp in cannot)))
+    refused = [cp for cp in comps if cp.get("verdict") == "not comparable"]
+    if refused:
+        add("prompts_differ", "%d A/B comparison(s) were refused because the targets got different prompts: %s. %s"
+            % (len(refused), _some(_comparison_name(cp) for cp in refused), refused[0].get("reason") or ""))
     if comps and protocol.get("interleave") is False:
         add("not_interleaved", "A and B rounds were not interleaved: a noisy period may have hit one target only.")
     if comps:

