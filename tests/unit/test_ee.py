@@ -311,3 +311,19 @@ def test_job_summary_reads_status_events_failures_and_artifacts(tmp_path):
     (art / "status").write_text("failed")
     (art / "rc").unlink()
     assert job_summary.summary(str(art)).split()[:4] == ["failed", "missing", "5", "1"]
+
+
+def test_make_ee_builds_with_its_own_tools_not_the_engine_venv():
+    """`make ee` has no prerequisite (not `venv`, which installs the engine) and the script runs ansible-builder,
+    ansible-galaxy and ansible-runner from .build/ee/tools only."""
+    with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    (rule,) = [i for i, line in enumerate(lines) if line.startswith("ee:")]
+    assert lines[rule].split(":", 1)[1].strip() == ""
+    assert lines[rule + 1].strip() == "bash $(CURDIR)/awx/ee/build.sh"
+    with open(os.path.join(ROOT, "awx", "ee", "build.sh"), encoding="utf-8") as f:
+        script = f.read()
+    assert ".venv" not in script
+    assert 'TOOLS=$WORK/tools' in script and 'BIN=$TOOLS/bin' in script
+    assert re.findall(r'"\$BIN/(ansible-[a-z]+)"', script)
+    assert not re.findall(r"^\s*ansible-(builder|runner|galaxy) ", script, re.M)
