@@ -527,6 +527,7 @@ def markdown(report):
             for conc, i, o, ra, rb, ratio in pairs:
                 lines.append("| %d | %d/%d | %s | %s | %.1f× |" % (conc, i, o, _rate(ra), _rate(rb), ratio))
         lines.append("")
+    lines += _transport_warmup_markdown(meta.get("transport_warmup"))
     lines += _ramp_markdown(cells)
     lines += _phases_markdown(cells)
     comps = report.get("comparisons") or []
@@ -567,6 +568,30 @@ def markdown(report):
 
 #: Phases of a request in the order it goes through them (``phases_ms`` of a cell).
 REQUEST_PHASES = ("queue", "prefill", "kv_transfer", "decode")
+
+
+def _transport_warmup_markdown(tw):
+    """First KV transfers (connection set-up) against the warmed ones, per P/D target."""
+    if not isinstance(tw, dict) or not tw:
+        return []
+    lines = ["## KV transfer: first transfers and warmed", "",
+             "Before a P/D target's first round, single requests one after the other, each between two reads of the "
+             "decode engine's NIXL counters: the first transfers carry the NIXL/UCX connection set-up, the later "
+             "ones show the transport warmed. Measured: NIXL time per transfer over the measured rounds.", "",
+             "| target | first: ms per transfer | first: rate | after warm-up: ms per transfer (median) | "
+             "after warm-up: rate (median) | measured rounds: ms per transfer | measured rounds: rate |",
+             "|---|---|---|---|---|---|---|"]
+    notes = []
+    for name in sorted(tw):
+        e = tw[name] if isinstance(tw[name], dict) else {}
+        first, later, meas = e.get("first") or {}, e.get("after_warmup") or {}, e.get("measured") or {}
+        lines.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+            _md(name), _f(first.get("per_transfer_ms"), "%.2f"), _rate(first.get("rate_bytes_per_s")),
+            _f(later.get("per_transfer_ms_median"), "%.2f"), _rate(later.get("rate_bytes_per_s_median")),
+            _f(meas.get("per_transfer_ms"), "%.2f"), _rate(meas.get("rate_bytes_per_s"))))
+        if e.get("note"):
+            notes.append("- %s: %s" % (_md(name), _md(e["note"])))
+    return lines + [""] + notes + ([""] if notes else [])
 
 
 def _ramp_markdown(cells):

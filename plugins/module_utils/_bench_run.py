@@ -38,6 +38,8 @@ PLAN_SCHEMA = 1
 ROUND_SCHEMA = 1
 #: Warm-up rounds draw prompts from seeds no measured round uses (a prefix cache must not see them again).
 WARMUP_SEED_BASE = 1000003
+#: The seed a P/D target's transport warm-up is recorded under (its prompts are its own, see transport_warmup).
+TRANSPORT_WARMUP_SEED = 1000002
 #: Files a Hugging Face tokenizer directory holds (any one of them).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
 RUN_FILES = ("plan.json", "stopped.json", "report.json", "report.md", "rounds", "raw", "logs", "coldstart.json")
@@ -308,6 +310,10 @@ def check_inputs(p):
                          "whose achieved rate is more than 10 %% short of what the offered rate allows is "
                          "saturated)" % _shown(tol), field="benchmark_saturation_tolerance")
     out["saturation_tolerance"] = float(tol)
+    out["transport_warmup_requests"] = _int(p.get("transport_warmup_requests") if p.get("transport_warmup_requests")
+                                            is not None else 8, "benchmark_transport_warmup_requests", 0,
+                                            "give the single requests that open the KV transport before a P/D "
+                                            "target's first round, for example 8 (0 = none)")
     out["seeds"] = _int_list(p.get("seeds"), "benchmark_seeds", 0, "give the prompt seeds, for example [1, 2, 3]")
     out["lengths"] = check_lengths(p.get("lengths"))
     out["requests_per_round"] = _int(p.get("requests_per_round"), "benchmark_requests_per_round", 1,
@@ -446,6 +452,15 @@ def make_plan(proto):
     """
     rounds = []
     names = [t["name"] for t in proto["targets"]]
+    n_warm = proto.get("transport_warmup_requests") or 0
+    for t in proto["targets"]:
+        if t.get("decode_metrics_url") and n_warm:
+            # one request at a time, each with its own NIXL counters: the first transfers (connection set-up) and
+            # those after, apart (:func:`transport_warmup`)
+            input_len, output_len = proto["lengths"][0]
+            rounds.append({"kind": "warmup", "transport_warmup": True, "target": t["name"], "concurrency": 1,
+                           "request_rate": None, "input_len": input_len, "output_len": output_len,
+                           "seed": TRANSPORT_WARMUP_SEED, "rep": 0, "num_prompts": n_warm})
     for input_len, output_len in proto["lengths"]:
         for c, rate in _ladder(proto):
             warm_n = c if rate is None else min(max(2, int(math.ceil(2 * rate))), proto["requests_per_round"])
@@ -628,6 +643,10 @@ def round_problem(rec, index, plan_doc=None):
             return "round.%s: expected a mapping or null, got %s" % (key, _shown(rec[key]))
     if rec.get("phases") is not None:
         problem = _bench_phases.round_problem(rec["phases"], "round.phases")
+        if problem:
+            return problem
+    if rec.get("transport_warmup") is not None:
+        problem = transport_warmup_problem(rec["transport_warmup"])
         if problem:
             return problem
     failed = rec.get("failed")
@@ -886,6 +905,8 @@ def run_round(out_dir, plan_doc, index, python, env=None, client_timeout=0, evid
         return None, _stop(out_dir, rnd, "target_down",
                            "target %s stopped answering before round %d of %d: %s"
                            % (target["name"], index, len(rounds), dead), now)
+    if rnd.get("transport_warmup") and client_output is None and target.get("decode_metrics_url"):
+        return run_transport_warmup(out_dir, plan_doc, rnd, target, opener=opener, now=now), None
     ev_before, ph_before = None, None
     fetch = metrics_reader(opener)
     if evidence_args is not None and target.get("decode_metrics_url"):
@@ -955,6 +976,153 @@ def run_round(out_dir, plan_doc, index, python, env=None, client_timeout=0, evid
             stopped = _stop(out_dir, rnd, "target_down", "target %s stopped answering during round %d of %d "
                             "(every request failed): %s" % (target["name"], index, len(rounds), dead), now)
     return record, stopped
+
+
+def _kv_now(target, opener):
+    try:
+        return _prom.kv_sample(_prom.fetch_text(target["decode_metrics_url"], opener=opener)), None
+    except (_http.HttpError, _prom.PromParseError) as e:
+        return None, "decode_metrics_url: %s" % e
+
+
+def _kv_entry(before, after):
+    """``{kv_bytes, kv_transfers, kv_xfer_s, per_transfer_ms, rate_bytes_per_s}`` between two NIXL samples."""
+    d = _prom.kv_delta(before, after)
+    per = (round(d["xfer_time_s"] / d["xfer_count"] * 1000.0, 4) if d["xfer_time_s"] and d["xfer_count"]
+           else None)
+    return {"kv_bytes": d["bytes"], "kv_transfers": d["transfers"], "kv_xfer_s": d["xfer_time_s"],
+            "per_transfer_ms": per, "rate_bytes_per_s": d["rate_bytes_per_s"]}
+
+
+def probe_transport(target, index, input_len, output_len, opener=None, timeout=600):
+    """:func:`probe`, and for a P/D target the NIXL transfers it caused (``None`` without decode_metrics_url or
+    when the counters cannot be read): the plan's probes are the pair's first requests, so the connection set-up
+    is in theirs."""
+    before = _kv_now(target, opener)[0] if target.get("decode_metrics_url") else None
+    seconds = probe(target, index, input_len, output_len, opener=opener, timeout=timeout)
+    after = _kv_now(target, opener)[0] if before is not None else None
+    return seconds, (_kv_entry(before, after) if after is not None else None)
+
+
+def transport_warmup(target, rnd, opener=None, clock=time.monotonic, timeout=600):
+    """``num_prompts`` single requests, one after the other, each between two reads of the decode engine's NIXL
+    counters: ``[{i, ok, error, seconds, kv_bytes, kv_transfers, kv_xfer_s, per_transfer_ms, rate_bytes_per_s}]``.
+
+    The first requests of a fresh pair open the NIXL/UCX connections (the handshake is in their transfer time);
+    the later ones show the transport warmed. Each prompt starts with its own token, so no prefix cache serves
+    it and every request moves its KV."""
+    out = []
+    before, err = _kv_now(target, opener)
+    for i in range(rnd["num_prompts"]):
+        prompt = [10 + ((i * 37 + j) % 90) for j in range(rnd["input_len"])]
+        body = {"model": target["model"], "prompt": prompt, "max_tokens": 2, "temperature": 0, "ignore_eos": True,
+                "stream": False}
+        entry = {"i": i + 1, "ok": True, "error": "", "seconds": None, "kv_bytes": None, "kv_transfers": None,
+                 "kv_xfer_s": None, "per_transfer_ms": None, "rate_bytes_per_s": None}
+        t0 = clock()
+        try:
+            _http.post_json(target["url"] + "/v1/completions", body, headers=target["headers"], timeout=timeout,
+                            opener=opener)
+        except _http.HttpError as e:
+            entry.update(ok=False, error=str(e)[:300])
+        entry["seconds"] = round(clock() - t0, 6)
+        after, err2 = _kv_now(target, opener)
+        if before is not None and after is not None:
+            entry.update(_kv_entry(before, after))
+        elif err or err2:
+            entry["error"] = entry["error"] or (err or err2)
+        before, err = after, err2
+        out.append(entry)
+    return out
+
+
+#: Numbers of a transport warm-up request (None or a finite number >= 0).
+TRANSPORT_NUMBERS = ("seconds", "kv_bytes", "kv_transfers", "kv_xfer_s", "per_transfer_ms", "rate_bytes_per_s")
+
+
+def transport_warmup_problem(reqs, where="round.transport_warmup"):
+    """Why a saved round's ``transport_warmup`` cannot be used (naming the entry and field), or None."""
+    if not isinstance(reqs, list):
+        return "%s: expected a list of requests, got %s" % (where, _shown(reqs))
+    for i, r in enumerate(reqs):
+        if not isinstance(r, dict):
+            return "%s[%d]: expected a mapping, got %s" % (where, i, _shown(r))
+        for k in TRANSPORT_NUMBERS:
+            v = r.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                                  or v < 0):
+                return "%s[%d].%s: expected a non-negative number or null, got %s" % (where, i, k, _shown(v))
+        if not isinstance(r.get("ok"), bool):
+            return "%s[%d].ok: expected true or false, got %s" % (where, i, _shown(r.get("ok")))
+    return None
+
+
+def run_transport_warmup(out_dir, plan_doc, rnd, target, opener=None, now=time.time):
+    """Round ``rnd`` (a P/D target's transport warm-up) as :func:`transport_warmup` runs it; its record has no
+    client samples and ``transport_warmup`` with the requests."""
+    started = now()
+    t0 = time.monotonic()
+    reqs = transport_warmup(target, rnd, opener=opener)
+    seconds = time.monotonic() - t0
+    record = dict(rnd)
+    record.update({"schema": ROUND_SCHEMA, "started_at": started, "samples": [], "transport_warmup": reqs,
+                   "failed": sum(1 for r in reqs if not r["ok"]), "duration_s": float(seconds),
+                   "wall_s": round(seconds, 3), "client": None, "evidence": None, "phases": None,
+                   "prompt_digest": None})
+    _fsutil.atomic_write_json(round_path(out_dir, rnd["index"]), record, sort_keys=True, newline=True)
+    return record
+
+
+def _median(xs):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2.0
+
+
+def transport_summary(plan_doc, done):
+    """Per P/D target: ``first`` (the first request that moved KV: the plan's probe, else the transport warm-up's
+    first), ``after_warmup`` (median per-transfer latency and rate of the warm-up's requests after that one) and
+    ``measured`` (the measured rounds' NIXL transfer time per transfer and rate, from their evidence). Only
+    targets with a transport warm-up or evidence."""
+    out = {}
+    for t in plan_doc["targets"]:
+        name = t["name"]
+        mine = [rec for rec in done.values() if rec["target"] == name]
+        warm = [rec for rec in mine if isinstance(rec.get("transport_warmup"), list)]
+        measured = [rec["evidence"] for rec in mine if rec["kind"] == "measure" and isinstance(rec.get("evidence"), dict)]
+        if not warm and not measured:
+            continue
+        entry = {"first": None, "after_warmup": None, "measured": None}
+        probes = []
+        for p in plan_doc.get("probes") or []:
+            kv = p.get("kv_transfer") if isinstance(p, dict) and p.get("target") == name else None
+            if isinstance(kv, dict) and transport_warmup_problem([dict(kv, ok=True)]) is None:
+                probes.append(dict(kv, i="probe %s/%s" % (p.get("input_len"), p.get("output_len"))))
+        reqs = [r for r in (warm[0]["transport_warmup"] if warm else []) if isinstance(r, dict)]
+        moved = [r for r in probes + reqs if r.get("kv_transfers")]
+        if moved:
+            first = moved[0]
+            entry["first"] = {"request": first.get("i"), "per_transfer_ms": first.get("per_transfer_ms"),
+                              "rate_bytes_per_s": first.get("rate_bytes_per_s"), "kv_bytes": first.get("kv_bytes"),
+                              "transfers": first.get("kv_transfers"), "seconds": first.get("seconds")}
+        if len(moved) > 1:
+            later = moved[1:]
+            entry["after_warmup"] = {"requests": len(later),
+                                     "per_transfer_ms_median": _median([r.get("per_transfer_ms") for r in later]),
+                                     "rate_bytes_per_s_median": _median([r.get("rate_bytes_per_s") for r in later])}
+        if reqs and not moved:
+            entry["note"] = ("the warm-up's requests moved no KV the decode engine counted (check "
+                             "decode_metrics_url and that the target is the P/D router)")
+        xfer = sum(e.get("kv_xfer_s") or 0.0 for e in measured)
+        n = sum(e.get("kv_transfers") or 0.0 for e in measured)
+        kv = sum(e.get("kv_bytes") or 0.0 for e in measured)
+        if xfer > 0 and n > 0:
+            entry["measured"] = {"rounds": len(measured), "transfers": n, "per_transfer_ms": round(xfer / n * 1000.0, 4),
+                                 "rate_bytes_per_s": kv / xfer}
+        out[name] = entry
+    return out
 
 
 def result_from_output(text):
@@ -1049,6 +1217,13 @@ def progress(plan_doc, done, index, now=time.time):
 
 
 def describe_round(rec):
+    if isinstance(rec.get("transport_warmup"), list):
+        reqs = rec["transport_warmup"]
+        per = [r.get("per_transfer_ms") for r in reqs if isinstance(r, dict) and r.get("per_transfer_ms") is not None]
+        return ("transport warm-up %s: %d single requests, %d failed; NIXL time per transfer %s"
+                % (rec["target"], len(reqs), rec["failed"],
+                   "first %.1f ms, then median %.1f ms" % (per[0], _median(per[1:])) if len(per) > 1 else
+                   "%.1f ms" % per[0] if per else "not counted"))
     c = rec.get("client") or {}
     ok = [s for s in rec["samples"] if s["ok"]]
 
@@ -1247,6 +1422,9 @@ def build_report(out_dir, meta=None, unstable_threshold=0.2, n_boot=2000, rng_se
         unreadable.append({"file": "stopped.json", "reason": str(e)})
     # named in the report (meta and a caveat), never dropped silently
     meta["files_not_used"] = unreadable
+    transport = transport_summary(plan_doc, done)
+    if transport:
+        meta["transport_warmup"] = transport
     if stopped is not None:
         stopped = {"reason": stopped["message"], "code": stopped["reason"], "at_round": stopped["index"],
                    "after_round": stopped["index"] - 1, "of_rounds": len(plan_doc["rounds"]),

@@ -124,6 +124,13 @@ options:
       rate allows (the Poisson spread of the round's arrivals widens it for short rounds).
     type: float
     default: 0.1
+  transport_warmup_requests:
+    description: For every target with C(decode_metrics_url), single requests sent one after the other before its
+      first round, each between two reads of the decode engine's NIXL counters, so that the NIXL/UCX connections
+      are open before anything is measured and the report gives the first transfers (connection set-up) and those
+      after apart; 0 for none. Give at least one per prefill x decode rank pair.
+    type: int
+    default: 8
 extends_documentation_fragment:
   - llmops.serving.attributes
 attributes:
@@ -225,6 +232,7 @@ def main():
             goodput=dict(type="list", elements="str", default=[]),
             rate_max_concurrency=dict(type="int", default=256),
             saturation_tolerance=dict(type="float", default=0.1),
+            transport_warmup_requests=dict(type="int", default=8),
         ),
         supports_check_mode=True,
     )
@@ -250,10 +258,10 @@ def main():
             seconds = {}
             for i, t in enumerate(proto["targets"]):
                 for input_len, output_len in proto["lengths"]:
-                    s = _bench_run.probe(t, i, input_len, output_len, timeout=p["probe_timeout"])
+                    s, kv = _bench_run.probe_transport(t, i, input_len, output_len, timeout=p["probe_timeout"])
                     seconds[(t["name"], input_len, output_len)] = s
                     probes.append({"target": t["name"], "input_len": input_len, "output_len": output_len,
-                                   "seconds": round(s, 4)})
+                                   "seconds": round(s, 4), "kv_transfer": kv})
             estimate = _bench_run.check_budget(plan, seconds, proto["time_budget_s"])
         moved = None
         plan_file = "%s/plan.json" % p["out_dir"].rstrip("/")

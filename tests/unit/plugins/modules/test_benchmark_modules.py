@@ -72,6 +72,8 @@ class _Server(http.server.BaseHTTPRequestHandler):
     completions = [0]
     metrics_texts = []
     delay = 0.0
+    nixl_per_post = []
+    nixl_totals = [0.0, 0, 0.0]
 
     def log_message(self, *a):
         pass
@@ -87,6 +89,11 @@ class _Server(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path.rstrip("/") == "/v1/models":
             self._send(200, {"object": "list", "data": [{"id": m} for m in self.models]})
+        elif self.path == "/metrics" and self.nixl_per_post:
+            b, n, t = self.nixl_totals
+            text = ("vllm:nixl_bytes_transferred_sum %s\nvllm:nixl_bytes_transferred_count %s\n"
+                    "vllm:nixl_xfer_time_seconds_sum %s\nvllm:nixl_xfer_time_seconds_count %s\n" % (b, n, t, n))
+            self._send(200, text.encode(), "text/plain")
         elif self.path == "/metrics" and self.metrics_texts:
             # recorded engine texts, one per read (the last one stays)
             text = self.metrics_texts.pop(0) if len(self.metrics_texts) > 1 else self.metrics_texts[0]
@@ -104,6 +111,11 @@ class _Server(http.server.BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if self.delay:
             time.sleep(self.delay)
+        if self.nixl_per_post:
+            # one KV transfer per completion: (bytes, seconds), the last pair repeating
+            b, t = self.nixl_per_post.pop(0) if len(self.nixl_per_post) > 1 else self.nixl_per_post[0]
+            tot = self.nixl_totals
+            tot[0], tot[1], tot[2] = tot[0] + b, tot[1] + 1, tot[2] + t
         self.completions[0] += 1
         self._send(200, {"choices": [{"text": "x"}]})
 
@@ -111,7 +123,7 @@ class _Server(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def server():
     handler = type("H", (_Server,), {"models": ["tiny-llama"], "nixl_bytes": [0.0], "completions": [0],
-                                     "metrics_texts": []})
+                                     "metrics_texts": [], "nixl_per_post": [], "nixl_totals": [0.0, 0, 0.0]})
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
@@ -261,7 +273,7 @@ def test_pd_round_carries_nixl_and_rdma_evidence(run_module, server, tokenizer, 
     target = {"name": "pd", "url": server["url"], "model": "tiny-llama",
               "decode_metrics_url": server["url"] + "/metrics", "transport": "tcp"}
     run_module(benchmark_plan, _plan_args(server, tokenizer, out, targets=[target], concurrency=[1], seeds=[1],
-                                          warmup_rounds=0))
+                                          warmup_rounds=0, transport_warmup_requests=0))
     res = run_module(benchmark_round, {"out_dir": str(out), "index": 1, "python": fake_python,
                                        "sysfs_root": str(sysfs)})
     ev = res["record"]["evidence"]
@@ -515,3 +527,41 @@ def test_ab_cells_with_different_prompts_are_not_compared(run_module, server, to
     assert {cp["verdict"] for cp in report["comparisons"]} == {"not comparable"}
     assert all(cp["delta_ms"] is None and "seed 1" in cp["reason"] for cp in report["comparisons"])
     assert any(c["code"] == "prompts_differ" for c in _bench_report.caveats(report))
+
+
+def test_a_pd_target_opens_its_transport_first_and_the_report_gives_first_and_warmed_transfers_apart(
+        run_module, server, tokenizer, fake_python, tmp_path):
+    # a fresh P/D pair: the first transfer carries the connection set-up (1 MiB in 0.5 s), then 1 MiB in 2 ms
+    server["handler"].nixl_per_post[:] = [(1048576.0, 0.5), (1048576.0, 0.002)]
+    sysfs = tmp_path / "sys"
+    sysfs.mkdir()
+    out = tmp_path / "out"
+    target = {"name": "pd", "url": server["url"], "model": "tiny-llama",
+              "decode_metrics_url": server["url"] + "/metrics", "transport": "tcp"}
+    plan = run_module(benchmark_plan, _plan_args(server, tokenizer, out, targets=[target], concurrency=[1],
+                                                 seeds=[1], warmup_rounds=0, requests_per_round=2,
+                                                 transport_warmup_requests=4))
+    with open(out / "plan.json") as f:
+        first = json.load(f)["rounds"][0]
+    assert first["transport_warmup"] is True and first["kind"] == "warmup" and first["num_prompts"] == 4
+    res = run_module(benchmark_round, {"out_dir": str(out), "index": 1, "python": fake_python,
+                                       "sysfs_root": str(sysfs)})
+    # the plan's probe was the pair's first request: the set-up is in its transfer, the warm-up's are warm
+    with open(out / "plan.json") as f:
+        assert json.load(f)["probes"][0]["kv_transfer"]["per_transfer_ms"] == 500.0
+    reqs = res["record"]["transport_warmup"]
+    assert [r["per_transfer_ms"] for r in reqs] == [2.0, 2.0, 2.0, 2.0]
+    assert "first 2.0 ms, then median 2.0 ms" in res["msg"]
+    for i in range(2, plan["rounds"] + 1):
+        run_module(benchmark_round, {"out_dir": str(out), "index": i, "python": fake_python,
+                                     "sysfs_root": str(sysfs)})
+    report = _bench_run.build_report(str(out), n_boot=50)
+    tw = report["meta"]["transport_warmup"]["pd"]
+    assert tw["first"]["request"] == "probe 16/4"
+    assert tw["first"]["per_transfer_ms"] == 500.0 and tw["first"]["rate_bytes_per_s"] == 2097152.0
+    assert tw["after_warmup"] == {"requests": 4, "per_transfer_ms_median": 2.0,
+                                  "rate_bytes_per_s_median": pytest.approx(524288000.0)}
+    # the measured round's 2 requests: 2 transfers of 2 ms (the handshake is not in them)
+    assert tw["measured"]["per_transfer_ms"] == 2.0 and tw["measured"]["transfers"] == 2
+    md = _bench_report.markdown(report)
+    assert "| pd | 500.00 | 2.0 MiB/s | 2.00 | 500.0 MiB/s | 2.00 | 500.0 MiB/s |" in md
