@@ -42,6 +42,8 @@ SCHEMA = 1
 METRICS = ("ttft", "tpot", "e2el")
 LABELS = {"ttft": "TTFT", "tpot": "TPOT", "e2el": "E2EL", "itl": "ITL"}
 VERDICTS = ("differs", "cannot tell", "not comparable")
+#: Measured rounds a fixed-rate or P/D cell needs at least (the field report: "at least five repetitions").
+MIN_RAMP_ROUNDS = 5
 #: Fewer successful requests than this in a round: its p95 is one of its two largest values.
 FEW_REQUESTS = 30
 #: Fewer successful requests than this in a cell: the percentile bootstrap of a p95 covers the truth less
@@ -269,6 +271,13 @@ def caveats(report):
     if stopped:
         add("stopped_early", "The run stopped after round %d of %d (%s): cells measured after that point are "
             "missing and the ladder is incomplete." % (stopped["after_round"], stopped["of_rounds"], stopped["reason"]))
+    thin = [c for c in cells if (c.get("request_rate") or (c.get("phases") or {}).get("pd"))
+            and len(c.get("rounds") or []) < MIN_RAMP_ROUNDS]
+    if thin:
+        add("few_rounds", "%d fixed-rate or P/D cell(s) have fewer than %d measured rounds (%s): one slow or "
+            "lucky round moves their figures; the field report's protocol measures each cell at least %d times "
+            "(more benchmark_seeds, or benchmark_repetitions; see the role's P/D ramp example)."
+            % (len(thin), MIN_RAMP_ROUNDS, _some(_cell_name(c) for c in thin), MIN_RAMP_ROUNDS))
     few = []
     for c in cells:
         per_round = [r.get("completed", r.get("requests", 0) - r.get("failed", 0)) for r in c.get("rounds") or []]

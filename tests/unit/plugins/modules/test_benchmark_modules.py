@@ -565,3 +565,39 @@ def test_a_pd_target_opens_its_transport_first_and_the_report_gives_first_and_wa
     assert tw["measured"]["per_transfer_ms"] == 2.0 and tw["measured"]["transfers"] == 2
     md = _bench_report.markdown(report)
     assert "| pd | 500.00 | 2.0 MiB/s | 2.00 | 500.0 MiB/s | 2.00 | 500.0 MiB/s |" in md
+
+
+def test_the_pd_ramp_example_measures_each_cell_five_times_interleaved_on_one_pair_two_ways():
+    import yaml
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..")
+    with open(os.path.join(root, "roles", "benchmark", "files", "pd_ramp.yml")) as f:
+        ex = yaml.safe_load(f)
+    proto = _bench_run.check_inputs(dict((k[len("benchmark_"):], v) for k, v in ex.items()))
+    plan = _bench_run.make_plan(proto)
+    a, b = proto["targets"]
+    # one P/D pair, two ways in: the same engines' metrics, another URL
+    assert a["url"] != b["url"] and b["headers"].get("routing-strategy") == "pd"
+    assert (a["prefill_metrics_url"], a["decode_metrics_url"]) == (b["prefill_metrics_url"], b["decode_metrics_url"])
+    # the transport of each target is opened before anything else
+    assert [(r["target"], r.get("transport_warmup")) for r in plan[:2]] == [("pd-direct", True), ("pd-gateway", True)]
+    measured = [r for r in plan if r["kind"] == "measure"]
+    cells = {}
+    for r in measured:
+        cells.setdefault((r["target"], r["request_rate"], r["input_len"]), []).append(r)
+    assert {len(v) for v in cells.values()} == {5} and all(k[1] for k in cells)
+    assert {len({r["seed"] for r in v}) for v in cells.values()} == {5}
+    # per rate, the targets alternate A, B, A, B
+    first_rate = [r["target"] for r in measured if r["request_rate"] == 1 and r["input_len"] == 128]
+    assert first_rate == ["pd-direct", "pd-gateway"] * 5
+    assert proto["goodput"] == ["ttft:500", "tpot:50"]
+
+
+def test_a_ramp_cell_with_fewer_than_five_rounds_carries_a_caveat(run_module, server, tokenizer, fake_python,
+                                                                  tmp_path):
+    out = tmp_path / "out"
+    run_module(benchmark_plan, _plan_args(server, tokenizer, out, concurrency=[], request_rates=[50], seeds=[1],
+                                          warmup_rounds=0, requests_per_round=2))
+    run_module(benchmark_round, {"out_dir": str(out), "index": 1, "python": fake_python})
+    report = _bench_run.build_report(str(out), n_boot=50)
+    cav = dict((c["code"], c["text"]) for c in _bench_report.caveats(report))
+    assert "colocated R=50/s 16/4" in cav["few_rounds"] and "fewer than 5 measured rounds" in cav["few_rounds"]
