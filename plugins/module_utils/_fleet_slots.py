@@ -47,11 +47,12 @@ import os
 import random
 import re
 import socket
-import stat
 import tempfile
 import threading
 import time
 import uuid
+
+from ansible_collections.llmops.serving.plugins.module_utils import _untrusted
 
 CAP_FILE = "fleet.json"
 MAX_RECORD_BYTES = 4096  # a cap record or a lease is well under 1 KiB
@@ -129,29 +130,24 @@ def _pid_ns(pid, proc_root="/proc"):
 # ---- small JSON records ------------------------------------------------------------------------
 def _read_record(path):
     """("ok", value) | ("absent", None) | ("unparsable", None) | ("special", None) | ("large", size)
-    | ("unreadable", strerror) for a small JSON file, without blocking on a FIFO or reading a huge file."""
+    | ("unreadable", strerror) for a small JSON file, through the shared reader (without blocking on a FIFO or
+    reading a huge file; nesting and numbers within its limits)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        raw = _untrusted.read_bytes(path, "fleet_slots_dir", MAX_RECORD_BYTES)
     except FileNotFoundError:
         return "absent", None
-    except OSError as e:
-        if e.errno == errno.ENXIO:  # a FIFO or socket nobody writes
+    except _untrusted.UntrustedInput as e:
+        if e.limit == "type":
             return "special", None
-        return "unreadable", e.strerror
+        if e.limit == "size":
+            try:
+                return "large", os.stat(path).st_size
+            except OSError:
+                return "large", MAX_RECORD_BYTES + 1
+        return "unreadable", str(e)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return "special", None
-        if st.st_size > MAX_RECORD_BYTES:
-            return "large", st.st_size
-        raw = os.read(fd, MAX_RECORD_BYTES + 1)
-    except OSError as e:
-        return "unreadable", e.strerror
-    finally:
-        os.close(fd)
-    try:
-        return "ok", json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return "ok", _untrusted.loads_json(raw, "fleet_slots_dir: %s" % path, max_depth=8, file=path, max_bytes=MAX_RECORD_BYTES)
+    except _untrusted.UntrustedInput:  # not UTF-8, not JSON, too deep, a number out of range
         return "unparsable", None
 
 

@@ -384,3 +384,22 @@ def test_malformed_lease_is_taken_over_once_stale_never_a_traceback(tmp_path, ma
     assert json.loads(open(box["value"]).read())["host"] == "same"
     s.close()
     assert sorted(os.listdir(str(tmp_path / "leases"))) == ["fleet.json"]
+
+
+@pytest.mark.parametrize("content,state", [
+    (b'{"pid": 1' + b"0" * 400 + b"}", "unparsable"),       # a number out of range
+    (b"[" * 100 + b"]" * 100, "unparsable"),                 # nesting
+    (b'{"pid": NaN}', "unparsable"),
+    (b"\xff\xfe", "unparsable"),
+    (b'{"pid": 7}', "ok"),
+])
+def test_lease_and_cap_records_go_through_the_shared_reader(tmp_path, content, state):
+    """Records other hosts write into the shared lease directory are untrusted input: a number out of range, a
+    nesting bomb, NaN or bytes that are not UTF-8 read as unparsable (reclaimed), never a traceback."""
+    p = tmp_path / "lease.json"
+    p.write_bytes(content)
+    assert fs._read_record(str(p))[0] == state
+    os.mkfifo(str(tmp_path / "fifo"))
+    assert fs._read_record(str(tmp_path / "fifo")) == ("special", None)
+    (tmp_path / "big").write_bytes(b" " * (fs.MAX_RECORD_BYTES + 10))
+    assert fs._read_record(str(tmp_path / "big")) == ("large", fs.MAX_RECORD_BYTES + 10)
