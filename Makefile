@@ -139,3 +139,9 @@ bench-fanout: install
 
 clean:
 	rm -rf $(BUILD)
+
+# After make demo: the benchmark of the demo engine (the playbook finds its URL and the staged revision; a small
+# ladder from roles/benchmark/files/demo.yml). The report: <LLMOPS_ROOT, default /var/tmp/llmops>/benchmark/report.md
+.PHONY: bench-demo
+bench-demo: install
+	ansible-playbook -i inventories/local playbooks/benchmark.yml -e @roles/benchmark/files/demo.yml
