@@ -784,7 +784,7 @@ def _figures(report, plt):
     if comps:
         metrics = [m for m in METRICS if any(cp["metric"] == m for cp in comps)]
         rows = sorted({(cp.get("input_len") or 0, cp.get("output_len") or 0, cp.get("concurrency") or 0,
-                        cp.get("target_a"), cp.get("target_b")) for cp in comps})
+                        cp.get("request_rate") or 0, cp.get("target_a"), cp.get("target_b")) for cp in comps})
         fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics) + 1.5, 1.2 + 0.4 * len(rows)),
                                  sharey=True, squeeze=False)
         for ax, m in zip(axes[0], metrics):
@@ -792,7 +792,7 @@ def _figures(report, plt):
                 if cp["metric"] != m:
                     continue
                 y = rows.index((cp.get("input_len") or 0, cp.get("output_len") or 0, cp.get("concurrency") or 0,
-                                cp.get("target_a"), cp.get("target_b")))
+                                cp.get("request_rate") or 0, cp.get("target_a"), cp.get("target_b")))
                 ci = cp["delta_ci95"] or [cp["delta_ms"], cp["delta_ms"]]
                 color = "tab:red" if cp["verdict"] == "differs" else "tab:gray"
                 ax.errorbar([cp["delta_ms"]], [y], xerr=[[cp["delta_ms"] - ci[0]], [ci[1] - cp["delta_ms"]]],
@@ -801,7 +801,8 @@ def _figures(report, plt):
             ax.set_xlabel("p95 %s, B − A (ms)" % LABELS[m])
             ax.grid(True, axis="x", alpha=0.3)
         axes[0][0].set_yticks(range(len(rows)))
-        axes[0][0].set_yticklabels(["%s − %s C=%d %d/%d" % (b, a, conc, i, o) for i, o, conc, a, b in rows], fontsize=8)
+        axes[0][0].set_yticklabels(["%s − %s %s %d/%d" % (b, a, ("R=%g/s" % r) if r else "C=%d" % conc, i, o)
+                                    for i, o, conc, r, a, b in rows], fontsize=8)
         axes[0][0].invert_yaxis()
         fig.suptitle("A/B: difference of pooled p95 with 95 % interval (red: differs, gray: cannot tell)", fontsize=10)
         fig.tight_layout()

@@ -645,8 +645,10 @@ def round_problem(rec, index, plan_doc=None):
         problem = _bench_phases.round_problem(rec["phases"], "round.phases")
         if problem:
             return problem
-    if rec.get("transport_warmup") is not None:
-        problem = transport_warmup_problem(rec["transport_warmup"])
+    if rec.get("transport_warmup") is not None and not isinstance(rec["transport_warmup"], bool):
+        return "round.transport_warmup: expected true or false, got %s" % _shown(rec["transport_warmup"])
+    if rec.get("transport_requests") is not None:
+        problem = transport_warmup_problem(rec["transport_requests"])
         if problem:
             return problem
     failed = rec.get("failed")
@@ -1040,8 +1042,8 @@ def transport_warmup(target, rnd, opener=None, clock=time.monotonic, timeout=600
 TRANSPORT_NUMBERS = ("seconds", "kv_bytes", "kv_transfers", "kv_xfer_s", "per_transfer_ms", "rate_bytes_per_s")
 
 
-def transport_warmup_problem(reqs, where="round.transport_warmup"):
-    """Why a saved round's ``transport_warmup`` cannot be used (naming the entry and field), or None."""
+def transport_warmup_problem(reqs, where="round.transport_requests"):
+    """Why a saved round's ``transport_requests`` cannot be used (naming the entry and field), or None."""
     if not isinstance(reqs, list):
         return "%s: expected a list of requests, got %s" % (where, _shown(reqs))
     for i, r in enumerate(reqs):
@@ -1059,13 +1061,14 @@ def transport_warmup_problem(reqs, where="round.transport_warmup"):
 
 def run_transport_warmup(out_dir, plan_doc, rnd, target, opener=None, now=time.time):
     """Round ``rnd`` (a P/D target's transport warm-up) as :func:`transport_warmup` runs it; its record has no
-    client samples and ``transport_warmup`` with the requests."""
+    client samples and ``transport_requests`` with the requests. (A Job runs that round as the client at C=1: its
+    record is a client round, without ``transport_requests``.)"""
     started = now()
     t0 = time.monotonic()
     reqs = transport_warmup(target, rnd, opener=opener)
     seconds = time.monotonic() - t0
     record = dict(rnd)
-    record.update({"schema": ROUND_SCHEMA, "started_at": started, "samples": [], "transport_warmup": reqs,
+    record.update({"schema": ROUND_SCHEMA, "started_at": started, "samples": [], "transport_requests": reqs,
                    "failed": sum(1 for r in reqs if not r["ok"]), "duration_s": float(seconds),
                    "wall_s": round(seconds, 3), "client": None, "evidence": None, "phases": None,
                    "prompt_digest": None})
@@ -1090,7 +1093,7 @@ def transport_summary(plan_doc, done):
     for t in plan_doc["targets"]:
         name = t["name"]
         mine = [rec for rec in done.values() if rec["target"] == name]
-        warm = [rec for rec in mine if isinstance(rec.get("transport_warmup"), list)]
+        warm = [rec for rec in mine if isinstance(rec.get("transport_requests"), list)]
         measured = [rec["evidence"] for rec in mine if rec["kind"] == "measure" and isinstance(rec.get("evidence"), dict)]
         if not warm and not measured:
             continue
@@ -1100,7 +1103,7 @@ def transport_summary(plan_doc, done):
             kv = p.get("kv_transfer") if isinstance(p, dict) and p.get("target") == name else None
             if isinstance(kv, dict) and transport_warmup_problem([dict(kv, ok=True)]) is None:
                 probes.append(dict(kv, i="probe %s/%s" % (p.get("input_len"), p.get("output_len"))))
-        reqs = [r for r in (warm[0]["transport_warmup"] if warm else []) if isinstance(r, dict)]
+        reqs = [r for r in (warm[0]["transport_requests"] if warm else []) if isinstance(r, dict)]
         moved = [r for r in probes + reqs if r.get("kv_transfers")]
         if moved:
             first = moved[0]
@@ -1217,8 +1220,8 @@ def progress(plan_doc, done, index, now=time.time):
 
 
 def describe_round(rec):
-    if isinstance(rec.get("transport_warmup"), list):
-        reqs = rec["transport_warmup"]
+    if isinstance(rec.get("transport_requests"), list):
+        reqs = rec["transport_requests"]
         per = [r.get("per_transfer_ms") for r in reqs if isinstance(r, dict) and r.get("per_transfer_ms") is not None]
         return ("transport warm-up %s: %d single requests, %d failed; NIXL time per transfer %s"
                 % (rec["target"], len(reqs), rec["failed"],

@@ -549,7 +549,7 @@ def test_a_pd_target_opens_its_transport_first_and_the_report_gives_first_and_wa
     # the plan's probe was the pair's first request: the set-up is in its transfer, the warm-up's are warm
     with open(out / "plan.json") as f:
         assert json.load(f)["probes"][0]["kv_transfer"]["per_transfer_ms"] == 500.0
-    reqs = res["record"]["transport_warmup"]
+    reqs = res["record"]["transport_requests"]
     assert [r["per_transfer_ms"] for r in reqs] == [2.0, 2.0, 2.0, 2.0]
     assert "first 2.0 ms, then median 2.0 ms" in res["msg"]
     for i in range(2, plan["rounds"] + 1):
@@ -601,3 +601,13 @@ def test_a_ramp_cell_with_fewer_than_five_rounds_carries_a_caveat(run_module, se
     report = _bench_run.build_report(str(out), n_boot=50)
     cav = dict((c["code"], c["text"]) for c in _bench_report.caveats(report))
     assert "colocated R=50/s 16/4" in cav["few_rounds"] and "fewer than 5 measured rounds" in cav["few_rounds"]
+
+
+def test_a_transport_warmup_round_run_as_a_job_is_a_usable_client_round(tmp_path):
+    plan_doc = {"rounds": [{"index": 1, "kind": "warmup", "transport_warmup": True, "target": "pd", "concurrency": 1,
+                            "request_rate": None, "input_len": 16, "output_len": 4, "seed": 1, "rep": 0,
+                            "num_prompts": 2}]}
+    rec = dict(plan_doc["rounds"][0], samples=[], failed=0, duration_s=1.0, wall_s=1.0, client=None)
+    assert _bench_run.round_problem(rec, 1, plan_doc) is None
+    assert "round.transport_requests[0].kv_bytes" in _bench_run.round_problem(
+        dict(rec, transport_requests=[{"ok": True, "kv_bytes": -1}]), 1, plan_doc)
