@@ -17,8 +17,13 @@ export PATH := $(VENV)/bin:$(PATH)
 demo: install
 	ansible-playbook -i inventories/local playbooks/site.yml playbooks/verify_transport.yml
 
-# pytest runs last so that its summary line closes the output.
-test: install lint sanity docs-lint molecule netns-deps
+# The checks run two at a time (this is sized for 2 cores): first the two that only read the tree (lint, sanity),
+# then the two that read the built collection (docs-lint, molecule); each one's output is printed whole when it
+# ends. pytest runs last so that its summary line closes the output.
+CHECK_JOBS ?= 2
+test: install
+	$(MAKE) --no-print-directory -j$(CHECK_JOBS) --output-sync=target lint sanity
+	$(MAKE) --no-print-directory -j$(CHECK_JOBS) --output-sync=target docs-lint molecule netns-deps
 	$(VPY) -m pytest -q -p no:cacheprovider tests/unit tests/property tests/integration
 
 # ---- bootstrap -------------------------------------------------------------------------------
