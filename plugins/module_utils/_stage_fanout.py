@@ -216,7 +216,7 @@ def check_options(piece_size=None, peers=None, peer_token=None, fleet_slots_dir=
             raise ValueError("dest: must be a path; set it to <dest root>/<name>/<revision> on node-local storage")
         if not os.path.isabs(dest):
             raise ValueError("dest: %s is relative; give an absolute path under the node-local dest root" % dest)
-        if os.path.normpath(dest) == "/":
+        if os.path.realpath(dest) == "/":  # "//", "/.", "/x/.." and a link to / are all the root
             raise ValueError("dest: must not be the root directory; use <dest root>/<name>/<revision>")
     if piece_size is not None:
         if not _marker.valid_piece_size(piece_size) or piece_size > MAX_PIECE_SIZE:

@@ -263,7 +263,7 @@ class Offer(object):
         """The published marker, parsed again only when its file changed (the copies are checked every time)."""
         try:
             st = os.lstat(os.path.join(self.lay.real, _marker.MARKER))
-            key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         except OSError:
             self._marker_key = self._marker = None
             return None
@@ -707,7 +707,8 @@ def _daemon(state_dir, address, port, tsha, offers, digest, lifetime, w):  # pra
     finally:
         server.server_close()
         try:
-            if os.path.exists(path) and os.fstat(fd).st_ino == os.lstat(path).st_ino:
+            mine, there = os.fstat(fd), os.lstat(path)
+            if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
                 os.unlink(path)
         except OSError:
             pass

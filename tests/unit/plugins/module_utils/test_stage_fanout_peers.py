@@ -206,7 +206,10 @@ def test_protocol_options_are_refused_before_anything_is_prepared(src, tmp_path,
     assert not (tmp_path / "nvme").exists() and not (tmp_path / "slots").exists()
 
 
-def test_a_relative_or_root_dest_is_refused():
-    for dest, word in (("models/m/r1", "relative"), ("/", "root")):
+def test_a_relative_or_root_dest_is_refused(tmp_path):
+    (tmp_path / "to-root").symlink_to("/")
+    # the root however it is spelt: "//" (which normpath keeps), "/.", "/x/..", a link to /
+    for dest, word in (("models/m/r1", "relative"), ("/", "root"), ("//", "root"), ("/.", "root"), ("/tmp/..", "root"),
+                       (str(tmp_path / "to-root"), "root")):
         with pytest.raises(ValueError, match="dest: .*" + word):
             _stage_fanout.check_options(dest=dest)
