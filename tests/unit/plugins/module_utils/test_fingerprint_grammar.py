@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.llmops.serving.plugins.module_utils import _fingerprint as fpmod
+from ansible_collections.llmops.serving.tests.lib.no_hang import no_hang as _no_hang
 
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64}
 
@@ -280,22 +281,6 @@ def test_grammar_reads_argv_as_argparse_does(engine, data):
 
 
 # --- hostile inputs: config.json and JSON arguments go through the shared reader -----------------------------
-
-def _no_hang(fn, timeout=5):
-    import threading
-    box = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # inspected below
-            box["error"] = e
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), "blocked for over %ss" % timeout
-    return box
 
 
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory"])

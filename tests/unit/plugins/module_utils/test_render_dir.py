@@ -12,6 +12,7 @@ import yaml
 
 from ansible_collections.llmops.serving.plugins.module_utils import _render_dir
 from ansible_collections.llmops.serving.plugins.modules import engine_manifests, pd_manifests
+from ansible_collections.llmops.serving.tests.lib.no_hang import no_hang as _no_hang
 
 ENGINE = dict(engine="vllm", served_model_name="glm-5.2-fp8-vllm", namespace="llm-lab",
               model_path="/mnt/nvme/models/GLM-5.2-FP8/v1", image="vllm/vllm-openai:v0.26.0")
@@ -219,23 +220,6 @@ def test_marker_nesting_and_numbers_are_refused_before_anything_changes(mod, con
 def _lstat_says_regular(monkeypatch, path, like):
     real = os.lstat
     monkeypatch.setattr(_render_dir.os, "lstat", lambda p, *a, **k: real(like) if str(p) == str(path) else real(p, *a, **k))
-
-
-def _no_hang(fn, timeout=5):
-    import threading
-    box = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # inspected by the caller
-            box["error"] = e
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), "blocked for over %ss" % timeout
-    return box
 
 
 def test_marker_swapped_for_a_fifo_after_the_lstat_is_refused_without_blocking(tmp_path, monkeypatch):

@@ -7,6 +7,7 @@ import struct
 import pytest
 
 from ansible_collections.llmops.serving.plugins.module_utils import _safetensors as st
+from ansible_collections.llmops.serving.tests.lib.no_hang import no_hang as _no_hang
 
 
 def build(tensors, pad_header=0, trailing=b"", raw_header=None):
@@ -211,22 +212,6 @@ def test_json_error_does_not_echo_the_header(tmp_path):
 
 
 # --- what is in a shard's or the index's place is not a file, or the index is hostile ---------------------------
-
-def _no_hang(fn, timeout=5):
-    import threading
-    box = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # inspected below
-            box["error"] = e
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), "blocked for over %ss" % timeout
-    return box
 
 
 @pytest.mark.parametrize("what", ["shard", "index"])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
 
 import pytest
 
@@ -12,22 +11,7 @@ from ansible_collections.llmops.serving.plugins.module_utils import _safetensors
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_marker
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_plan
 from ansible_collections.llmops.serving.plugins.module_utils import _stage_verify
-
-
-def no_hang(fn, timeout=5):
-    box = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # inspected by the caller
-            box["error"] = e
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), "blocked for over %ss" % timeout
-    return box
+from ansible_collections.llmops.serving.tests.lib.no_hang import no_hang
 
 
 def listed(root, rel, size=0):

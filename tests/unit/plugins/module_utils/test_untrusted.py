@@ -8,30 +8,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 
 import pytest
 
 from ansible_collections.llmops.serving.plugins.module_utils import _untrusted
 from ansible_collections.llmops.serving.plugins.module_utils._untrusted import (
     UntrustedInput, check_value, load_json, load_yaml, loads_json, loads_yaml, read_bytes, read_text)
-
-
-def _in_thread(fn, timeout=5):
-    """Run ``fn`` in a daemon thread; fail (instead of hanging the run) when it has not returned in ``timeout``."""
-    box = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # the test inspects what was raised
-            box["error"] = e
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), "the read blocked for over %ss" % timeout
-    return box
+from ansible_collections.llmops.serving.tests.lib.no_hang import no_hang as _in_thread
 
 
 # ---------------------------------------------------------------------------------------------------- file type
