@@ -17,6 +17,9 @@ options:
     description:
       - Directory the objects are written to as YAML files plus a C(kustomization.yaml) (created when missing).
         Unset - nothing is written and the objects are only returned.
+      - The module's warnings (what the render could not check, such as a cluster setting that only apply mode
+        reads) are written beside the objects to C(NOTES.txt), which is no resource of the kustomization; it is
+        removed when a render has no warnings.
       - Files this module rendered before and no longer produces are removed; they are listed in
         C(.llmops-manifests.json) in that directory. An entry of that file that is absolute, contains C(..) or
         leads through a symlink is refused before anything is written or deleted, and so is a marker that is not

@@ -777,11 +777,6 @@ def render(params):
     except k8s_engine.SpecError as e:
         raise _error(e)
     startup, _readiness, _liveness = k8s_engine.probes(p["startup_timeout"], p["probe_period"], p["engine"])
-    if p["workload"] == "deployments" and p["engine"] == "vllm" and p["proxy_port"] == 8000:
-        warnings.append(
-            "the P/D proxy serves no /metrics and so advertises no model.aibrix.ai/metric-port, but AIBrix's gateway "
-            "scrapes port 8000 of a model pod without that label (pkg/cache/utils.go getPodMetricPort): with "
-            "proxy_port 8000 its scrapes of the proxy get 404; set pd_disagg_proxy_port to another port")
     base = base_name(p["model_name"])
     selectors = {role: _labels(p, role) for role in ROLES}
     containers = {role: "engine" for role in ROLES}

@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """**PRIVATE** to llmops.serving: render Kubernetes objects into a directory (GitOps), for every renderer.
 
-:func:`manifest_files` turns objects into ``NN-<kind>-<name>.yaml`` texts plus a ``kustomization.yaml``;
+:func:`manifest_files` turns objects into ``NN-<kind>-<name>.yaml`` texts plus a ``kustomization.yaml`` (and a
+module's warnings into ``NOTES.txt`` next to them);
 :func:`plan` compares them with the directory without writing (files to write, files rendered before and no
 longer produced, per-file before/after), so check mode reports exactly what a real run changes; :func:`write`
 applies a plan; :func:`apply` does both and returns the module result keys (``changed``, ``files``,
@@ -72,6 +73,20 @@ def manifest_files(objects):
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         "resources": [n for n in files if n != "kustomization.yaml"]})
     return files
+
+
+#: The renderer's warnings, written next to the objects: what the render could not check or wants a person to
+#: read before applying (``kubectl apply -f`` and kustomize read only the YAML files).
+NOTES = "NOTES.txt"
+
+
+def notes_text(warnings):
+    """The text of :data:`NOTES` for a render's ``warnings``."""
+    lines = ["What this render could not check, or wants read before these objects are applied (the module's",
+             "warnings; regenerated on every render, removed when there are none):", ""]
+    for w in warnings:
+        lines.append("- " + w)
+    return "\n".join(lines) + "\n"
 
 
 def marker_text(names):
@@ -306,9 +321,12 @@ def run_module(module, render, spec_error, rendered_options, result_keys=None, a
         result.update(files=[], changed_files=[], removed=[])
     result.update(rendered)
     if render_dir:
+        files = manifest_files(rendered["objects"])
+        if warnings:
+            files[NOTES] = notes_text(warnings)
         try:
-            result.update(apply(render_dir, manifest_files(rendered["objects"]), check_mode=module.check_mode,
-                                diff=module._diff, field="render_dir"))
+            result.update(apply(render_dir, files, check_mode=module.check_mode, diff=module._diff,
+                                field="render_dir"))
         except RenderDirError as e:
             module.fail_json(msg=str(e), file=e.file)
     module.exit_json(**result)

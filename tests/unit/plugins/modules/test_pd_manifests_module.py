@@ -18,7 +18,11 @@ def test_renders_writes_and_is_idempotent(run_module, tmp_path):
     assert any(d["after_header"].endswith("stormservice-glm-5-2-fp8.yaml") for d in check["diff"])
     first = run_module(pd_manifests, dict(ARGS, render_dir=dest))
     assert first["changed"] is True
-    assert first["files"] == ["10-stormservice-glm-5-2-fp8.yaml", "kustomization.yaml"]
+    # the render's warnings (a tag-only image, AIBrix's original_route timeout unchecked) lie next to the objects
+    assert first["files"] == ["10-stormservice-glm-5-2-fp8.yaml", "NOTES.txt", "kustomization.yaml"]
+    with open(os.path.join(dest, "NOTES.txt")) as f:
+        notes = f.read()
+    assert "original_route" in notes and "pinned by tag only" in notes
     with open(os.path.join(dest, first["files"][0])) as f:
         obj = yaml.safe_load(f)
     assert obj["kind"] == "StormService" and obj == first["objects"][0]
@@ -89,3 +93,19 @@ def test_warnings_and_refusals_reach_the_play(run_module):
     assert r["startup_window_seconds"] >= 3600
     r = run_module(pd_manifests, dict(ARGS, ucx_net_devices={"tcp": "mlx5_0:1"}))
     assert r["failed"] and r["msg"].startswith("ucx_net_devices.tcp: 'mlx5_0:1' is an RDMA device:port")
+
+
+def test_render_warnings_lie_next_to_the_objects_and_go_when_they_are_answered(run_module, tmp_path):
+    """In render mode the cluster's EnvoyPatchPolicy is not read: the StormService path's original_route timeout
+    (120 s in AIBrix v0.7.0, config/gateway/gateway.yaml) is said in NOTES.txt beside the objects a GitOps
+    reviewer reads; once the profile bounds the answer under it, the note is removed with the next render."""
+    dest = tmp_path / "pd"
+    long_answers = dict(ARGS, image="vllm/vllm-openai:v0.10.1@sha256:" + "a" * 64, engine_args={"max-model-len": 131072})
+    first = run_module(pd_manifests, dict(long_answers, render_dir=str(dest)))
+    assert "NOTES.txt" in first["files"]
+    notes = (dest / "NOTES.txt").read_text()
+    assert "original_route" in notes and "120" in notes and "pinned by tag only" not in notes
+    # kubectl apply -f and kustomize read YAML only: the notes are not a resource
+    assert "NOTES.txt" not in yaml.safe_load((dest / "kustomization.yaml").read_text())["resources"]
+    bounded = run_module(pd_manifests, dict(long_answers, engine_args={"max-model-len": 4096}, render_dir=str(dest)))
+    assert bounded["removed"] == ["NOTES.txt"] and not (dest / "NOTES.txt").exists()
