@@ -9,6 +9,8 @@ import os
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Absolute paths a test may name: the system's own trees (device files, /proc, tools) and the kernel's.
 SYSTEM = ("/proc", "/sys", "/dev", "/etc", "/tmp", "/var/tmp", "/usr", "/bin", "/sbin", "/lib", "/run")
+# and the running user's own home (tools' caches, such as the engine's ~/.cache/vllm named in a sample log line)
+SYSTEM += (os.path.expanduser("~") + "/",) if os.path.expanduser("~") not in ("", "/") else ()
 
 
 def _python_files():
