@@ -98,13 +98,15 @@ class Tree(object):
     def rendered(self, directory):
         """``[(file name, object)]`` of a render_dir in kustomization order, after checking the directory's
         bookkeeping: ``kustomization.yaml`` lists exactly the object files, ``.llmops-manifests.json`` every file
-        rendered, and nothing else is there."""
+        rendered (the render's warnings in ``NOTES.txt`` too, when it had any), and nothing else is there."""
         names = self.listdir(directory)
         kustomization = yaml.safe_load(self.host.file(directory + "/kustomization.yaml").content_string)
         assert kustomization["kind"] == "Kustomization"
         resources = kustomization["resources"]
-        assert sorted(names) == sorted(resources + ["kustomization.yaml", ".llmops-manifests.json"]), names
-        assert self.json(directory + "/.llmops-manifests.json") == {"files": sorted(resources + ["kustomization.yaml"])}
+        notes = [n for n in names if n == "NOTES.txt"]
+        assert sorted(names) == sorted(resources + ["kustomization.yaml", ".llmops-manifests.json"] + notes), names
+        assert self.json(directory + "/.llmops-manifests.json") == {
+            "files": sorted(resources + ["kustomization.yaml"] + notes)}
         out = []
         for name in resources:
             f = self.host.file("%s/%s" % (directory, name))
