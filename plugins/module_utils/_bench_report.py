@@ -838,57 +838,22 @@ def _figures(report, plt):
         figs.append(("rate_ramp.png", fig))
     pcells = [c for c in _sorted_cells(report["cells"]) if any(_phase_mean(c, k) is not None for k in REQUEST_PHASES)]
     if pcells:
-        fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(pcells) + 2.5), 4.5))
-        labels = [_cell_name(c) for c in pcells]
-        bottom = [0.0] * len(pcells)
-        cmap = plt.get_cmap("tab10")
-        for k, key in enumerate(REQUEST_PHASES):
-            vals = [_phase_mean(c, key) or 0.0 for c in pcells]
-            if not any(vals):
-                continue
-            ax.bar(range(len(pcells)), vals, bottom=bottom, label=key.replace("_", " "), color=cmap(k))
-            bottom = [b0 + v for b0, v in zip(bottom, vals)]
+        series = [(k, key.replace("_", " "), [_phase_mean(c, key) or 0.0 for c in pcells])
+                  for k, key in enumerate(REQUEST_PHASES)]
         client = [(x, c["phases"].get("client_e2el_ms_mean")) for x, c in enumerate(pcells)
                   if c["phases"].get("client_e2el_ms_mean") is not None]
-        if client:
-            ax.plot([x for x, _y in client], [y for _x, y in client], linestyle="none", marker="_", markersize=28,
-                    color="black", label="client E2EL mean")
-        ax.set_xticks(range(len(pcells)))
-        ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel("ms per request (mean)")
-        ax.set_title("where the time goes: engine phases per cell")
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        ax.grid(True, axis="y", alpha=0.3)
-        fig.tight_layout()
-        figs.append(("phases.png", fig))
+        figs.append(("phases.png", _stacked_bars(
+            plt, [_cell_name(c) for c in pcells], [s_ for s_ in series if any(s_[2])], client, "client E2EL mean",
+            "ms per request (mean)", "where the time goes: engine phases per cell", width=(0.7, 2.5))))
     cs = report.get("coldstart")
     if cs and any(st.get("reps") for st in cs.get("states") or []):
         phases = _phase_names(cs)
-        labels, rows = [], []
-        for st in cs["states"]:
-            for j, rep in enumerate(st.get("reps") or []):
-                labels.append("%s #%d" % (st["state"], j + 1))
-                rows.append([rep["phases"].get(p) or 0.0 for p in phases])
-        fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(labels) + 2), 4.5))
-        bottom = [0.0] * len(labels)
-        cmap = plt.get_cmap("tab10")
-        for k, p in enumerate(phases):
-            vals = [r[k] for r in rows]
-            ax.bar(range(len(labels)), vals, bottom=bottom, label=p, color=cmap(k % 10))
-            bottom = [b0 + v for b0, v in zip(bottom, vals)]
-        totals = [(x, rep.get("total_s")) for x, rep in enumerate(
-            rep for st in cs["states"] for rep in (st.get("reps") or [])) if rep.get("total_s") is not None]
-        if totals:
-            ax.plot([x for x, _t in totals], [t for _x, t in totals], linestyle="none", marker="_", markersize=28,
-                    color="black", label="total (measured)")
-        ax.set_xticks(range(len(labels)))
-        ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel("seconds")
-        ax.set_title("engine cold start, phases per state and repetition")
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        ax.grid(True, axis="y", alpha=0.3)
-        fig.tight_layout()
-        figs.append(("coldstart.png", fig))
+        reps = [(st["state"], j, rep) for st in cs["states"] for j, rep in enumerate(st.get("reps") or [])]
+        series = [(k, p, [rep["phases"].get(p) or 0.0 for _s, _j, rep in reps]) for k, p in enumerate(phases)]
+        totals = [(x, rep.get("total_s")) for x, (_s, _j, rep) in enumerate(reps) if rep.get("total_s") is not None]
+        figs.append(("coldstart.png", _stacked_bars(
+            plt, ["%s #%d" % (st, j + 1) for st, j, _rep in reps], series, totals, "total (measured)", "seconds",
+            "engine cold start, phases per state and repetition", width=(0.8, 2))))
     return figs
 
 
@@ -940,3 +905,25 @@ def write(report, out_dir):
     md_path = _fsutil.atomic_write_text(os.path.join(out_dir, "report.md"), md)
     json_path = _fsutil.atomic_write_text(os.path.join(out_dir, "report.json"), text)
     return [json_path, md_path] + paths
+
+
+def _stacked_bars(plt, labels, series, totals, total_label, ylabel, title, width):
+    """One stacked bar per label: ``series`` is ``[(color index, name, values)]`` bottom to top, ``totals``
+    ``[(x, y)]`` a measured whole drawn as a black tick over its bar; ``width`` (per bar, margin) in inches."""
+    fig, ax = plt.subplots(figsize=(max(6, width[0] * len(labels) + width[1]), 4.5))
+    bottom = [0.0] * len(labels)
+    cmap = plt.get_cmap("tab10")
+    for k, name, vals in series:
+        ax.bar(range(len(labels)), vals, bottom=bottom, label=name, color=cmap(k % 10))
+        bottom = [b0 + v for b0, v in zip(bottom, vals)]
+    if totals:
+        ax.plot([x for x, _y in totals], [y for _x, y in totals], linestyle="none", marker="_", markersize=28,
+                color="black", label=total_label)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
