@@ -18,6 +18,9 @@
   the diagnosis). A container that restarted and is Ready again is still failed (beyond ``max_restarts``):
   the restart hid the crash, it did not fix it. What never clears by waiting (a missing image, a mount that
   keeps failing, no feasible node, an eviction) fails at once.
+* :func:`revision_proof` - that the answer comes from the current revision, from what is live: the ``root`` a
+  ``/v1/models`` answer lists, else the pod AIBrix's gateway names in ``target-pod``/``target-pod-ip``, else the
+  ready endpoints of the Service the route points at (no old pod left that could answer).
 * :func:`evaluate` - one verdict for a rollout from the objects and the route, given the clock.
 * :func:`cold_start_timeline` - a pod's timestamps and probe marks as ``_timeline.staged``: pod created ->
   scheduled -> container started -> port open -> /health 200 -> model listed -> first correct response;
@@ -629,10 +632,137 @@ def answered_by(models, model_path):
     return bool(norm) and any(r.rstrip("/") == norm for r in roots), roots
 
 
+#: Response headers AIBrix v0.7.0's gateway plugin sets when a routing strategy picked a pod
+#: (vllm-project/aibrix pkg/plugins/gateway/gateway_rsp_headers.go, ``routerCtx.HasRouted()``): the pod's name, and
+#: ``RoutingContext.TargetAddress()`` = ``<podIP>:<port>`` (pkg/types/router_context.go).
+TARGET_POD, TARGET_POD_IP = "target-pod", "target-pod-ip"
+#: discovery.k8s.io/v1 ``LabelServiceName``: the label the EndpointSlice controller puts on every slice of a Service.
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+_FIX_OLD = ("Fix: wait for the rollout to finish (an old pod leaves the Service's endpoints and AIBrix's pod cache "
+            "once it terminates); a pod that belongs to no current workload (a renamed or leftover Deployment, a pod "
+            "started by hand) keeps answering until it is deleted or relabelled")
+
+
+def _address(value):
+    """The IP of an ``<ip>:<port>`` / ``[<ipv6>]:<port>`` / bare IP header value."""
+    v = (value or "").strip()
+    if v.startswith("["):
+        return v[1:v.index("]")] if "]" in v else v[1:]
+    return v.rsplit(":", 1)[0] if v.count(":") == 1 else v
+
+
+def ready_endpoints(endpointslices):
+    """``[dict(pod, addresses)]`` of every endpoint a Service would send traffic to, over its EndpointSlices.
+
+    k8s.io/api discovery/v1 types.go ``EndpointConditions.ready``: "A nil value indicates an unknown state. In most
+    cases consumers should interpret this unknown state as ready"; the EndpointSlice controller sets it false for a
+    pod that is not Ready or is terminating (kubernetes/kubernetes v1.33.0 staging/src/k8s.io/endpointslice/utils.go
+    ``podToEndpoint``: ``ready = publishNotReadyAddresses || (serving && !terminating)``)."""
+    out = []
+    for sl in endpointslices or []:
+        for ep in (sl.get("endpoints") or []):
+            if (ep.get("conditions") or {}).get("ready") is False:
+                continue
+            ref = ep.get("targetRef") or {}
+            out.append(dict(pod=ref.get("name") if ref.get("kind", "Pod") == "Pod" else None,
+                            addresses=list(ep.get("addresses") or [])))
+    return out
+
+
+def _pod_revision(pod, label):
+    return _labels(pod).get(label) if (pod is not None and label) else None
+
+
+def _describe(name, ip, pod, label):
+    where = "pod %s" % name if name else "address %s" % ip
+    if name and ip:
+        where += " (%s)" % ip
+    if pod is None:
+        return "%s, which is no pod the selector matches" % where
+    rev = _pod_revision(pod, label)
+    return "%s of revision %s" % (where, rev) if rev else "%s of an earlier revision" % where
+
+
+def revision_proof(revision, rollout, pods, models=None, served=None, endpointslices=None, service=None):
+    """``(proof, waiting)``: whether what is live proves the answer comes from the current revision.
+
+    ``pods``: the shaped live pods the selector matches (every revision); ``revision["pods"]``: the current
+    revision's. Tried in this order, the first the evidence allows:
+
+    * ``root``: ``models`` (a ``/v1/models`` answer; False: none came) lists the current model path as ``root``
+      (vLLM and SGLang report the path they loaded; a gateway's own list names none);
+    * ``target-pod-ip`` / ``target-pod``: ``served`` (the response headers of an answer through AIBrix's gateway;
+      False: none came) names the pod a routing strategy picked; it must be a Ready pod of the current revision;
+    * ``endpoints``: ``endpointslices`` (the Service's EndpointSlices, ``service`` its ``namespace/name``) have a
+      ready endpoint and every one is a pod of the current revision, so no old pod can still answer.
+
+    ``proof`` is None when none could be read; ``waiting`` says what still answers and the fix, or is None.
+    """
+    label = (rollout or {}).get("revision_label")
+    current = set(revision.get("pods") or [])
+    ready = set(revision.get("ready_pods") or [])
+    by_name = dict(((p.get("metadata") or {}).get("name"), p) for p in pods)
+    by_ip = dict(((p.get("status") or {}).get("podIP"), p) for p in pods if (p.get("status") or {}).get("podIP"))
+    if models is not None:
+        proven, roots = answered_by(models, revision.get("model_path"))
+        if not isinstance(models, dict):
+            return None, "the serving URL gave no /v1/models answer yet"
+        if roots:
+            proof = dict(by="root", held=proven, model_path=revision.get("model_path"), answered_roots=roots)
+            if not proven:
+                return proof, ("rolling: the serving URL answers from %s, not from the current revision's %s (an old "
+                               "engine still answers)" % (", ".join(roots), revision.get("model_path")))
+            return proof, None
+    heard = served if isinstance(served, dict) else {}
+    named, ip = heard.get(TARGET_POD) or None, _address(heard.get(TARGET_POD_IP)) or None
+    if named or ip:
+        pod = by_name.get(named) if named else None
+        pod = pod if pod is not None else by_ip.get(ip)
+        name = (pod.get("metadata") or {}).get("name") if pod is not None else named
+        pod_ip = (pod.get("status") or {}).get("podIP") if pod is not None else None
+        held = pod is not None and name in ready and (ip is None or pod_ip is None or pod_ip == ip)
+        proof = dict(by=TARGET_POD_IP if ip else TARGET_POD, held=held, pod=name, ip=ip,
+                     revision=_pod_revision(pod, label), current_revision=revision.get("revision"))
+        if held:
+            return proof, None
+        if pod is not None and name in current:
+            why = "a pod of the current revision that is not Ready"
+        else:
+            why = _describe(name, ip, pod, label)
+        return proof, ("rolling: the gateway's answer came from %s, not from a Ready pod of the current revision %s: "
+                       "an old pod still answers. %s" % (why, revision.get("revision") or "", _FIX_OLD))
+    if endpointslices is None:
+        return None, None
+    eps = ready_endpoints(endpointslices)
+    current_ips = set((by_name[n].get("status") or {}).get("podIP") for n in current if n in by_name)
+    outside = [e for e in eps if not (e["pod"] in current if e["pod"] else set(e["addresses"]) & current_ips)]
+    view = [dict(pod=e["pod"], ip=(e["addresses"] or [None])[0],
+                 revision=_pod_revision(by_name.get(e["pod"]), label)) for e in eps]
+    proof = dict(by="endpoints", held=bool(eps) and not outside, service=service, ready_endpoints=view,
+                 current_revision=revision.get("revision"))
+    if not eps:
+        return proof, "Service %s has no ready endpoint yet" % (service or "")
+    if outside:
+        who = "; ".join(_describe(e["pod"], (e["addresses"] or [None])[0], by_name.get(e["pod"]), label) for e in outside)
+        return proof, ("rolling: Service %s still has %d ready endpoint(s) outside the current revision %s: %s; it can "
+                       "still answer. %s" % (service or "", len(outside), revision.get("revision") or "", who, _FIX_OLD))
+    return proof, None
+
+
+def _proof_text(proof):
+    if not proof or not proof.get("held"):
+        return ""
+    if proof["by"] == "root":
+        return "; the answer comes from %s" % proof["model_path"]
+    if proof["by"] in (TARGET_POD, TARGET_POD_IP):
+        return "; the gateway's answer came from %s, a pod of the current revision" % proof["pod"]
+    return "; every ready endpoint of Service %s is a pod of the current revision" % proof["service"]
+
+
 def evaluate(pods, route=None, now=None, replicas=1, schedule_timeout=900, gateway_name=None, check_route=True,
              container="engine", logs=None, max_restarts=0, workload=None, replicasets=None, events=None,
-             models=None):
-    """One verdict: ``dict(state=ready|waiting|failed, message, pods, route, rollout, revision)``.
+             models=None, served=None, endpointslices=None, service=None):
+    """One verdict: ``dict(state=ready|waiting|failed, message, pods, route, rollout, revision, revision_proof)``.
 
     ``failed`` is final (an engine restarted more than ``max_restarts`` times or exited, a container can
     never be created, what never clears by waiting, a pod stayed unschedulable longer than ``schedule_timeout``
@@ -642,8 +772,8 @@ def evaluate(pods, route=None, now=None, replicas=1, schedule_timeout=900, gatew
 
     With ``workload`` (its ``replicasets`` for a Deployment) only pods of the current revision count, and the
     rollout must be done (:func:`rollout_status`): right after an update the old pod is Ready, and that is
-    "waiting", not "ready". With ``models`` (the ``/v1/models`` answer through the serving URL; ``False``: it gave
-    none) the answer must come from the current revision's model path when it names one (``root``).
+    "waiting", not "ready". Then what is live must prove the answer comes from the current revision
+    (:func:`revision_proof` over ``models``, ``served``, ``endpointslices`` of ``service``).
     """
     logs = logs or {}
     events = [e for e in (shape(ev, "Event") for ev in events or []) if e is not None]
@@ -656,16 +786,18 @@ def evaluate(pods, route=None, now=None, replicas=1, schedule_timeout=900, gatew
         workload = shape(workload) or shape(workload, "Deployment")
         rsets = [x for x in (shape(r, "ReplicaSet") for r in replicasets or []) if x is not None]
         ro = rollout_status(workload, rsets, live)
-        revision = dict(revision_facts(workload, container), kind=ro["kind"], name=ro["name"],
-                        generation=ro["generation"], observed_generation=ro["observed_generation"],
-                        revision=ro["revision"], pods=ro["current_pods"], proven=None, answered_roots=None)
         if ro["current_pods"] is not None:
             judged = [p for p in live if (p.get("metadata") or {}).get("name") in ro["current_pods"]]
+        revision = dict(revision_facts(workload, container), kind=ro["kind"], name=ro["name"],
+                        generation=ro["generation"], observed_generation=ro["observed_generation"],
+                        revision=ro["revision"], pods=ro["current_pods"], proven=None, answered_roots=None,
+                        pod_addresses=[dict(name=(p.get("metadata") or {}).get("name"),
+                                            ip=(p.get("status") or {}).get("podIP")) for p in judged])
     statuses = [pod_status(p, container, log=logs.get((p.get("metadata") or {}).get("name")), max_restarts=max_restarts,
                            events=events, now=now) for p in judged]
     old = len(live) - len(judged)
     rstate = route_status(route, gateway_name) if check_route else None
-    verdict = dict(pods=statuses, route=rstate, rollout=ro, revision=revision)
+    verdict = dict(pods=statuses, route=rstate, rollout=ro, revision=revision, revision_proof=None)
     failed = [p for p in statuses if p["state"] == "failed"]
     if failed:
         return dict(verdict, state="failed", message="; ".join(p["message"] for p in failed))
@@ -687,21 +819,22 @@ def evaluate(pods, route=None, now=None, replicas=1, schedule_timeout=900, gatew
                                                           (": " + "; ".join(others)) if others else ""))
     if rstate is not None and rstate["state"] != "ready":
         waiting.append(rstate["message"])
-    if not waiting and revision is not None and models is not None:
-        proven, roots = answered_by(models, revision["model_path"])
-        revision.update(proven=proven, answered_roots=roots)
-        if not isinstance(models, dict):
-            waiting.append("the serving URL gave no /v1/models answer yet")
-        elif roots and not proven:
-            waiting.append("rolling: the serving URL answers from %s, not from the current revision's %s (an old "
-                           "engine still answers)" % (", ".join(roots), revision["model_path"]))
-        elif not roots:
-            revision["proven"] = None  # the answer names no root (a gateway's own model list): nothing to compare
+    if not waiting and revision is not None:
+        if revision["pods"] is None:
+            revision["pods"] = [p["name"] for p in statuses]
+        proof, why = revision_proof(dict(revision, ready_pods=[p["name"] for p in ready]), ro, shaped,
+                                    models=models, served=served, endpointslices=endpointslices, service=service)
+        if models is not None:
+            proven, roots = answered_by(models, revision["model_path"])
+            # an answer that names no root (a gateway's own model list) has nothing to compare
+            revision.update(proven=proven if roots or not isinstance(models, dict) else None, answered_roots=roots)
+        verdict["revision_proof"] = proof
+        if why:
+            waiting.append(why)
     if waiting:
         return dict(verdict, state="waiting", message="; ".join(waiting))
     return dict(verdict, state="ready", message="%d/%d pod(s) Ready%s%s%s" % (
-        len(ready), replicas, "; %s" % ro["message"] if ro else "",
-        "; the answer comes from %s" % revision["model_path"] if revision and revision.get("proven") else "",
+        len(ready), replicas, "; %s" % ro["message"] if ro else "", _proof_text(verdict["revision_proof"]),
         "; " + rstate["message"] if rstate else ""))
 
 
@@ -754,41 +887,50 @@ def read_logs(pods, read_log, container, names):
 
 def _read(fetch):
     """``fetch()`` answers ``(pods, route)`` or a dict with ``pods``, ``route``, ``workload``, ``replicasets``,
-    ``events``."""
+    ``events``, ``endpointslices`` (None: not read) and ``service`` (``namespace/name``)."""
     got = fetch()
     if isinstance(got, dict):
         return dict(pods=got.get("pods") or [], route=got.get("route"), workload=got.get("workload"),
-                    replicasets=got.get("replicasets"), events=got.get("events"))
+                    replicasets=got.get("replicasets"), events=got.get("events"),
+                    endpointslices=got.get("endpointslices"), service=got.get("service"))
     pods, route = got
-    return dict(pods=pods, route=route, workload=None, replicasets=None, events=None)
+    return dict(pods=pods, route=route, workload=None, replicasets=None, events=None, endpointslices=None, service=None)
 
 
-def judge(fetch, now, read_log=None, answer=None, **kw):
+def judge(fetch, now, read_log=None, answer=None, served=None, **kw):
     """One poll: read, judge (:func:`evaluate`); a failure is judged again with the logs of the runs that ended,
-    and a rollout that is otherwise ready asks ``answer()`` (the ``/v1/models`` answer, or None) for its proof."""
+    and a rollout that is otherwise ready asks ``answer()`` (the ``/v1/models`` answer, or None) and
+    ``served(revision)`` (the response headers of an answer through the gateway, or None) for its proof."""
     seen = _read(fetch)
-    args = dict(kw, workload=seen["workload"], replicasets=seen["replicasets"], events=seen["events"])
+    slices = seen["endpointslices"]
+    args = dict(kw, workload=seen["workload"], replicasets=seen["replicasets"], events=seen["events"],
+                endpointslices=[x for x in (shape(e, "EndpointSlice") for e in slices) if x is not None]
+                if isinstance(slices, list) else None, service=seen["service"])
     verdict = evaluate(seen["pods"], seen["route"], now=now, **args)
     if verdict["state"] == "failed" and read_log is not None:
         logs = read_logs(seen["pods"], read_log, kw.get("container", "engine"),
                          [p["name"] for p in verdict["pods"] if p.get("diagnosis")])
         if logs:
             verdict = evaluate(seen["pods"], seen["route"], now=now, logs=logs, **args)
-    if verdict["state"] == "ready" and answer is not None and verdict.get("revision") is not None:
-        models = answer()
-        verdict = evaluate(seen["pods"], seen["route"], now=now, models=models if models is not None else False, **args)
+    if verdict["state"] == "ready" and verdict.get("revision") is not None and (answer is not None or served is not None):
+        models = answer() if answer is not None else None
+        heard = served(verdict["revision"]) if served is not None else None
+        verdict = evaluate(seen["pods"], seen["route"], now=now,
+                           models=None if answer is None else (models if models is not None else False),
+                           served=None if served is None else (heard if heard is not None else False), **args)
     return verdict
 
 
 def wait_rollout(fetch, timeout, route_condition_timeout=300, schedule_timeout=900, poll_interval=10, replicas=1,
                  gateway_name=None, check_route=True, container="engine", clock=None, sleep=None, now=None,
-                 read_log=None, max_restarts=0, answer=None):
+                 read_log=None, max_restarts=0, answer=None, served=None):
     """Poll ``fetch()`` (see :func:`_read`) until the rollout is ready, failed, or ``timeout`` seconds pass.
 
     When pods failed because their engine ended, ``read_log(pod_name, container, previous) -> text or None``
     (``previous``: the run before the restart) is asked once per such pod and the verdict is judged again with
     those logs, so the message names the exception the engine died of. ``answer() -> /v1/models body or None``
-    proves that the current revision answers (:func:`evaluate` ``models``).
+    and ``served(revision) -> gateway response headers or None`` prove that the current revision answers
+    (:func:`revision_proof`).
 
     A route condition that stays False for ``route_condition_timeout`` seconds fails the wait with its reason.
     Returns the last :func:`evaluate` verdict with ``elapsed`` and ``polls`` added; ``state`` is
@@ -804,7 +946,7 @@ def wait_rollout(fetch, timeout, route_condition_timeout=300, schedule_timeout=9
     polls = 0
     while True:
         polls += 1
-        verdict = judge(fetch, now(), read_log=read_log, answer=answer, replicas=replicas,
+        verdict = judge(fetch, now(), read_log=read_log, answer=answer, served=served, replicas=replicas,
                         schedule_timeout=schedule_timeout, gateway_name=gateway_name, check_route=check_route,
                         container=container, max_restarts=max_restarts)
         elapsed = clock() - start

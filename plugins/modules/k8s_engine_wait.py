@@ -29,6 +29,12 @@ description:
     way). Right after a re-apply the old pod is still Ready; that is C(rolling), not ready.
   - With O(models_url) the rollout is ready only once C(/v1/models) there lists the current revision's model path
     as C(root) (vLLM and SGLang report the path they loaded), so the answer is proven to come from the new pods.
+  - Through an AIBrix gateway, whose C(/v1/models) names no C(root), the proof comes from what is live
+    (RV(revision_proof)) - with O(gateway_url), one short completion is sent through the gateway; when its answer names
+    the pod that served it (C(target-pod), C(target-pod-ip), set by AIBrix only when a routing strategy picked a pod),
+    that pod must be a Ready pod of the current revision. Otherwise the Service the route points at (O(service_name),
+    else the HTTPRoute's backend) must have no ready endpoint outside the current revision (its EndpointSlices), so
+    no old pod can still answer. A failure names the old pod and its revision.
   - Fails within a few polls, not at O(timeout), on what never clears - an image the registry does not have, a
     volume that keeps failing to mount, no feasible node even with preemption, a pod evicted under node pressure
     - with the diagnosis of M(llmops.serving.engine_diagnose) (a liveness kill of a serving engine is
@@ -131,6 +137,35 @@ options:
   models:
     description: With O(objects), a recorded C(/v1/models) answer to judge in place of O(models_url).
     type: dict
+  service_name:
+    description:
+      - The Service that serves the engine (RV(llmops.serving.engine_manifests#module:service_name)), in O(namespace).
+        With O(workload_name) its EndpointSlices (label C(kubernetes.io/service-name)) must have a ready endpoint and
+        none outside the current revision before the rollout is ready.
+      - Unset, the Service the HTTPRoute O(route_name) points at (its first C(Service) backend) is used; with neither,
+        endpoints are not read.
+    type: str
+  gateway_url:
+    description:
+      - Base URL of the AIBrix gateway. With O(workload_name), once the rollout is otherwise ready one completion
+        (C(max_tokens) 1, no C(model) header, so the gateway plugin routes it) is sent for O(served_model_name); when the
+        answer names the pod that served it (C(target-pod)/C(target-pod-ip)), that pod must be a Ready pod of the
+        current revision. An answer that names no pod (no routing strategy in force) or no answer at all leaves the
+        proof to the Service's endpoints.
+      - No credentials in the URL; give them in O(gateway_headers).
+    type: str
+  gateway_headers:
+    description: Headers of that request (for example C(routing-strategy) or an Authorization).
+    type: dict
+    default: {}
+  served_model_name:
+    description: The model of that request. Unset - the current revision's first C(--served-model-name).
+    type: str
+  answer_headers:
+    description:
+      - With O(objects), the response headers of a recorded answer through the gateway (C(target-pod),
+        C(target-pod-ip)) to judge in place of O(gateway_url).
+    type: dict
 extends_documentation_fragment:
   - llmops.serving.attributes.k8s_group
   - llmops.serving.attributes
@@ -206,10 +241,22 @@ rollout:
 revision:
   description:
     - What the current revision serves and the proof it answers - C(image), C(model_path) (the C(root) its engine
-      lists), C(served_names), C(revision), C(pods), C(generation), and with O(models_url) C(proven) (the answer
-      lists C(model_path)) and C(answered_roots).
+      lists), C(served_names), C(revision), C(pods), C(pod_addresses) (the current revision's pods, C(name) and
+      C(ip)), C(generation), and with O(models_url) C(proven) (the answer lists C(model_path)) and C(answered_roots).
   returned: when O(workload_name) is set
   type: dict
+revision_proof:
+  description:
+    - Which live evidence proved that the answer comes from the current revision, and whether it held - C(by)
+      (C(root) - the C(/v1/models) answer lists the model path; C(target-pod-ip) or C(target-pod) - the pod the
+      gateway's answer names, with C(pod), C(ip), its C(revision) and C(current_revision); C(endpoints) - the
+      Service's ready endpoints, with C(service) and C(ready_endpoints) (C(pod), C(ip), C(revision))) and C(held).
+    - Null while the rollout is not otherwise ready, or when nothing live could be read (no O(models_url),
+      O(gateway_url) or Service).
+  returned: when O(workload_name) is set
+  type: dict
+  sample: {by: endpoints, held: true, service: llm-lab/glm-5-2-fp8-vllm, current_revision: 5d8f7c9b6,
+           ready_endpoints: [{pod: glm-5-2-fp8-vllm-5d8f7c9b6-x2x4q, ip: 10.244.1.7, revision: 5d8f7c9b6}]}
 timelines:
   description: Per pod cold-start stages known from the API (created, scheduled, container started, Ready).
   returned: always
@@ -245,9 +292,24 @@ def _matches(selector, obj):
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-def select(params, objects, selected=False):
-    """``{pods, route, workload, replicasets, events}`` of the engine among shaped ``objects`` (``selected``: the
-    Pods were listed by the selector already)."""
+def service_of(params, route):
+    """``(namespace, name)`` of the Service whose endpoints prove the revision: O(service_name), else the route's first
+    Service backend (Gateway API v1.4.1 BackendRef: group ``""``, kind ``Service`` and the route's namespace by
+    default); None without either."""
+    if params.get("service_name"):
+        return params["namespace"], params["service_name"]
+    for rule in ((route or {}).get("spec") or {}).get("rules") or []:
+        for ref in rule.get("backendRefs") or []:
+            if (ref.get("group") or "") == "" and (ref.get("kind") or "Service") == "Service" and ref.get("name"):
+                return ref.get("namespace") or (route.get("metadata") or {}).get("namespace") or params["namespace"], ref["name"]
+    return None
+
+
+def select(params, objects, selected=False, slices_read=False):
+    """``{pods, route, workload, replicasets, events, endpointslices, service}`` of the engine among shaped ``objects``
+    (``selected``: the Pods were listed by the selector already; ``slices_read``: the Service's EndpointSlices were
+    listed, so none among ``objects`` means it has none). Recorded objects without any EndpointSlice did not record
+    them: ``endpointslices`` is None."""
     ns, selector = params["namespace"], params["selector"]
 
     def of(kind, namespace=ns):
@@ -257,9 +319,14 @@ def select(params, objects, selected=False):
         return next((o for o in of(kind, namespace) if (o.get("metadata") or {}).get("name") == name), None)
 
     workload = named(params["workload_kind"], ns, params["workload_name"]) if params["workload_name"] else None
-    return dict(pods=[p for p in of("Pod") if selected or _matches(selector, p)],
-                route=named("HTTPRoute", params["gateway_namespace"], params["route_name"]) if params["route_name"] else None,
-                workload=workload, replicasets=of("ReplicaSet") if workload is not None else None, events=of("Event"))
+    route = named("HTTPRoute", params["gateway_namespace"], params["route_name"]) if params["route_name"] else None
+    svc = service_of(params, route)
+    slices = None
+    if svc is not None and (slices_read or any(o["kind"] == "EndpointSlice" for o in objects)):
+        slices = [o for o in of("EndpointSlice", svc[0]) if _matches({_k8s_wait.SERVICE_NAME_LABEL: svc[1]}, o)]
+    return dict(pods=[p for p in of("Pod") if selected or _matches(selector, p)], route=route,
+                workload=workload, replicasets=of("ReplicaSet") if workload is not None else None, events=of("Event"),
+                endpointslices=slices, service="%s/%s" % svc if svc else None)
 
 
 def make_fetch(params):
@@ -269,6 +336,7 @@ def make_fetch(params):
     core = k8s_client.CoreV1Api(api)
     custom = k8s_client.CustomObjectsApi(api)
     apps = k8s_client.AppsV1Api(api)
+    discovery = k8s_client.DiscoveryV1Api(api)
     selector = ",".join("%s=%s" % kv for kv in sorted(params["selector"].items()))
     ns = params["namespace"]
 
@@ -304,7 +372,12 @@ def make_fetch(params):
                 objects += one(kind, custom.get_namespaced_custom_object, group, version, ns, plural,
                                params["workload_name"])
             objects += listed("Event", core.list_namespaced_event, ns, field_selector="involvedObject.kind=Pod")
-        return select(params, objects, selected=True)
+        svc = service_of(params, next((o for o in objects if o["kind"] == "HTTPRoute"), None)) \
+            if params["workload_name"] else None
+        if svc is not None:
+            objects += listed("EndpointSlice", discovery.list_namespaced_endpoint_slice, svc[0],
+                              label_selector="%s=%s" % (_k8s_wait.SERVICE_NAME_LABEL, svc[1]))
+        return select(params, objects, selected=True, slices_read=svc is not None)
 
     def read_log(pod, container, previous):
         if not params["log_tail_lines"]:
@@ -334,7 +407,28 @@ def make_answer(params):
     return answer
 
 
-def run(module, fetch, answer=None):
+def make_served(params):
+    """``served(revision) -> response headers or None`` for O(gateway_url): one completion through the gateway
+    (None when unset, when no model is known, or when no answer came)."""
+    if not params["gateway_url"]:
+        return None
+
+    def served(revision):
+        model = params["served_model_name"] or ((revision or {}).get("served_names") or [None])[0]
+        if not model:
+            return None
+        payload = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
+        try:
+            resp = _http.request("POST", params["gateway_url"].rstrip("/") + "/v1/completions", payload=payload,
+                                 headers=params["gateway_headers"], timeout=30)
+            return dict(resp.headers)
+        except _http.HttpError as e:
+            # an error answer still names the pod a routing strategy picked (the plugin sets the headers on any status)
+            return dict(e.headers) if e.status is not None else None
+    return served
+
+
+def run(module, fetch, answer=None, served=None):
     p = module.params
     check_route = bool(p["route_name"])
     read_log = getattr(fetch, "read_log", None)
@@ -344,14 +438,17 @@ def run(module, fetch, answer=None):
         if p["objects"] is not None and p["models"] is not None:
             def answer():
                 return p["models"]  # the recorded answer
-        verdict = _k8s_wait.judge(fetch, time.time(), read_log=read_log, answer=answer,
+        if p["objects"] is not None and p["answer_headers"] is not None:
+            def served(revision):
+                return dict((str(k).lower(), v) for k, v in p["answer_headers"].items())  # the recorded answer
+        verdict = _k8s_wait.judge(fetch, time.time(), read_log=read_log, answer=answer, served=served,
                                   schedule_timeout=p["schedule_timeout"], **kw)
         verdict.update(elapsed=0.0)
     else:
         verdict = _k8s_wait.wait_rollout(
             fetch, timeout=p["timeout"], route_condition_timeout=p["route_condition_timeout"],
             schedule_timeout=p["schedule_timeout"], poll_interval=p["poll_interval"], read_log=read_log,
-            answer=answer, **kw)
+            answer=answer, served=served, **kw)
     result = dict(
         changed=False,
         state=verdict["state"],
@@ -363,7 +460,8 @@ def run(module, fetch, answer=None):
     if check_route:
         result["route"] = verdict["route"]
     if p["workload_name"]:
-        result.update(rollout=verdict.get("rollout"), revision=verdict.get("revision"))
+        result.update(rollout=verdict.get("rollout"), revision=verdict.get("revision"),
+                      revision_proof=verdict.get("revision_proof"))
     if verdict["state"] == "ready" or (module.check_mode and verdict["state"] == "waiting"):
         module.exit_json(**result)
     module.fail_json(msg=verdict["message"], **result)
@@ -392,11 +490,17 @@ def main():
         models_headers=dict(type="dict", default={}, no_log=True),
         objects=dict(type="raw"),
         models=dict(type="dict"),
+        service_name=dict(type="str"),
+        gateway_url=dict(type="str"),
+        gateway_headers=dict(type="dict", default={}, no_log=True),
+        served_model_name=dict(type="str"),
+        answer_headers=dict(type="dict"),
     )
     argument_spec.update(_k8s_client.argument_spec())
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     _http.refuse_url_credentials(module, dict(_k8s_client.URL_OPTIONS,
-                                              models_url="give them in models_headers (for example Authorization)"))
+                                              models_url="give them in models_headers (for example Authorization)",
+                                              gateway_url="give them in gateway_headers (for example Authorization)"))
     if not module.params["selector"]:
         module.fail_json(msg="selector: must name at least one label, e.g. the pod_selector engine_manifests returns")
     for opt in ("max_restarts", "log_tail_lines"):
@@ -405,6 +509,8 @@ def main():
     p = module.params
     if p["models_url"] and not p["workload_name"]:
         module.fail_json(msg="models_url: needs workload_name (the revision whose model path /v1/models must list)")
+    if p["gateway_url"] and not p["workload_name"]:
+        module.fail_json(msg="gateway_url: needs workload_name (the revision whose pods must answer through the gateway)")
     if p["objects"] is not None:
         if not isinstance(p["objects"], (list, dict)):
             module.fail_json(msg="objects: must be a list of Kubernetes objects or a List (kubectl get -o json), "
@@ -412,6 +518,7 @@ def main():
         try:
             check_value(p["objects"], "objects")
             check_value(p["models"], "models")
+            check_value(p["answer_headers"], "answer_headers")
         except UntrustedInput as e:
             module.fail_json(msg=str(e), reason=e.limit)
         recorded = select(p, _k8s_wait.shape_objects(p["objects"]))
@@ -422,7 +529,7 @@ def main():
         fetch = make_fetch(p)
     except _k8s_client.K8sClientError as e:
         module.fail_json(msg=str(e))
-    run(module, fetch, make_answer(p))
+    run(module, fetch, make_answer(p), make_served(p))
 
 
 if __name__ == "__main__":

@@ -642,6 +642,19 @@ ROUTED_HEADERS = ("routing-strategy", "target-pod", "target-pod-ip")
 PD_HEADERS = ("prefill-target-pod", "prefill-target-pod-ip")
 
 
+def response_headers(strategy, target_pod=None, target_ip=None, port=DEFAULT_MODEL_PORT, request_id="req-1"):
+    """The response headers the gateway plugin sets on a request it processed (``gateway_rsp_headers.go``
+    ``HandleResponseHeaders``): ``x-went-into-req-headers: true`` and ``request-id`` always; ``routing-strategy``,
+    ``target-pod`` (the pod's name) and ``target-pod-ip`` only when a strategy picked a pod
+    (``routerCtx.HasRouted()``), the last being ``RoutingContext.TargetAddress()`` = ``<podIP>:<port>``
+    (``pkg/types/router_context.go``)."""
+    out = {"x-went-into-req-headers": "true", "request-id": request_id}
+    if strategy and target_pod:
+        out.update({"routing-strategy": strategy, "target-pod": target_pod,
+                    "target-pod-ip": "%s:%d" % (target_ip, port)})
+    return out
+
+
 @dataclass
 class GatewayAnswer:
     """What the client sees: ``status``, response ``headers`` AIBrix adds, the Envoy ``route`` that carried the
@@ -757,7 +770,7 @@ def gateway(objects, method, path, headers=None, model=None, gateway_default=Non
 
 def _plugin(cluster, path, headers, model, gateway_default, first_route):
     """The gateway plugin (ext_proc) on a request it parses: gateway_req_body.go, then the route it lands on."""
-    plugin = {"x-went-into-req-headers": "true", "request-id": "req-1"}
+    plugin = response_headers(None)
     if not model:
         return GatewayAnswer(400, first_route, {"x-error-no-model-in-request": "true"}, 0,
                              Verdict(400, "no model in the request body"))
@@ -780,8 +793,7 @@ def _plugin(cluster, path, headers, model, gateway_default, first_route):
         target, prefill = v.hops[-1].split()[-1], v.hops[0].split()[-1]
     else:  # hops[0]: <ns>/<pod> (<strategy>)
         target, prefill = v.hops[0].split()[0].split("/")[-1], None
-    hdrs = dict(plugin, **{"routing-strategy": strategy, "target-pod": target,
-                           "target-pod-ip": "10.0.0.1:%d" % DEFAULT_MODEL_PORT})
+    hdrs = dict(plugin, **response_headers(strategy, target, "10.0.0.1"))
     if prefill:
         hdrs.update({"prefill-target-pod": prefill, "prefill-target-pod-ip": "10.0.0.2"})
     return GatewayAnswer(200, ORIGINAL_ROUTE, hdrs, original_route_timeout(cluster), v)

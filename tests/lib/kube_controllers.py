@@ -38,11 +38,31 @@ otherwise), without importing the collection, so the collection's wait cannot pa
   (SIGTERM: vLLM shuts down cleanly and exits 0, reason ``Completed``); the restart waits out the crash-loop
   back-off (``pkg/kubelet/kubelet.go``: 10 s doubling up to 300 s, ``CrashLoopBackOff`` meanwhile), and the
   ended run becomes ``lastState.terminated`` with ``restartCount`` + 1.
-* A terminating pod leaves the Service's endpoints at once and holds its node (and its GPUs) until it has exited.
+* A terminating pod holds its node (and its GPUs) until it has exited.
+* The EndpointSlice controller (``pkg/controller/endpointslice/endpointslice_controller.go`` ``syncService`` and
+  ``staging/src/k8s.io/endpointslice/reconciler.go``; the API in k8s.io/api ``discovery/v1/types.go``): one slice per
+  Service labelled ``kubernetes.io/service-name: <service>`` (``discovery.LabelServiceName``), ``managed-by``
+  ``endpointslice-controller.k8s.io``; its endpoints are the pods matching the Service's selector that are not
+  terminal and have an IP (``staging/src/k8s.io/endpointslice/util/controller_utils.go`` ``ShouldPodBeInEndpoints``
+  with terminating pods included), each from ``staging/src/k8s.io/endpointslice/utils.go`` ``podToEndpoint``:
+  ``serving`` = the pod is Ready, ``terminating`` = it has a ``deletionTimestamp``, ``ready`` = serving and not
+  terminating, ``targetRef`` the pod. The controller works from its queue (pod events enqueue the Service,
+  ``--endpointslice-updates-batch-period`` delays them; its API writes are rate limited), so what a client reads
+  trails the pods: ``Cluster.endpoints_delay`` seconds here.
+* The kubelet's pod IP (``status.podIP``), set once the sandbox runs (``pkg/kubelet/kubelet_pods.go``
+  ``generateAPIPodStatus``); a new pod gets a new IP.
 
 The engine's own behaviour per model path (``Cluster.engines``) says how long it loads, and whether it stops
 answering some time after it served. ``Cluster.models()`` answers ``GET /v1/models`` through the Service: from one
 Ready pod in turn, ``root`` = the model path that pod loaded (vLLM ``serving_models.py`` ModelCard ``root``).
+
+``Cluster.gateway_completion()`` is one completion through AIBrix v0.7.0's gateway (vllm-project/aibrix v0.7.0):
+without a routing strategy the plugin sends it on to the per-model route, Envoy to one ready endpoint of the Service
+(the slices as the controller last wrote them), and the answer names no pod; with one, the routing algorithm picks
+among the gateway's cached pods that carry the model label and are routable (``pkg/utils/pod.go``
+``FilterReadyPod``: a pod IP, not terminating, Ready), and the answer carries ``target-pod`` / ``target-pod-ip``
+(``pkg/plugins/gateway/gateway_rsp_headers.go``, tests/lib/aibrix_oracle.py ``response_headers``). The gateway's
+cache is fed by informers (``pkg/cache/informers.go``) and trails the API: ``Cluster.gateway_delay`` seconds here.
 """
 from __future__ import annotations
 
@@ -50,6 +70,7 @@ import copy
 import json
 
 from ansible_collections.llmops.serving.plugins.module_utils import _timeline
+from ansible_collections.llmops.serving.tests.lib import aibrix_oracle
 
 HASH_LABEL = "pod-template-hash"
 REVISION = "deployment.kubernetes.io/revision"
@@ -91,6 +112,10 @@ class Cluster(object):
         self.engines = {}
         self._uid = 0
         self._answers = 0
+        self.services, self.endpointslices = {}, {}
+        self.endpoints_delay, self.gateway_delay = 0, 0
+        self._history = []  # (t, pods as the API showed them), for the views that trail it
+        self._ips = 0
 
     # ---- API server ------------------------------------------------------------------------------------------
 
@@ -309,6 +334,9 @@ class Cluster(object):
                 return
             cs["state"] = {"running": {"startedAt": self._iso()}}
             st["phase"] = "Running"
+            self._ips += 1
+            st["podIP"] = "10.244.%d.%d" % (self.nodes.index(pod["spec"]["nodeName"]) if pod["spec"]["nodeName"] in
+                                            self.nodes else 99, self._ips)
             x.update(started=self.t, served=None, live_fails=0)
             return
         up = self.t - x["started"]
@@ -363,6 +391,69 @@ class Cluster(object):
                 self._sync_replicaset(rs)
             for pod in list(self.pods.values()):
                 self._kubelet(pod)
+            if self.services or self.gateway_delay:
+                self._history.append((self.t, self._api_pods()))
+                del self._history[:-max(2, self.endpoints_delay + 2, self.gateway_delay + 2)]
+            for svc in self.services.values():
+                self._sync_endpointslice(svc)
+
+    # ---- Services and the EndpointSlice controller ---------------------------------------------------------------
+
+    def apply_service(self, manifest):
+        """``kubectl apply`` of a Service (ClusterIP, a selector, ports)."""
+        obj = copy.deepcopy(manifest)
+        obj["metadata"].update(namespace=self.ns, uid=self._new_uid(), creationTimestamp=self._iso())
+        self.services[obj["metadata"]["name"]] = obj
+        self._sync_endpointslice(obj)
+        return obj
+
+    def add_pod(self, pod):
+        """A pod created outside the Deployment (by hand, or a leftover workload's): the kubelet runs it like any."""
+        pod = copy.deepcopy(pod)
+        pod["metadata"].update(namespace=self.ns, uid=self._new_uid(), creationTimestamp=self._iso())
+        pod["metadata"].setdefault("ownerReferences", [{"apiVersion": "v1", "kind": "None", "uid": "-", "name": "-"}])
+        pod.setdefault("status", {"phase": "Pending", "conditions": []})
+        self.pods[pod["metadata"]["name"]] = pod
+        return pod
+
+    def _api_pods(self):
+        return [copy.deepcopy(dict((k, v) for k, v in p.items() if not k.startswith("x"))) for p in self.pods.values()]
+
+    def _seen(self, delay):
+        """The pods as a watcher that trails the API by ``delay`` seconds last saw them."""
+        if not self._history:
+            return self._api_pods()
+        past = [pods for t, pods in self._history if t <= self.t - delay]
+        return past[-1] if past else self._history[0][1]
+
+    def _sync_endpointslice(self, svc):
+        selector = svc["spec"].get("selector") or {}
+        name = svc["metadata"]["name"]
+        endpoints = []
+        for pod in self._seen(self.endpoints_delay):
+            labels = pod["metadata"].get("labels") or {}
+            if not selector or any(labels.get(k) != v for k, v in selector.items()):
+                continue
+            if pod["status"].get("phase") in ("Succeeded", "Failed") or not pod["status"].get("podIP"):
+                continue  # ShouldPodBeInEndpoints
+            serving = self._ready(pod)
+            terminating = bool(pod["metadata"].get("deletionTimestamp"))
+            endpoints.append({"addresses": [pod["status"]["podIP"]],
+                              "conditions": {"ready": serving and not terminating, "serving": serving,
+                                             "terminating": terminating},
+                              "nodeName": pod["spec"].get("nodeName"),
+                              "targetRef": {"kind": "Pod", "namespace": self.ns, "name": pod["metadata"]["name"],
+                                            "uid": pod["metadata"]["uid"]}})
+        slice_name = "%s-%s" % (name, compute_hash({"svc": name})[:5])
+        self.endpointslices[name] = {
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+            "metadata": {"name": slice_name, "namespace": self.ns,
+                         "labels": {"kubernetes.io/service-name": name,
+                                    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"},
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": name,
+                                              "uid": svc["metadata"]["uid"], "controller": True}]},
+            "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}],  # the engine container's named port
+            "endpoints": endpoints}
 
     def clock(self):
         return self.t
@@ -372,15 +463,38 @@ class Cluster(object):
     def objects(self):
         """Everything as the API shows it (``kubectl get deploy,rs,pods,events -o json`` items)."""
         pods = [dict((k, v) for k, v in p.items() if not k.startswith("x")) for p in self.pods.values()]
-        return copy.deepcopy(list(self.deployments.values()) + list(self.replicasets.values()) + pods + self.events)
+        return copy.deepcopy(list(self.deployments.values()) + list(self.replicasets.values()) + pods + self.events
+                             + list(self.services.values()) + list(self.endpointslices.values()))
 
     def fetch(self):
         """What ``k8s_engine_wait`` reads in one poll."""
         objs = self.objects()
         dep = next(iter(o for o in objs if o["kind"] == "Deployment"), None)
+        svc = next(iter(self.services), None)
         return dict(pods=[o for o in objs if o["kind"] == "Pod"], route=None, workload=dep,
                     replicasets=[o for o in objs if o["kind"] == "ReplicaSet"],
-                    events=[o for o in objs if o["kind"] == "Event"])
+                    events=[o for o in objs if o["kind"] == "Event"],
+                    endpointslices=[o for o in objs if o["kind"] == "EndpointSlice"] if svc else None,
+                    service="%s/%s" % (self.ns, svc) if svc else None)
+
+    def gateway_completion(self, model="glm-5.2-fp8-vllm", strategy=None):
+        """``(status, response headers)`` of one ``POST /v1/completions`` through AIBrix's gateway, or None when
+        nothing could answer (no routable pod, no ready endpoint)."""
+        self._answers += 1
+        if strategy:
+            routable = sorted((p for p in self._seen(self.gateway_delay)
+                               if (p["metadata"].get("labels") or {}).get(aibrix_oracle.NAME) == model
+                               and p["status"].get("podIP") and not p["metadata"].get("deletionTimestamp")
+                               and self._ready(p)), key=lambda p: p["metadata"]["name"])
+            if not routable:
+                return None
+            pod = routable[self._answers % len(routable)]
+            return 200, aibrix_oracle.response_headers(strategy, pod["metadata"]["name"], pod["status"]["podIP"],
+                                                       request_id="req-%d" % self._answers)
+        eps = [e for sl in self.endpointslices.values() for e in sl["endpoints"] if e["conditions"]["ready"]]
+        if not eps:
+            return None
+        return 200, aibrix_oracle.response_headers(None, request_id="req-%d" % self._answers)
 
     def models(self):
         """``GET /v1/models`` through the Service: one Ready, non-terminating pod in turn answers, or None."""
@@ -392,6 +506,13 @@ class Cluster(object):
         pod = ready[self._answers % len(ready)]
         path, _engine = self._engine_of(pod)
         return {"object": "list", "data": [{"id": "glm-5.2-fp8-vllm", "object": "model", "root": path}]}
+
+
+def service(name="glm-5-2-fp8-vllm"):
+    """The engine's Service as the collection renders it: ClusterIP, selecting the engine pods, port 8000."""
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+            "spec": {"type": "ClusterIP", "selector": {"app.kubernetes.io/name": name},
+                     "ports": [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]}}
 
 
 def deployment(model_path, name="glm-5-2-fp8-vllm", replicas=1, image="vllm/vllm-openai:v0.11.0"):
