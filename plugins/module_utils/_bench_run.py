@@ -859,17 +859,17 @@ def target_alive(target, opener=None, timeout=5):
 
 def _tail(path, lines=20):
     """The last ``lines`` of the client's log (a regular file only: a FIFO put in its place is not waited on)."""
-    from ansible_collections.llmops.serving.plugins.module_utils import _process  # pylint: disable=import-outside-toplevel
+    from ansible_collections.llmops.serving.plugins.module_utils import _fsutil  # pylint: disable=import-outside-toplevel
 
-    data = _process.read_part(path, 16384, from_end=True)
+    data = _fsutil.read_part(path, 16384, from_end=True)
     return [] if data is None else data.decode("utf-8", "replace").splitlines()[-lines:]
 
 
 def run_client(argv, log_path, timeout, env=None, child_cls=None):
     """Run the client to completion (or ``timeout`` seconds): ``(returncode or None, seconds)``."""
     if child_cls is None:
-        from ansible_collections.llmops.serving.plugins.module_utils import _process  # pylint: disable=import-outside-toplevel
-        child_cls = _process.Child
+        from ansible_collections.llmops.serving.plugins.module_utils import _process_run  # pylint: disable=import-outside-toplevel
+        child_cls = _process_run.Child
     t0 = time.monotonic()
     child = child_cls(argv, log_path, env=env)
     try:
@@ -1233,8 +1233,11 @@ def describe_round(rec):
     def p95(key):
         v = c.get("p95_%s_ms" % key)
         return "%.1f" % v if isinstance(v, (int, float)) else "n/a"
-    return ("%s %s C=%d %d/%d seed %d rep %d: %d requests, %d failed, %.1f out tok/s, p95 TTFT %s ms, TPOT %s ms, "
-            "E2EL %s ms" % (rec["kind"], rec["target"], rec["concurrency"], rec["input_len"], rec["output_len"],
+    # a fixed-rate round's concurrency is only its cap (benchmark_rate_max_concurrency): name the offered rate
+    load = ("R=%g/s (achieved %.2f)" % (rec["request_rate"], float(c.get("request_throughput") or 0.0))
+            if rec.get("request_rate") else "C=%d" % rec["concurrency"])
+    return ("%s %s %s %d/%d seed %d rep %d: %d requests, %d failed, %.1f out tok/s, p95 TTFT %s ms, TPOT %s ms, "
+            "E2EL %s ms" % (rec["kind"], rec["target"], load, rec["input_len"], rec["output_len"],
                             rec["seed"], rec["rep"], len(rec["samples"]), rec["failed"],
                             float(c.get("output_throughput") or 0.0), p95("ttft"), p95("tpot"), p95("e2el"))
             + ("" if len(ok) == len(rec["samples"]) else " (failed requests are kept in the report)"))

@@ -441,6 +441,8 @@ def test_an_open_loop_cell_past_what_the_target_serves_is_saturated(run_module, 
     for i in (1, 2):
         res = run_module(benchmark_round, {"out_dir": str(out), "index": i, "python": fake_python})
         assert res["stopped"] is None, res
+        # the progress line names the offered rate, not the in-flight cap the fixed-rate round runs under
+        assert "colocated R=%d/s (achieved " % (20, 1000)[i - 1] in res["msg"] and "C=256" not in res["msg"], res
     report = _bench_run.build_report(str(out), n_boot=50)
     cells = sorted(report["cells"], key=lambda c: c["request_rate"])
     assert [c["request_rate"] for c in cells] == [20, 1000]
