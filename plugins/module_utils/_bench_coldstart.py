@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import re
 
-from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _kcache, _process
+from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _kcache
 from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, load_json
 
 STATES = ("shared_fs", "nvme", "nvme_kernel_cache")
@@ -164,7 +164,7 @@ def shape_problem(doc):
 def record(coldstart_file, state, rep, timeline, log_file, started_at=None, extra=None):
     """Add one start to ``coldstart_file`` (``{states: [{state, label, reps: [...]}]}``); returns the rep."""
     check_state(state)
-    data = _process.read_part(log_file, LOG_TAIL_BYTES, from_end=True)
+    data = _fsutil.read_part(log_file, LOG_TAIL_BYTES, from_end=True)
     if data is None:
         raise ColdstartError("log_file: %s is missing, unreadable or not a regular file; pass the engine's log "
                              "(engine_log_file)" % log_file, file=log_file)

@@ -859,17 +859,17 @@ def target_alive(target, opener=None, timeout=5):
 
 def _tail(path, lines=20):
     """The last ``lines`` of the client's log (a regular file only: a FIFO put in its place is not waited on)."""
-    from ansible_collections.llmops.serving.plugins.module_utils import _process  # pylint: disable=import-outside-toplevel
+    from ansible_collections.llmops.serving.plugins.module_utils import _fsutil  # pylint: disable=import-outside-toplevel
 
-    data = _process.read_part(path, 16384, from_end=True)
+    data = _fsutil.read_part(path, 16384, from_end=True)
     return [] if data is None else data.decode("utf-8", "replace").splitlines()[-lines:]
 
 
 def run_client(argv, log_path, timeout, env=None, child_cls=None):
     """Run the client to completion (or ``timeout`` seconds): ``(returncode or None, seconds)``."""
     if child_cls is None:
-        from ansible_collections.llmops.serving.plugins.module_utils import _process  # pylint: disable=import-outside-toplevel
-        child_cls = _process.Child
+        from ansible_collections.llmops.serving.plugins.module_utils import _process_run  # pylint: disable=import-outside-toplevel
+        child_cls = _process_run.Child
     t0 = time.monotonic()
     child = child_cls(argv, log_path, env=env)
     try:

@@ -28,7 +28,7 @@ import re
 import signal as _signal
 import time
 
-from ansible_collections.llmops.serving.plugins.module_utils import _http, _k8s_names, _k8s_wait, _process, _secrets
+from ansible_collections.llmops.serving.plugins.module_utils import _http, _k8s_names, _k8s_wait, _process, _process_command, _process_run, _process_state, _secrets
 from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, loads_json, open_regular
 
 # --------------------------------------------------------------------------------------------- #
@@ -378,9 +378,9 @@ def command_facts(argv):
     # a shell wrapper: read the words of its script
     words = list(argv)
     for i, tok in enumerate(argv[:-1]):
-        if tok in ("-c", "-lc", "-ec", "-xc") and os.path.basename(argv[0]) in _process.SHELLS:
+        if tok in ("-c", "-lc", "-ec", "-xc") and os.path.basename(argv[0]) in _process_command.SHELLS:
             try:
-                words = [t for kind, t in _process.shell_tokens(argv[i + 1]) if kind == "word"]
+                words = [t for kind, t in _process_command.shell_tokens(argv[i + 1]) if kind == "word"]
             except ValueError:
                 words = argv[i + 1].split()
             break
@@ -913,7 +913,7 @@ def rule_container(ctx, pod, pod_ref, cs, is_init=False):
                            "kubelet kills it just before it is ready, forever. Size the startupProbe for the measured "
                            "cold start (failureThreshold x periodSeconds >= it, e.g. engine_startup_timeout 3600) and "
                            "keep liveness/readiness short behind it.")
-        masking = _process.command_problems(_container_argv(spec), read_files=False) if spec else []
+        masking = _process_command.command_problems(_container_argv(spec), read_files=False) if spec else []
         cmd = command_facts(_container_argv(spec)) if spec else {}
         f = classify_exit(what, obj, term.get("exitCode"), term.get("signal"), logf, where, masking=masking,
                           port=cmd.get("port"), engine=cmd.get("engine"))
@@ -1540,7 +1540,7 @@ def proc_stat(pid, proc_root="/proc"):
 def stopped_members(pid, proc_root="/proc"):
     """Processes of the engine's group in state ``T``/``t`` (stopped by SIGSTOP/SIGTSTP or a tracer, proc(5))."""
     out = [{"pid": p, "state": st["state"], "comm": st["comm"]}
-           for p, st in _process.group_members(pid, proc_root, read_stat=proc_stat, leader=True) if st["state"] in ("T", "t")]
+           for p, st in _process_run.group_members(pid, proc_root, read_stat=proc_stat, leader=True) if st["state"] in ("T", "t")]
     return sorted(out, key=lambda x: x["pid"] != pid)
 
 
@@ -1607,13 +1607,13 @@ def probe_health(host, port, timeout):
 def local_facts(run_dir, name, proc_root="/proc", health_timeout=5.0):
     """What the ``engine_process`` files, ``/proc`` and ``GET /health`` say about ``run_dir/name``.
 
-    Raises :class:`_process.ProcessError` for a ``name`` or ``run_dir`` that cannot name an engine.
+    Raises :class:`_process_state.ProcessError` for a ``name`` or ``run_dir`` that cannot name an engine.
     """
-    _process.check_name(name)
-    _process.check_run_dir(run_dir)
-    p = _process.paths(run_dir, name)
+    _process_state.check_name(name)
+    _process_state.check_run_dir(run_dir)
+    p = _process_state.paths(run_dir, name)
     st = _process.locate(run_dir, name, proc_root)
-    spec = _process.read_json_object(p["spec"]) or {}
+    spec = _process_state.read_json_object(p["spec"]) or {}
     cmd = command_facts(spec.get("command") or [])
     log = current_run_log(p["log"])
     facts = {"name": name, "run_dir": run_dir, "state": st, "command": cmd, "log_file": p["log"],
@@ -1646,7 +1646,7 @@ def diagnose_local(facts, now=None):
             "Start it (llmops.serving.engine_process state=started) or check run_dir and name.")])
     if state in ("exited", "lost"):
         if st.get("stop_requested"):
-            return result([finding("stopped", obj, ["the engine was stopped on request (%s)" % _process.describe_exit(st)],
+            return result([finding("stopped", obj, ["the engine was stopped on request (%s)" % _process_state.describe_exit(st)],
                                    "Start it again when needed.")])
         what = "the engine"
         if state == "lost":

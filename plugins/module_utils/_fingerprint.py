@@ -31,7 +31,7 @@ import re
 import shutil
 import subprocess
 
-from ansible_collections.llmops.serving.plugins.module_utils import _process
+from ansible_collections.llmops.serving.plugins.module_utils import _process_run
 from ansible_collections.llmops.serving.plugins.module_utils._untrusted import (
     MAX_DEPTH, UntrustedInput, check_value, load_json, loads_json, read_bytes, read_text)
 
@@ -668,11 +668,11 @@ def gather_versions(engine, engine_python, run=subprocess.run):
     for key in ("torch", "triton", "deep_gemm", "sgl_kernel", "flashinfer"):
         wanted[key] = DISTRIBUTIONS[key]
     try:
-        found = _process.python_json(engine_python, _GATHER_CODE, [json.dumps(wanted)], timeout=120, run=run)
+        found = _process_run.python_json(engine_python, _GATHER_CODE, [json.dumps(wanted)], timeout=120, run=run)
     except OSError as e:
         raise FingerprintError("engine_python: cannot run %s (%s); set engine_python to the engine's "
                                "interpreter or pass the versions explicitly" % (engine_python, e))
-    except _process.PythonFailed as e:
+    except _process_run.PythonFailed as e:
         raise FingerprintError("engine_python: %s failed: %s" % (engine_python, e.stderr[-300:]))
     except subprocess.TimeoutExpired:
         raise FingerprintError("engine_python: %s did not report its versions within 120 s; check that the engine "

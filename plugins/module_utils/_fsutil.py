@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """**PRIVATE** to llmops.serving: small filesystem helpers shared by staging, caches, the process supervisor
 and preflight: content hashes, atomic file writes, directory fsync, waiting for an exclusive flock, the
-nearest existing parent.
+nearest existing parent, a part of a regular file read without blocking.
 
 An atomic write goes to a temporary file in the destination's own directory (a name no other writer can
 pick: pid and a random part), is fsynced, renamed over the destination with ``os.replace`` and the
@@ -17,6 +17,7 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 import time
 import uuid
 
@@ -135,3 +136,31 @@ def nearest_existing(path):
             break
         probe = parent
     return probe
+
+
+def read_part(path, size, from_end=False):
+    """Up to ``size`` bytes from the start (or the end) of the regular file ``path``; None when it is absent,
+    unreadable or not a regular file. Opened without blocking, so a FIFO or a device is refused at once (the
+    rule of :mod:`_untrusted`, for reads that take only a part of a file that may be large)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        if from_end and st.st_size > size:
+            os.lseek(fd, st.st_size - size, os.SEEK_SET)
+        chunks, left = [], size
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

@@ -19,7 +19,7 @@ import re
 
 from ansible_collections.llmops.serving.plugins.module_utils import _aibrix_route as route
 from ansible_collections.llmops.serving.plugins.module_utils import _k8s_names as names
-from ansible_collections.llmops.serving.plugins.module_utils import _process
+from ansible_collections.llmops.serving.plugins.module_utils import _process_command
 from ansible_collections.llmops.serving.plugins.module_utils import _secrets
 from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, loads_json
 
@@ -192,7 +192,7 @@ def check_tolerations(tolerations):
 def check_command(command):
     """The engine must be the container's main process, so its exit status is the container's.
 
-    The rule is engine_process's (``_process.command_problems``), applied without reading files of this host:
+    The rule is engine_process's (``_process_command.command_problems``), applied without reading files of this host:
     ``start 2>&1 | tee log`` returns tee's 0 after the engine crashed, and Kubernetes then shows a crashed
     engine as Completed. A script whose last ``exec`` runs something that is not an engine (``...; exec true``)
     is refused too: the container's status would be that command's.
@@ -201,7 +201,7 @@ def check_command(command):
         return
     if not isinstance(command, list) or not all(isinstance(c, str) and c for c in command):
         raise SpecError("command: must be a non-empty list of strings (exec form)")
-    reasons = _process.command_problems(list(command), read_files=False)
+    reasons = _process_command.command_problems(list(command), read_files=False)
     if reasons:
         raise SpecError(
             "command: the %s command wraps the engine in a way that masks its exit status (%s). A crashed engine "

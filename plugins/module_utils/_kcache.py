@@ -25,7 +25,7 @@ the expected shape makes its directory ``bad_manifest`` (quarantined like a tamp
 traceback. "In use" is ``_inuse.users_of``: open files, mappings, working directories, environment
 paths and bind mounts in other mount namespaces, compared by device and inode.
 
-No AnsibleModule needed (the warm-up's HTTP goes through ``_http``, its process through ``_process.Child``),
+No AnsibleModule needed (the warm-up's HTTP goes through ``_http``, its process through ``_process_run.Child``),
 so benchmark scripts can drive the same code outside a module.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ import stat
 import tempfile
 import time
 
-from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _http, _inuse, _paths, _probe, _process
+from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _http, _inuse, _paths, _probe, _process_run
 from ansible_collections.llmops.serving.plugins.module_utils._untrusted import load_json, loads_json, open_regular
 
 MANIFEST = "manifest.json"
@@ -538,7 +538,7 @@ def run_warmup(warmup, env, log, logfile, http_post=None, poll=2.0):
     """Run the warm-up (``mode: run`` to completion, or ``mode: serve`` until a correct response).
 
     ``warmup``: ``{command: [...], mode, url, body, expect, timeout, cwd}``. The command runs as a
-    ``_process.Child`` (its whole process group is stopped afterwards); ``mode: serve`` polls with
+    ``_process_run.Child`` (its whole process group is stopped afterwards); ``mode: serve`` polls with
     ``_probe.retry`` until the answer's text contains ``expect``. Raises KCacheError.
     """
     cmd = list(warmup.get("command") or [])
@@ -548,7 +548,7 @@ def run_warmup(warmup, env, log, logfile, http_post=None, poll=2.0):
     timeout = float(warmup.get("timeout") or 3600)
     log("warm-up (%s): %s" % (mode, " ".join(cmd)))
     try:
-        child = _process.Child(cmd, logfile, env=env, cwd=warmup.get("cwd"))
+        child = _process_run.Child(cmd, logfile, env=env, cwd=warmup.get("cwd"))
     except OSError as e:
         raise KCacheError("warmup_command: cannot start %s (%s)" % (cmd[0], e))
     t0 = time.monotonic()

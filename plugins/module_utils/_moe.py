@@ -25,7 +25,7 @@ import os
 import re
 import subprocess
 
-from ansible_collections.llmops.serving.plugins.module_utils import _process
+from ansible_collections.llmops.serving.plugins.module_utils import _process_run
 from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, load_json
 
 VLLM_CONFIGS = ("vllm", "model_executor", "layers", "fused_moe", "configs")
@@ -154,10 +154,10 @@ print(json.dumps(out))
 def locate_engine(engine, engine_python, run=subprocess.run):
     """``(configs_dir, triton_version)`` of the engine installed in ``engine_python`` (nothing imported)."""
     try:
-        found = _process.python_json(engine_python, _LOCATE, [engine], timeout=120, run=run)
+        found = _process_run.python_json(engine_python, _LOCATE, [engine], timeout=120, run=run)
     except OSError as e:
         raise MoeError("engine_python: cannot run %s (%s); set engine_python or configs_dir" % (engine_python, e))
-    except _process.PythonFailed as e:
+    except _process_run.PythonFailed as e:
         raise MoeError("engine_python: %s failed: %s" % (engine_python, e.stderr[-300:]))
     except subprocess.TimeoutExpired:
         raise MoeError("engine_python: %s did not answer within 120 s; check that the engine environment's "

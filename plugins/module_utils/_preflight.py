@@ -9,7 +9,7 @@ import subprocess
 
 from ansible.module_utils.common.process import get_bin_path
 
-from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _process
+from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _process_run
 from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, read_text
 
 GPU_QUERY = "name,count,compute_cap,driver_version,memory.total,pci.bus_id"
@@ -192,8 +192,8 @@ def engine_runtime(python, modules, run=subprocess.run, which=find_bin, timeout=
                 "reason": "engine python %s not found" % python}
     modules = list(modules)
     try:
-        mods = _process.python_json(python, code, modules, timeout=timeout, run=run)
-    except _process.PythonFailed as e:
+        mods = _process_run.python_json(python, code, modules, timeout=timeout, run=run)
+    except _process_run.PythonFailed as e:
         return {"python": python, "importable": False, "modules": {},
                 "reason": "engine python failed: %s" % e.stderr[-500:]}
     except subprocess.TimeoutExpired:

@@ -13,7 +13,7 @@ import json
 import subprocess
 import sys
 
-from ansible_collections.llmops.serving.plugins.module_utils import _process
+from ansible_collections.llmops.serving.plugins.module_utils import _process_run
 
 SCRIPT = r'''
 import json, sys, time
@@ -54,8 +54,8 @@ def greedy_reference(model_path, prompts, max_new_tokens=16, dtype="float32", py
     python = python or sys.executable
     try:
         # the last output line is parsed by the shared reader (size, nesting, finite numbers)
-        out = _process.python_json(python, SCRIPT, stdin=req, timeout=timeout)
-    except _process.PythonFailed as e:
+        out = _process_run.python_json(python, SCRIPT, stdin=req, timeout=timeout)
+    except _process_run.PythonFailed as e:
         raise ReferenceError_("reference generation with %s exited %d: %s" % (python, e.returncode, e.stderr[-1500:]))
     except subprocess.TimeoutExpired:
         raise ReferenceError_("reference generation with %s did not finish within %s s; raise the timeout or use a "

@@ -161,7 +161,7 @@ import importlib
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.llmops.serving.plugins.module_utils import _diagnose, _http, _k8s_client, _process
+from ansible_collections.llmops.serving.plugins.module_utils import _diagnose, _http, _k8s_client, _process_state
 from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, check_value
 
 
@@ -206,7 +206,7 @@ def main():
         try:
             facts = _diagnose.local_facts(p["run_dir"], p["name"], proc_root=p["proc_root"],
                                           health_timeout=p["health_timeout"])
-        except _process.ProcessError as e:
+        except _process_state.ProcessError as e:
             module.fail_json(msg=str(e), **e.details)
         module.exit_json(changed=False, **_diagnose.diagnose_local(facts))
     if p["log_tail_lines"] < 1:

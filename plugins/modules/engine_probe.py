@@ -149,7 +149,7 @@ timeline:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _http, _probe, _process
+from ansible_collections.llmops.serving.plugins.module_utils import _http, _probe, _process_state
 
 
 def main():
@@ -180,9 +180,9 @@ def main():
     def exited():
         if not p["process_state_file"]:
             return None
-        st = _process.read_state_file(p["process_state_file"])
+        st = _process_state.read_state_file(p["process_state_file"])
         if st["state"] in ("exited", "lost"):
-            return "the engine process exited with %s" % _process.describe_exit(st)
+            return "the engine process exited with %s" % _process_state.describe_exit(st)
         return None
 
     ok, results, timeline, warnings, msg = _probe.run(

@@ -216,7 +216,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _process
+from ansible_collections.llmops.serving.plugins.module_utils import _process, _process_command, _process_state
 
 
 def _warn_state_file(module, st):
@@ -268,7 +268,7 @@ def main():
 
     try:
         env = _process.check_env(p["env"])
-    except _process.ProcessError as e:
+    except _process_state.ProcessError as e:
         fail(str(e), **e.details)
     # Result-wide masking of a value like "1" would mask pids and times; env values are never returned, so the
     # masking stays only for credential-looking names (an engine may print those into the log tail).
@@ -280,14 +280,14 @@ def main():
                     "and in the files engine_process writes, but every local user can read it in /proc/<pid>/cmdline; "
                     "pass it in env instead (vLLM reads VLLM_API_KEY, Hugging Face HF_TOKEN)" % ", ".join(cmd_fields))
     try:
-        _process.check_name(p["name"])
-        _process.check_run_dir(p["run_dir"])
-        _process.check_layout(p["run_dir"], p["name"])
+        _process_state.check_name(p["name"])
+        _process_state.check_run_dir(p["run_dir"])
+        _process_state.check_layout(p["run_dir"], p["name"])
         if p["state"] in ("started", "restarted"):
-            _process.check_command(p["command"], path_env=env.get("PATH", os.environ.get("PATH")), chdir=p["chdir"])
-    except _process.ProcessError as e:
+            _process_command.check_command(p["command"], path_env=env.get("PATH", os.environ.get("PATH")), chdir=p["chdir"])
+    except _process_state.ProcessError as e:
         fail(str(e), **e.details)
-    files = _process.paths(p["run_dir"], p["name"])
+    files = _process_state.paths(p["run_dir"], p["name"])
     result = dict(changed=False, log_file=files["log"], state_file=files["state"])
     wanted = _process.spec_hash(p["command"], env, p["chdir"]) if p["command"] else None
 
@@ -331,7 +331,7 @@ def main():
                 _process.stop(p["run_dir"], p["name"], timeout=p["stop_timeout"])
             st = _process.start(p["run_dir"], p["name"], p["command"], env=env, chdir=p["chdir"],
                                 stop_timeout=p["stop_timeout"], startup_grace=p["startup_grace"])
-    except _process.ProcessError as e:
+    except _process_state.ProcessError as e:
         fail(str(e), **dict(result, **e.details))
     done(**dict(result, **_public(st)))
 

@@ -17,7 +17,7 @@ import time
 import pytest
 from llmops_testlib import ROOT, run_playbook
 
-from ansible_collections.llmops.serving.plugins.module_utils import _process
+from ansible_collections.llmops.serving.plugins.module_utils import _process, _process_state
 
 FAKE = os.path.join(ROOT, "tests", "unit", "fixtures", "diagnose", "fake_engine.py")
 
@@ -36,7 +36,7 @@ def diagnose(llmops_root, port, run_dir, name, **extra):
 def start(run_dir, name, argv, grace=0.3):
     try:
         _process.start(str(run_dir), name, argv, startup_grace=grace)
-    except _process.ProcessError:
+    except _process_state.ProcessError:
         pass  # it died at once: that is recorded in its state file
 
 

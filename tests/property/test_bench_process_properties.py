@@ -17,11 +17,11 @@ import uuid
 
 from hypothesis import given, strategies as st
 
-from ansible_collections.llmops.serving.plugins.module_utils import _bench_run, _bench_stats, _process
+from ansible_collections.llmops.serving.plugins.module_utils import _bench_run, _bench_stats, _process, _process_state
 from ansible_collections.llmops.serving.tests.property.test_untrusted_properties import (
     FILE_KINDS, SETTINGS, VALUES, json_documents, outcome, place, scratch)
 
-STATE_KEYS = sorted(_process._STATE_FIELDS)  # pylint: disable=protected-access
+STATE_KEYS = sorted(_process_state._STATE_FIELDS)  # pylint: disable=protected-access
 HOSTILE = st.one_of(VALUES, st.sampled_from([-1, 0, 1, 2 ** 63, True, "1", [1], {"pid": 1}, None, 1.5, -0.0]))
 
 
@@ -41,18 +41,18 @@ def test_any_state_file_gives_a_state_never_a_hang_or_a_traceback(data, kind):
     with scratch() as d:
         name = "eng-%s" % uuid.uuid4().hex[:8]  # no engine carries this identity
         os.makedirs(os.path.join(d, name))
-        path = _process.paths(d, name)["state"]
+        path = _process_state.paths(d, name)["state"]
         place(path, kind, data)
         box = outcome(lambda: _process.locate(d, name), ())
         st_ = box["value"]
         assert st_["state"] in ("absent", "exited", "lost")  # nothing runs under this name
-        for key, kind_ in _process._STATE_FIELDS.items():  # pylint: disable=protected-access
+        for key, kind_ in _process_state._STATE_FIELDS.items():  # pylint: disable=protected-access
             v = st_.get(key)
             assert v is None or (isinstance(v, kind_) and (kind_ is bool or not isinstance(v, bool))), (key, v)
         if kind not in ("regular", "missing", "dangling"):
             assert path in st_["state_file_error"]
-        assert outcome(lambda: _process.read_state_file(path), ())["value"]["state"] in ("absent", "exited", "lost")
-        outcome(lambda: _process.describe_exit(st_), ())
+        assert outcome(lambda: _process_state.read_state_file(path), ())["value"]["state"] in ("absent", "exited", "lost")
+        outcome(lambda: _process_state.describe_exit(st_), ())
 
 
 def _plan(out):

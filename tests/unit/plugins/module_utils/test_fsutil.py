@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _kcache, _process
+from ansible_collections.llmops.serving.plugins.module_utils import _fsutil, _kcache, _process_state
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
 
@@ -121,7 +121,7 @@ def test_engine_process_private_files_are_written_through_the_helper(tmp_path):
     with open(path + ".tmp", "w") as f:  # what an interrupted older writer left behind
         f.write("stale")
     os.chmod(path + ".tmp", 0o644)
-    _process._write_private(path, {"command": ["vllm", "serve"]})
+    _process_state.write_private(path, {"command": ["vllm", "serve"]})
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     with open(path) as f:
         assert json.load(f) == {"command": ["vllm", "serve"]}

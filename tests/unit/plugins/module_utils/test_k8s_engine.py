@@ -351,7 +351,7 @@ def test_env_values_are_strings_and_secret_references_render():
     ["setsid", "bash", "-lc", "exec vllm serve /m"],
 ])
 def test_container_command_follows_engine_process_rule(command):
-    # One rule for "the engine is the foreground process" (_process.command_problems), here applied to the
+    # One rule for "the engine is the foreground process" (_process_command.command_problems), here applied to the
     # container's command without reading files of the host that renders it.
     with pytest.raises(k8s.SpecError, match=r"^command: .*Completed/exit 0"):
         k8s.check_command(command)

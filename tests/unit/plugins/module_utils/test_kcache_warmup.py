@@ -1,5 +1,5 @@
 """The kernel-cache warm-up with real processes and a real loopback server: ``mode: serve`` polls through
-``_probe.retry`` and ``_http``, and the warm-up's whole process group is stopped afterwards (``_process.Child``)."""
+``_probe.retry`` and ``_http``, and the warm-up's whole process group is stopped afterwards (``_process_run.Child``)."""
 from __future__ import annotations
 
 import os
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ansible_collections.llmops.serving.plugins.module_utils import _kcache, _process
+from ansible_collections.llmops.serving.plugins.module_utils import _kcache, _process_run
 
 ENGINE = textwrap.dedent("""
     import json, sys, time
@@ -54,7 +54,7 @@ def _warmup(tmp_path, port, answer="OK", delay="0.4", expect="OK", timeout=30, m
 def _gone(pid, within=5.0):
     end = time.monotonic() + within
     while time.monotonic() < end:
-        if not _process.pid_alive(pid):
+        if not _process_run.pid_alive(pid):
             return True
         time.sleep(0.05)
     return False

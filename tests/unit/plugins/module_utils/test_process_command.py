@@ -19,7 +19,7 @@ import uuid
 
 import pytest
 
-from ansible_collections.llmops.serving.plugins.module_utils import _process
+from ansible_collections.llmops.serving.plugins.module_utils import _process_command, _process_state
 from ansible_collections.llmops.serving.plugins.modules import engine_process
 
 CRASH = "%s -c 'import sys; sys.exit(3)'" % shlex.quote(sys.executable)
@@ -59,8 +59,8 @@ def test_the_refused_wrappers_really_turn_a_crash_into_exit_0(tmp_path, wrapper)
     """Why: run as they are, these wrappers exit 0 while the engine exits 3."""
     assert subprocess.run([sys.executable, "-c", "import sys; sys.exit(3)"], check=False).returncode == 3
     assert subprocess.run(_fill(REFUSED[wrapper], tmp_path), timeout=30, check=False).returncode == 0
-    with pytest.raises(_process.ProcessError):
-        _process.check_command(_fill(REFUSED[wrapper], tmp_path))
+    with pytest.raises(_process_state.ProcessError):
+        _process_command.check_command(_fill(REFUSED[wrapper], tmp_path))
 
 
 @pytest.mark.parametrize("case", sorted(REFUSED))
@@ -86,7 +86,7 @@ def test_shell_script_file_and_shebang_script_are_checked(run_module, tmp_path):
         assert "set -e" not in r["msg"]  # the script's content is not echoed
     good = tmp_path / "good.sh"
     good.write_text("#!/usr/bin/env bash\nset -e\ncd /\nexec %s\n" % CRASH)
-    assert _process.command_problems([str(good)]) == []
+    assert _process_command.command_problems([str(good)]) == []
 
 
 @pytest.mark.parametrize("argv", [
@@ -100,7 +100,7 @@ def test_shell_script_file_and_shebang_script_are_checked(run_module, tmp_path):
     ["setsid", "--wait", sys.executable, "-c", "import sys; sys.exit(3)"],
 ])
 def test_foreground_engine_is_accepted_and_its_real_status_recorded(run_module, tmp_path, argv):
-    assert _process.command_problems(argv) == []
+    assert _process_command.command_problems(argv) == []
     r = run_module(engine_process, {"name": "eng", "run_dir": str(tmp_path / "run"), "command": argv,
                                     "startup_grace": 3})
     assert r["failed"] and r["returncode"] == 3 and "exit status 3" in r["msg"], r
@@ -118,5 +118,5 @@ def test_missing_engine_binary_is_exit_127_not_a_supervisor_mystery(run_module, 
 @pytest.mark.parametrize("script", ["vllm serve /m; exec true", "exec sleep infinity", "exec tail -f /dev/null"])
 def test_an_exec_of_something_that_is_not_an_engine_is_refused(script):
     # the one rule for local engines and container commands: the status would be that command's
-    reasons = _process.command_problems(["bash", "-lc", script])
+    reasons = _process_command.command_problems(["bash", "-lc", script])
     assert any("not the engine" in r for r in reasons), reasons

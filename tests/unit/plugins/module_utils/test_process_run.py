@@ -1,4 +1,4 @@
-"""_process.python_json (asking an engine's interpreter), _process.Child / stop_group (a warm-up's process
+"""_process_run.python_json (asking an engine's interpreter), _process_run.Child / stop_group (a warm-up's process
 group) and _preflight.find_bin, with real interpreters, scripts and processes."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ansible_collections.llmops.serving.plugins.module_utils import _moe, _preflight, _process, _reference
+from ansible_collections.llmops.serving.plugins.module_utils import _moe, _preflight, _process_run, _reference
 
 
 def _script(tmp_path, name, body):
@@ -21,17 +21,17 @@ def _script(tmp_path, name, body):
 
 def test_python_json_reads_the_last_line_and_passes_args_and_stdin():
     code = "import json, sys; print('noise from an import'); print(json.dumps([sys.argv[1:], sys.stdin.read()]))"
-    assert _process.python_json(sys.executable, code, ["a", "b"], stdin="fed") == [["a", "b"], "fed"]
+    assert _process_run.python_json(sys.executable, code, ["a", "b"], stdin="fed") == [["a", "b"], "fed"]
 
 
 def test_python_json_failures_keep_the_interpreters_error_output(tmp_path):
-    with pytest.raises(_process.PythonFailed) as e:
-        _process.python_json(sys.executable, "import sys; sys.stderr.write('ModuleNotFoundError: vllm\\n'); sys.exit(4)")
+    with pytest.raises(_process_run.PythonFailed) as e:
+        _process_run.python_json(sys.executable, "import sys; sys.stderr.write('ModuleNotFoundError: vllm\\n'); sys.exit(4)")
     assert e.value.returncode == 4 and e.value.stderr == "ModuleNotFoundError: vllm"
     with pytest.raises(OSError):
-        _process.python_json(str(tmp_path / "no-python"), "print(1)")
+        _process_run.python_json(str(tmp_path / "no-python"), "print(1)")
     with pytest.raises(ValueError):
-        _process.python_json(sys.executable, "print('not json')")
+        _process_run.python_json(sys.executable, "print('not json')")
 
 
 def test_callers_turn_a_failing_interpreter_into_their_own_message(tmp_path):
@@ -65,7 +65,7 @@ def test_find_bin_looks_where_get_bin_path_looks(tmp_path, monkeypatch):
 def _alive_within(pid, alive, within=5.0):
     end = time.monotonic() + within
     while time.monotonic() < end:
-        if _process.pid_alive(pid) == alive:
+        if _process_run.pid_alive(pid) == alive:
             return True
         time.sleep(0.05)
     return False
@@ -76,7 +76,7 @@ def test_child_stop_ends_the_whole_group_and_kills_what_ignores_sigterm(tmp_path
     log = tmp_path / "warmup.log"
     # the leader ignores SIGTERM (SIGKILL after the grace period); its worker is a plain sleep
     cmd = ["sh", "-c", "trap '' TERM; sleep 60 & echo $! > %s; echo started; while :; do sleep 0.1; done" % pidfile]
-    child = _process.Child(cmd, str(log))
+    child = _process_run.Child(cmd, str(log))
     deadline = time.monotonic() + 5
     while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -91,7 +91,7 @@ def test_child_stop_ends_the_whole_group_and_kills_what_ignores_sigterm(tmp_path
 
 
 def test_stop_group_of_a_group_that_is_gone_sends_nothing():
-    child = _process.Child([sys.executable, "-c", "pass"], os.devnull)
+    child = _process_run.Child([sys.executable, "-c", "pass"], os.devnull)
     assert child.wait(10) == 0
-    assert _process.stop_group(child.pid, 1) is None
+    assert _process_run.stop_group(child.pid, 1) is None
     child.stop()

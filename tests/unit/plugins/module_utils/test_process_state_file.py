@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from ansible_collections.llmops.serving.plugins.module_utils import _process
+from ansible_collections.llmops.serving.plugins.module_utils import _process_state
 from ansible_collections.llmops.serving.plugins.modules import engine_process
 from ansible_collections.llmops.serving.tests.unit.plugins.module_utils.conftest import engines
 
@@ -128,25 +128,25 @@ def test_a_fifo_state_file_neither_hangs_nor_hides_the_engine(run_module, tmp_pa
     assert "FIFO" in " ".join(stopped["warnings"])
     assert engines(token) == []
     # engine_probe's reader of the same file: absent, not a hang
-    assert _process.read_state_file(r["state_file"]) == {"state": "absent"} or \
-        _process.read_state_file(r["state_file"])["state"] == "exited"
+    assert _process_state.read_state_file(r["state_file"]) == {"state": "absent"} or \
+        _process_state.read_state_file(r["state_file"])["state"] == "exited"
 
 
 def test_state_fields_of_the_wrong_type_are_dropped_and_named():
-    st, dropped = _process.clean_state({"state": "running", "pid": "12", "supervisor_pid": 0, "pid_start": -1,
+    st, dropped = _process_state.clean_state({"state": "running", "pid": "12", "supervisor_pid": 0, "pid_start": -1,
                                         "signal": 15.0, "returncode": None, "started_at": 3, "x" * 100: 1})
     assert st == {"state": "running", "started_at": 3.0, "returncode": None}
     assert dropped == sorted(["pid", "supervisor_pid", "pid_start", "signal", "x" * 64 + "..."])
-    assert _process.clean_state({"state": "dancing"}) == ({}, ["state"])
+    assert _process_state.clean_state({"state": "dancing"}) == ({}, ["state"])
 
 
 def test_describe_exit_of_a_state_file_with_a_list_for_signal_does_not_raise(tmp_path):
     path = str(tmp_path / "state.json")
     with open(path, "w") as f:
         json.dump({"state": "exited", "signal": [9], "returncode": "x"}, f)
-    st = _process.read_state_file(path)
+    st = _process_state.read_state_file(path)
     assert st["state"] == "exited" and "signal" not in st
-    assert _process.describe_exit(st) == "exit status None"
+    assert _process_state.describe_exit(st) == "exit status None"
 
 
 def test_a_state_file_naming_another_live_process_after_the_engine_is_gone_signals_nothing(

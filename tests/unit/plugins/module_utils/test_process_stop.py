@@ -12,7 +12,7 @@ import signal
 import sys
 import time
 
-from ansible_collections.llmops.serving.plugins.module_utils import _process
+from ansible_collections.llmops.serving.plugins.module_utils import _process_state
 from ansible_collections.llmops.serving.plugins.modules import engine_process
 from ansible_collections.llmops.serving.tests.unit.plugins.module_utils.conftest import engines
 
@@ -89,7 +89,7 @@ def test_stopped_after_sigkilled_supervisor_sends_sigterm_to_the_process_group(r
     assert took < 5  # the engine left on SIGTERM; no wait for the SIGKILL deadline
     st = run_module(engine_process, dict(args, state="status"))
     assert st["state"] == "exited" and st["returncode"] is None and st["supervisor_lost"]
-    assert "unknown status" in _process.describe_exit(st)
+    assert "unknown status" in _process_state.describe_exit(st)
 
 
 def test_started_after_sigkilled_supervisor_keeps_the_engine_and_says_so(run_module, tmp_path, token):

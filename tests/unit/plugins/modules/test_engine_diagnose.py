@@ -18,7 +18,7 @@ import time
 import pytest
 import yaml
 
-from ansible_collections.llmops.serving.plugins.module_utils import _process
+from ansible_collections.llmops.serving.plugins.module_utils import _process, _process_state
 from ansible_collections.llmops.serving.plugins.modules import engine_diagnose
 
 FIX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "fixtures", "diagnose")
@@ -208,7 +208,7 @@ def _start(tmp_path, name, argv, grace=0.3):
     """Start ``argv`` under engine_process; an engine that dies at once is recorded (not raised)."""
     try:
         _process.start(str(tmp_path), name, argv, startup_grace=grace)
-    except _process.ProcessError:
+    except _process_state.ProcessError:
         pass
 
 
@@ -244,7 +244,7 @@ def _listens(port):
 
 
 def _logged(tmp_path, name, text):
-    return lambda: text in (open(_process.paths(str(tmp_path), name)["log"]).read())
+    return lambda: text in (open(_process_state.paths(str(tmp_path), name)["log"]).read())
 
 
 def _diagnose(run_module, tmp_path, name, **kw):

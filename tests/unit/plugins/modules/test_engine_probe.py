@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ansible_collections.llmops.serving.plugins.module_utils import _probe, _process
+from ansible_collections.llmops.serving.plugins.module_utils import _probe, _process, _process_state
 from ansible_collections.llmops.serving.plugins.modules import engine_probe
 
 
@@ -151,7 +151,7 @@ def test_dead_process_stops_the_wait(run_module, tmp_path):
         _process.start(str(tmp_path), "eng", [sys.executable, "-c", "import time,sys; time.sleep(1); sys.exit(3)"],
                        startup_grace=0.1)
     finally:
-        st = _process.paths(str(tmp_path), "eng")["state"]
+        st = _process_state.paths(str(tmp_path), "eng")["state"]
     t0 = time.time()
     r = run_module(engine_probe, {"base_url": "http://127.0.0.1:9", "model": "m", "deadline": 120,
                                   "interval": 0.3, "process_state_file": st})

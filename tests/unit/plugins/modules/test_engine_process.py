@@ -5,7 +5,7 @@ import json
 import sys
 import time
 
-from ansible_collections.llmops.serving.plugins.module_utils import _process
+from ansible_collections.llmops.serving.plugins.module_utils import _process, _process_run
 from ansible_collections.llmops.serving.plugins.modules import engine_process
 
 SLEEPER = [sys.executable, "-c", "import time; print('serving', flush=True); time.sleep(120)"]
@@ -21,12 +21,12 @@ def test_start_is_idempotent_and_restart_on_changed_spec(run_module, tmp_path):
     r1 = run_module(engine_process, _args(tmp_path))
     try:
         assert r1["changed"] and r1["state"] == "running"
-        assert _process.pid_alive(r1["pid"])
+        assert _process_run.pid_alive(r1["pid"])
         r2 = run_module(engine_process, _args(tmp_path))
         assert not r2["changed"] and r2["pid"] == r1["pid"]
         r3 = run_module(engine_process, _args(tmp_path, env={"X": "value-of-x-7"}))
         assert r3["changed"] and r3["pid"] != r1["pid"]
-        assert not _process.pid_alive(r1["pid"])
+        assert not _process_run.pid_alive(r1["pid"])
         # the env value is never written in clear into results (the name is, masked, in invocation)
         assert "value-of-x-7" not in json.dumps(r3)
         assert r3["invocation"]["module_args"]["env"] == {"X": "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"}
