@@ -28,7 +28,7 @@ sys.path.insert(0, ROOT)
 import conftest  # noqa: E402,F401  pylint: disable=unused-import
 
 from ansible_collections.llmops.serving.plugins.module_utils import (  # noqa: E402
-    _demo_model, _fingerprint, _kcache,
+    _demo_model, _fingerprint, _kcache, _kcache_build, _kcache_log,
 )
 
 INIT_RE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+)")
@@ -52,7 +52,7 @@ def warmup_spec(model, port, timeout):
 
 
 def parse_log(text, engine="vllm", cache_dir=None):
-    out = _kcache.analyze_log(text, engine, cache_dir)
+    out = _kcache_log.analyze_log(text, engine, cache_dir)
     m = INIT_RE.findall(text)
     out["init_engine_s"] = float(m[-1]) if m else None
     m = COMPILE_RE.findall(text)
@@ -67,10 +67,10 @@ def restored_start(cache_dir, model, port, timeout, logfile, extra_env):
     env = dict(os.environ)
     env.update(extra_env)
     env.update(_kcache.cache_env("vllm", cache_dir))
-    log = _kcache._Log(logfile)
+    log = _kcache_build._Log(logfile)
     try:
         t0 = time.monotonic()
-        w = _kcache.run_warmup(warmup_spec(model, port, timeout), env, log, logfile)
+        w = _kcache_build.run_warmup(warmup_spec(model, port, timeout), env, log, logfile)
         return time.monotonic() - t0, w
     finally:
         log.close()
@@ -103,7 +103,7 @@ def main():
         node_a = os.path.join(work, "run%d" % r, "node-a")  # canary: builds
         node_b = os.path.join(work, "run%d" % r, "node-b")  # another node: copies, then starts
         t0 = time.monotonic()
-        pb = _kcache.prebuild(node_a, "vllm", fp["fingerprint"], fp["components"],
+        pb = _kcache_build.prebuild(node_a, "vllm", fp["fingerprint"], fp["components"],
                               warmup_spec(info["path"], a.port, a.timeout), label=fp["label"], extra_env=extra_env)
         cold_wall = time.monotonic() - t0
         with open(pb["log_path"]) as f:
@@ -115,11 +115,11 @@ def main():
             r, cold["ready_s"], cold["init_engine_s"], cold["torch_compile_s"], cold["result"],
             cold["files"], cold["bytes"]), flush=True)
 
-        sy = _kcache.sync(node_a, node_b, "vllm", fp["fingerprint"], fp["components"])
+        sy = _kcache_build.sync(node_a, node_b, "vllm", fp["fingerprint"], fp["components"])
         rv = _kcache.restore(node_b, "vllm", fp["fingerprint"], fp["components"])
         assert rv["status"] == "hit", rv
         # the engine runs on its own copy, as the role starts it: the published directory is only read
-        co = _kcache.checkout(node_b, "vllm", fp["fingerprint"], fp["components"])
+        co = _kcache_build.checkout(node_b, "vllm", fp["fingerprint"], fp["components"])
         logfile = os.path.join(node_b, "vllm", ".logs", "%s.restored.log" % fp["fingerprint"])
         ready, _w = restored_start(co["engine_dir"], info["path"], a.port, a.timeout, logfile, extra_env)
         with open(logfile) as f:

@@ -3,9 +3,9 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """GPU: a set of real Triton kernels compiled through the kernel_cache prebuild path, then restored.
 
-Per run: (1) ``_kcache.prebuild`` on "node A" runs benchmarks/kernel_cache_triton_set.py as the
+Per run: (1) ``_kcache_build.prebuild`` on "node A" runs benchmarks/kernel_cache_triton_set.py as the
 warm-up with every cache variable pointing into a private ``.partial-*`` dir, verifies and publishes
-it; the script's own first-launch times are the cold JIT. (2) ``_kcache.sync`` copies it to "node B"
+it; the script's own first-launch times are the cold JIT. (2) ``_kcache_build.sync`` copies it to "node B"
 (hashing every file), ``_kcache.restore`` verifies it, and a fresh process runs the same kernels with
 TRITON_CACHE_DIR inside the restored dir: the restored JIT. (3) A fingerprint with one changed
 component (another triton version value) names a different directory, so the old cache is never
@@ -31,7 +31,7 @@ sys.path.insert(0, ROOT)
 import conftest  # noqa: E402,F401  pylint: disable=unused-import
 
 from ansible_collections.llmops.serving.plugins.module_utils import (  # noqa: E402
-    _fingerprint, _kcache, _preflight,
+    _fingerprint, _kcache, _kcache_build, _preflight,
 )
 
 KERNELS = os.path.join(ROOT, "benchmarks", "kernel_cache_triton_set.py")
@@ -75,7 +75,7 @@ def main():
         node_a, node_b = os.path.join(work, "r%d" % r, "node-a"), os.path.join(work, "r%d" % r, "node-b")
         cold_json = os.path.join(work, "cold%d.json" % r)
         t0 = time.monotonic()
-        pb = _kcache.prebuild(node_a, "vllm", fp["fingerprint"], fp["components"],
+        pb = _kcache_build.prebuild(node_a, "vllm", fp["fingerprint"], fp["components"],
                               {"command": [sys.executable, KERNELS, cold_json], "mode": "run", "timeout": 300},
                               label=fp["label"])
         wall = time.monotonic() - t0
@@ -83,7 +83,7 @@ def main():
             cold = json.load(f)
         cold.update(prebuild_wall_s=round(wall, 2), published_files=pb["file_count"], published_bytes=pb["total_bytes"])
         res["cold"].append(cold)
-        sy = _kcache.sync(node_a, node_b, "vllm", fp["fingerprint"], fp["components"])
+        sy = _kcache_build.sync(node_a, node_b, "vllm", fp["fingerprint"], fp["components"])
         rv = _kcache.restore(node_b, "vllm", fp["fingerprint"], fp["components"])
         assert rv["status"] == "hit", rv
         hot_json = os.path.join(work, "hot%d.json" % r)

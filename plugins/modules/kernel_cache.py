@@ -280,7 +280,7 @@ details:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _http, _kcache
+from ansible_collections.llmops.serving.plugins.module_utils import _http, _kcache, _kcache_build, _kcache_gc, _kcache_log
 
 NEEDS_COMPONENTS = ("verify", "prebuild", "sync", "checkout")
 
@@ -335,7 +335,7 @@ def main():
                              "of this engine" % (p["components"].get("engine"), engine))
     try:
         if op == "gc":
-            res = _kcache.gc(root, engine, p["keep"], p["in_use"], proc, module.check_mode)
+            res = _kcache_gc.gc(root, engine, p["keep"], p["in_use"], proc, module.check_mode)
             for item in res["links"]:
                 module.warn("%s: %s is a symlink (to %s), left alone: %s"
                             % (item["what"], item["path"], item["target"], item["fix"]))
@@ -355,19 +355,19 @@ def main():
             warmup = dict(command=p["warmup_command"], mode=p["warmup_mode"], url=p["warmup_url"],
                           body=p["warmup_body"], expect=p["warmup_expect"], timeout=p["warmup_timeout"],
                           cwd=p["warmup_chdir"])
-            res = _kcache.prebuild(root, engine, fp, p["components"], warmup, label=p["label"],
+            res = _kcache_build.prebuild(root, engine, fp, p["components"], warmup, label=p["label"],
                                    extra_env=dict((k, str(v)) for k, v in p["warmup_env"].items()),
                                    lock_timeout=p["lock_timeout"], allow_extra=p["allow_extra"],
                                    check_mode=module.check_mode, proc_root=proc)
         elif op == "sync":
-            res = _kcache.sync(p["source_root"], root, engine, fp, p["components"], p["lock_timeout"],
+            res = _kcache_build.sync(p["source_root"], root, engine, fp, p["components"], p["lock_timeout"],
                                p["allow_extra"], module.check_mode, proc_root=proc)
         elif op == "checkout":
-            res = _kcache.checkout(root, engine, fp, p["components"], p["instance"], p["mount_path"],
+            res = _kcache_build.checkout(root, engine, fp, p["components"], p["instance"], p["mount_path"],
                                    p["allow_extra"], p["lock_timeout"], module.check_mode, proc)
         else:
-            text = _kcache.read_log(p["log_path"])
-            res = _kcache.start_report(root, engine, fp, text, p["instance"], p["mount_path"])
+            text = _kcache_log.read_log(p["log_path"])
+            res = _kcache_build.start_report(root, engine, fp, text, p["instance"], p["mount_path"])
             engine_dir = res["engine_dir"]
             env = _kcache.cache_env(engine, p["mount_path"] or engine_dir)
             res["status"] = res["result"]

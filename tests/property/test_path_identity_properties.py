@@ -26,7 +26,7 @@ import tempfile
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
-from ansible_collections.llmops.serving.plugins.module_utils import _kcache, _paths, _stage
+from ansible_collections.llmops.serving.plugins.module_utils import _kcache_gc, _paths, _stage
 from ansible_collections.llmops.serving.tests.lib import stage_synth as _stage_synth
 
 EXAMPLES = int(os.environ.get("LLMOPS_FUZZ_EXAMPLES", "25"))
@@ -210,7 +210,7 @@ def test_gc_counts_only_real_fingerprints_and_reports_every_link(spec):
         pinned_fp = spec["real"][0] if spec["real"] and spec["in_use_how"] else None
         in_use = _in_use(box, real, eroot, pinned_fp, spec["in_use_how"]) if pinned_fp else []
         root = os.path.join(box, "kernel-cache") if spec["spelt_root"] else real
-        r = _kcache.gc(root, "vllm", spec["keep"], in_use=in_use, proc_root=proc)
+        r = _kcache_gc.gc(root, "vllm", spec["keep"], in_use=in_use, proc_root=proc)
         reported = sorted(os.path.realpath(os.path.dirname(x["path"])) + "/" + os.path.basename(x["path"])
                           for x in r["links"])
         assert reported == sorted(links), (reported, links)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ansible_collections.llmops.serving.plugins.module_utils import _kcache
+from ansible_collections.llmops.serving.plugins.module_utils import _kcache, _kcache_build
 from ansible_collections.llmops.serving.plugins.modules import kernel_cache
 
 FP = "0123456789abcdef"
@@ -58,7 +58,7 @@ def snapshot(path):
 def published(tmp_path):
     root = tmp_path / "kc"
     w = {"command": [sys.executable, "-c", WARMUP], "mode": "run", "timeout": 60}
-    r = _kcache.prebuild(str(root), "vllm", FP, COMPONENTS, w)
+    r = _kcache_build.prebuild(str(root), "vllm", FP, COMPONENTS, w)
     return {"root": str(root), "dir": r["cache_dir"]}
 
 
@@ -73,14 +73,14 @@ def start_engine(env, how="add", stay="exit"):
 
 def test_an_engine_writing_into_its_cache_leaves_the_published_dir_byte_identical(published):
     before = snapshot(published["dir"])
-    co = _kcache.checkout(published["root"], "vllm", FP, COMPONENTS)
+    co = _kcache_build.checkout(published["root"], "vllm", FP, COMPONENTS)
     assert co["status"] == "copied" and co["changed"] and co["file_count"] == 3
     engine_dir = co["engine_dir"]
     assert engine_dir != published["dir"] and not engine_dir.startswith(published["dir"] + "/")
     env = _kcache.cache_env("vllm", engine_dir)
     start_engine(env, "rewrite")
     assert snapshot(published["dir"]) == before
-    rep = _kcache.start_report(published["root"], "vllm", FP, "INFO engine started\n")
+    rep = _kcache_build.start_report(published["root"], "vllm", FP, "INFO engine started\n")
     assert rep["result"] == "miss" and rep["published_unchanged"] and rep["engine_dir"] == engine_dir
     assert [(f["path"], f["change"]) for f in rep["new_files"]] == [
         ("inductor/cpp/kernel_other_torch.so", "added"), ("inductor/k/kernel.bin", "changed")]
@@ -92,59 +92,59 @@ def test_an_engine_writing_into_its_cache_leaves_the_published_dir_byte_identica
 
 
 def test_an_engine_pointed_at_the_published_dir_despite_a_copy_is_still_a_miss(published):
-    _kcache.checkout(published["root"], "vllm", FP, COMPONENTS)
+    _kcache_build.checkout(published["root"], "vllm", FP, COMPONENTS)
     start_engine(_kcache.cache_env("vllm", published["dir"]), "add")
-    rep = _kcache.start_report(published["root"], "vllm", FP, "INFO engine started\n")
+    rep = _kcache_build.start_report(published["root"], "vllm", FP, "INFO engine started\n")
     assert rep["result"] == "miss" and not rep["published_unchanged"] and rep["new_files"] == []
     assert "published directory changed during start" in rep["miss_lines"][-1]
     assert "not in manifest: inductor/cpp/kernel_other_torch.so" in rep["problems"][0]
 
 
 def test_added_kernels_only_are_worth_publishing_and_a_clean_start_is_a_hit(published):
-    co = _kcache.checkout(published["root"], "vllm", FP, COMPONENTS)
+    co = _kcache_build.checkout(published["root"], "vllm", FP, COMPONENTS)
     log = "INFO Directly load the compiled graph(s) for compile range (1, 2048) from the cache, took 0.4 s\n"
-    rep = _kcache.start_report(published["root"], "vllm", FP, log)
+    rep = _kcache_build.start_report(published["root"], "vllm", FP, log)
     assert rep["result"] == "hit" and rep["new_files"] == [] and not rep["worth_publishing"]
     start_engine(_kcache.cache_env("vllm", co["engine_dir"]), "add")
-    rep = _kcache.start_report(published["root"], "vllm", FP, log)
+    rep = _kcache_build.start_report(published["root"], "vllm", FP, log)
     assert rep["result"] == "miss" and [f["change"] for f in rep["new_files"]] == ["added"]
     assert rep["worth_publishing"] and "warm-up did not compile" in rep["publish_advice"]
     poisoned = log + "ERROR failed to compile: corrupted compilation artifact\n"
-    assert not _kcache.start_report(published["root"], "vllm", FP, poisoned)["worth_publishing"]
+    assert not _kcache_build.start_report(published["root"], "vllm", FP, poisoned)["worth_publishing"]
 
 
 def test_a_running_engine_keeps_its_copy_and_a_stopped_ones_copy_is_replaced(published):
-    co = _kcache.checkout(published["root"], "vllm", FP, COMPONENTS)
+    co = _kcache_build.checkout(published["root"], "vllm", FP, COMPONENTS)
     engine_dir = co["engine_dir"]
-    again = _kcache.checkout(published["root"], "vllm", FP, COMPONENTS)
+    again = _kcache_build.checkout(published["root"], "vllm", FP, COMPONENTS)
     assert again["status"] == "ready" and not again["changed"] and again["engine_dir"] == engine_dir
     p = start_engine(_kcache.cache_env("vllm", engine_dir), "add", stay="stay")
     try:
         # the engine's environment points into its copy: the copy is in use and left exactly as it is
         for check_mode in (True, False):
-            r = _kcache.checkout(published["root"], "vllm", FP, COMPONENTS, check_mode=check_mode)
+            r = _kcache_build.checkout(published["root"], "vllm", FP, COMPONENTS, check_mode=check_mode)
             assert r["status"] == "in_use" and not r["changed"] and r["in_use_by"][0]["pid"] == p.pid
         assert os.path.isfile(os.path.join(engine_dir, "inductor", "cpp", "kernel_other_torch.so"))
     finally:
         p.kill()
         p.wait()
-    dry = _kcache.checkout(published["root"], "vllm", FP, COMPONENTS, check_mode=True)
+    dry = _kcache_build.checkout(published["root"], "vllm", FP, COMPONENTS, check_mode=True)
     assert dry["status"] == "would_copy" and dry["changed"]
-    r = _kcache.checkout(published["root"], "vllm", FP, COMPONENTS)
+    r = _kcache_build.checkout(published["root"], "vllm", FP, COMPONENTS)
     assert r["status"] == "copied" and [f["path"] for f in r["discarded_files"]] == ["inductor/cpp/kernel_other_torch.so"]
     assert not os.path.exists(os.path.join(engine_dir, "inductor", "cpp"))
-    assert _kcache.start_report(published["root"], "vllm", FP, "")["new_files"] == []
+    assert _kcache_build.start_report(published["root"], "vllm", FP, "")["new_files"] == []
 
 
 def test_checkout_refuses_an_unverified_directory_and_a_bad_instance(published, tmp_path):
     with pytest.raises(_kcache.KCacheError, match="instance"):
-        _kcache.checkout(published["root"], "vllm", FP, COMPONENTS, instance="../escape")
+        _kcache_build.checkout(published["root"], "vllm", FP, COMPONENTS, instance="../escape")
     with pytest.raises(_kcache.KCacheError, match="checkout: .* not a verified cache .*missing"):
-        _kcache.checkout(str(tmp_path / "empty"), "vllm", FP, COMPONENTS)
+        _kcache_build.checkout(str(tmp_path / "empty"), "vllm", FP, COMPONENTS)
     with open(os.path.join(published["dir"], "triton", "k", "kernel.bin"), "ab") as f:
         f.write(b"tampered")
     with pytest.raises(_kcache.KCacheError, match="tampered"):
-        _kcache.checkout(published["root"], "vllm", FP, COMPONENTS)
+        _kcache_build.checkout(published["root"], "vllm", FP, COMPONENTS)
     assert not os.path.exists(_kcache.run_dir(published["root"], "vllm", FP))
 
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ansible_collections.llmops.serving.plugins.module_utils import _kcache
+from ansible_collections.llmops.serving.plugins.module_utils import _kcache, _kcache_build, _kcache_gc
 from ansible_collections.llmops.serving.tests.unit.plugins.module_utils.conftest import hold, hold_bind_mount, stop
 
 COMPONENTS = {"engine": "vllm", "engine_version": "0.32.0", "tp": 8}
@@ -41,7 +41,7 @@ def test_gc_keeps_a_fingerprint_used_through_a_symlinked_root(cache, mode):
     else:
         p = hold(mode, used if mode == "cwd" else os.path.join(used, "triton", "k.so"))
     try:
-        r = _kcache.gc(cache["real"], "vllm", keep=1)
+        r = _kcache_gc.gc(cache["real"], "vllm", keep=1)
         assert FPS[0] in r["protected"] and FPS[0] in r["mounted"]
         assert r["in_use_by"][FPS[0]][0]["pid"] == p.pid
         assert sorted(r["removed"]) == sorted(FPS[1:3])
@@ -58,7 +58,7 @@ def test_gc_keeps_a_fingerprint_bind_mounted_in_a_pod_namespace(cache, tmp_path)
     volume.mkdir()
     p = hold_bind_mount(os.path.join(cache["link"], "vllm", FPS[1]), volume)
     try:
-        r = _kcache.gc(cache["link"], "vllm", keep=1)
+        r = _kcache_gc.gc(cache["link"], "vllm", keep=1)
         assert FPS[1] in r["protected"] and r["in_use_by"][FPS[1]][0]["via"] == "mount"
         assert sorted(r["removed"]) == sorted([FPS[0], FPS[2]])
         assert os.path.isdir(os.path.join(cache["real"], "vllm", FPS[1]))
@@ -73,7 +73,7 @@ def test_gc_keeps_a_fingerprint_whose_engine_copy_is_in_use(cache):
     os.makedirs(os.path.join(stale, "triton"))
     p = hold("cwd", os.path.join(run, "triton"))
     try:
-        r = _kcache.gc(cache["real"], "vllm", keep=1)
+        r = _kcache_gc.gc(cache["real"], "vllm", keep=1)
         assert FPS[0] in r["protected"] and FPS[0] in r["mounted"]
         # the copy of a removed fingerprint goes with it when nobody uses it; the used copy stays
         assert r["removed"] == [FPS[2], FPS[1]] and r["removed_runs"] == [FPS[1] + "-engine"]
@@ -86,7 +86,7 @@ def build(root, fp):
     w = {"command": [sys.executable, "-c",
                      "import os; open(os.path.join(os.environ['TRITON_CACHE_DIR'], 'k.bin'), 'wb').write(b'k' * 64)"],
          "mode": "run", "timeout": 60}
-    return _kcache.prebuild(root, "vllm", fp, COMPONENTS, w)
+    return _kcache_build.prebuild(root, "vllm", fp, COMPONENTS, w)
 
 
 def test_a_tampered_dir_in_use_is_reported_not_moved_from_under_its_user(tmp_path):

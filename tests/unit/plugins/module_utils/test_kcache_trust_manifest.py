@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ansible_collections.llmops.serving.plugins.module_utils import _kcache
+from ansible_collections.llmops.serving.plugins.module_utils import _kcache, _kcache_build, _kcache_gc
 from ansible_collections.llmops.serving.plugins.modules import kernel_cache
 
 FP = "0123456789abcdef"
@@ -23,7 +23,7 @@ WRITER = ("import os\n"
 
 def build(root):
     w = {"command": [sys.executable, "-c", WRITER], "mode": "run", "timeout": 60}
-    return _kcache.prebuild(str(root), "vllm", FP, COMPONENTS, w, host="builder")
+    return _kcache_build.prebuild(str(root), "vllm", FP, COMPONENTS, w, host="builder")
 
 
 def rewrite_manifest(d, change):
@@ -71,7 +71,7 @@ def test_sync_never_reads_or_truncates_a_file_outside_the_roots(tmp_path, victim
     rel = escaping_entries(tmp_path, victim)[kind]
     rewrite_manifest(store / "vllm" / FP, add_entry(rel, before))
     with pytest.raises(_kcache.KCacheError, match=r"source_root: .*bad_manifest.*files\[\d\]\.path"):
-        _kcache.sync(str(store), str(node), "vllm", FP, COMPONENTS)
+        _kcache_build.sync(str(store), str(node), "vllm", FP, COMPONENTS)
     assert victim.read_bytes() == before
     assert not (node / "vllm").exists()  # refused before anything was created
 
@@ -99,7 +99,7 @@ def test_a_symlink_on_the_way_is_refused_never_followed(tmp_path):
     ver = _kcache.verify_dir(str(d), FP, COMPONENTS, allow_extra=False)
     assert ver["status"] == "tampered" and any("symlink" in p for p in ver["problems"])
     with pytest.raises(_kcache.KCacheError, match="source_root"):
-        _kcache.sync(str(store), str(node), "vllm", FP, COMPONENTS)
+        _kcache_build.sync(str(store), str(node), "vllm", FP, COMPONENTS)
     assert not (node / "vllm" / FP).exists()
     # a directory symlink inside the cache is seen too, not silently skipped
     os.unlink(str(d / "triton" / "k" / "leak.bin"))
@@ -167,5 +167,5 @@ def test_gc_orders_by_created_even_when_a_manifest_has_the_wrong_type(tmp_path):
         created = 20260101 if i == 1 else "2026-01-0%dT00:00:00Z" % (i + 1)
         (d / "manifest.json").write_text(json.dumps({"fingerprint": f, "created": created, "files": []}))
         os.utime(str(d), (1, 1))
-    r = _kcache.gc(str(root), "vllm", keep=1, proc_root=str(tmp_path / "no-proc"))
+    r = _kcache_gc.gc(str(root), "vllm", keep=1, proc_root=str(tmp_path / "no-proc"))
     assert r["kept"] == [fps[2]] and sorted(r["removed"]) == sorted([fps[0], fps[1]])

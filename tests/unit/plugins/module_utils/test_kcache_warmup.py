@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ansible_collections.llmops.serving.plugins.module_utils import _kcache, _process_run
+from ansible_collections.llmops.serving.plugins.module_utils import _kcache, _kcache_build, _process_run
 
 ENGINE = textwrap.dedent("""
     import json, sys, time
@@ -63,7 +63,7 @@ def _gone(pid, within=5.0):
 def test_serve_mode_waits_for_the_first_correct_answer_then_stops_the_engine(tmp_path, free_port):
     port = free_port()
     log, logfile = _Log(), str(tmp_path / "prebuild.log")
-    out = _kcache.run_warmup(_warmup(tmp_path, port), dict(os.environ), log, logfile, poll=0.1)
+    out = _kcache_build.run_warmup(_warmup(tmp_path, port), dict(os.environ), log, logfile, poll=0.1)
     assert out["response"] == "OK The model is staged"
     assert any(line.startswith("first correct response after") for line in log.lines)
     assert any(line.startswith("waiting for http://127.0.0.1:%d" % port) for line in log.lines)
@@ -78,7 +78,7 @@ def test_serve_mode_fails_at_once_when_the_engine_exits(tmp_path, free_port):
     w["command"] = [sys.executable, "-c", "import sys; sys.exit(3)"]
     t0 = time.monotonic()
     with pytest.raises(_kcache.KCacheError, match=r"warmup_command exited 3 before answering; see "):
-        _kcache.run_warmup(w, dict(os.environ), _Log(), str(tmp_path / "log"), poll=0.1)
+        _kcache_build.run_warmup(w, dict(os.environ), _Log(), str(tmp_path / "log"), poll=0.1)
     assert time.monotonic() - t0 < 10
 
 
@@ -87,7 +87,7 @@ def test_serve_mode_times_out_on_wrong_answers_and_says_what_came_back(tmp_path,
     w = _warmup(tmp_path, port, answer="garbage", delay="0", expect="OK", timeout=2)
     t0 = time.monotonic()
     with pytest.raises(_kcache.KCacheError) as e:
-        _kcache.run_warmup(w, dict(os.environ), _Log(), str(tmp_path / "log"), poll=0.1)
+        _kcache_build.run_warmup(w, dict(os.environ), _Log(), str(tmp_path / "log"), poll=0.1)
     msg = str(e.value)
     assert msg.startswith("warmup_timeout: no correct response from http://127.0.0.1:%d/v1/completions after 2s" % port)
     assert "garbage The model is staged" in msg
@@ -99,7 +99,7 @@ def test_workers_left_behind_by_the_warmup_are_stopped(tmp_path):
     engine's GPU process) does not keep running after the warm-up, writing into a directory being published."""
     pidfile = tmp_path / "worker.pid"
     w = {"command": ["sh", "-c", "sleep 60 & echo $! > %s; exit 0" % pidfile], "mode": "run", "timeout": 30}
-    out = _kcache.run_warmup(w, dict(os.environ), _Log(), str(tmp_path / "log"))
+    out = _kcache_build.run_warmup(w, dict(os.environ), _Log(), str(tmp_path / "log"))
     assert out["response"] is None
     assert _gone(int(pidfile.read_text()))
 
@@ -107,4 +107,4 @@ def test_workers_left_behind_by_the_warmup_are_stopped(tmp_path):
 def test_a_warmup_command_that_cannot_start_names_it(tmp_path):
     w = {"command": [str(tmp_path / "no-such-engine")], "mode": "run"}
     with pytest.raises(_kcache.KCacheError, match="warmup_command: cannot start .*no-such-engine"):
-        _kcache.run_warmup(w, dict(os.environ), _Log(), str(tmp_path / "log"))
+        _kcache_build.run_warmup(w, dict(os.environ), _Log(), str(tmp_path / "log"))

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from ansible_collections.llmops.serving.plugins.module_utils import _kcache
+from ansible_collections.llmops.serving.plugins.module_utils import _kcache, _kcache_build, _kcache_gc, _kcache_log
 
 FP = "0123456789abcdef"
 COMPONENTS = {"engine": "vllm", "engine_version": "0.32.0", "tp": 8, "triton": "3.6.0"}
@@ -35,7 +35,7 @@ def warmup(tmp_path, delay=0.0):
 
 
 def build(tmp_path, root, delay=0.0):
-    return _kcache.prebuild(str(root), "vllm", FP, COMPONENTS, warmup(tmp_path, delay), label="t", host="builder-1")
+    return _kcache_build.prebuild(str(root), "vllm", FP, COMPONENTS, warmup(tmp_path, delay), label="t", host="builder-1")
 
 
 def runs(tmp_path):
@@ -77,7 +77,7 @@ def test_failed_warmup_publishes_nothing(tmp_path):
     root = tmp_path / "cache"
     bad = {"command": [sys.executable, "-c", "import sys; sys.exit(3)"], "mode": "run", "timeout": 30}
     with pytest.raises(_kcache.KCacheError, match="exited 3"):
-        _kcache.prebuild(str(root), "vllm", FP, COMPONENTS, bad)
+        _kcache_build.prebuild(str(root), "vllm", FP, COMPONENTS, bad)
     assert not (root / "vllm" / FP).exists()
     assert not [p for p in os.listdir(root / "vllm") if p.startswith(".partial")]
 
@@ -163,23 +163,23 @@ def test_lock_timeout_names_the_option(tmp_path):
     root = tmp_path / "cache"
     with _kcache.fingerprint_lock(str(root), "vllm", FP, 5):
         with pytest.raises(_kcache.KCacheError, match="lock_timeout"):
-            _kcache.prebuild(str(root), "vllm", FP, COMPONENTS, warmup(tmp_path), lock_timeout=0)
+            _kcache_build.prebuild(str(root), "vllm", FP, COMPONENTS, warmup(tmp_path), lock_timeout=0)
     assert runs(tmp_path) == 0
 
 
 def test_sync_copies_verified_and_refuses_bad_source(tmp_path):
     store, node = tmp_path / "store", tmp_path / "node"
     build(tmp_path, store)
-    r = _kcache.sync(str(store), str(node), "vllm", FP, COMPONENTS)
+    r = _kcache_build.sync(str(store), str(node), "vllm", FP, COMPONENTS)
     assert r["status"] == "copied" and r["bytes"] > 0
     assert _kcache.restore(str(node), "vllm", FP, COMPONENTS)["status"] == "hit"
     log = open(r["log_path"]).read()
     assert "copied 4 files" in log
-    assert _kcache.sync(str(store), str(node), "vllm", FP, COMPONENTS)["status"] == "hit"
+    assert _kcache_build.sync(str(store), str(node), "vllm", FP, COMPONENTS)["status"] == "hit"
     # a corrupt source is never copied
     (store / "vllm" / FP / "inductor" / "k" / "kernel.bin").write_bytes(b"bad")
     with pytest.raises(_kcache.KCacheError, match="source_root"):
-        _kcache.sync(str(store), str(tmp_path / "node2"), "vllm", FP, COMPONENTS)
+        _kcache_build.sync(str(store), str(tmp_path / "node2"), "vllm", FP, COMPONENTS)
     assert not (tmp_path / "node2" / "vllm" / FP).exists()
 
 
@@ -203,13 +203,13 @@ def test_gc_keeps_newest_and_never_removes_mounted(tmp_path):
     (proc / "4243").mkdir()
     (proc / "4243" / "maps").write_text("7f00-7f01 r-xp 0 0:0 1 %s/triton/x/k.so\n" % (root / "vllm" / fps[2]))
     (proc / "self").mkdir()
-    dry = _kcache.gc(str(root), "vllm", keep=2, in_use=[fps[1]], proc_root=str(proc), check_mode=True)
+    dry = _kcache_gc.gc(str(root), "vllm", keep=2, in_use=[fps[1]], proc_root=str(proc), check_mode=True)
     assert dry["removed"] == [] or all((root / "vllm" / f).exists() for f in fps)
-    r = _kcache.gc(str(root), "vllm", keep=2, in_use=[fps[1]], proc_root=str(proc))
+    r = _kcache_gc.gc(str(root), "vllm", keep=2, in_use=[fps[1]], proc_root=str(proc))
     assert r["kept"] == [fps[4], fps[3]]
     assert sorted(r["protected"]) == sorted([fps[0], fps[1], fps[2]])
     assert r["removed"] == [] and r["mounted"] == sorted([fps[0], fps[2]])
-    r = _kcache.gc(str(root), "vllm", keep=1, in_use=[], proc_root=str(proc))
+    r = _kcache_gc.gc(str(root), "vllm", keep=1, in_use=[], proc_root=str(proc))
     assert r["removed"] == [fps[3], fps[1]]
     assert (root / "vllm" / fps[0]).exists() and (root / "vllm" / fps[2]).exists()
     assert not (root / "vllm" / fps[1]).exists()
@@ -221,8 +221,8 @@ def test_gc_removes_stale_partials_only_when_unlocked(tmp_path):
     stale.mkdir(parents=True)
     os.utime(stale, (1, 1))
     with _kcache.fingerprint_lock(str(root), "vllm", FP, 5):
-        assert _kcache.gc(str(root), "vllm", keep=1, proc_root=str(tmp_path))["removed_partials"] == []
-    assert _kcache.gc(str(root), "vllm", keep=1, proc_root=str(tmp_path))["removed_partials"] == [stale.name]
+        assert _kcache_gc.gc(str(root), "vllm", keep=1, proc_root=str(tmp_path))["removed_partials"] == []
+    assert _kcache_gc.gc(str(root), "vllm", keep=1, proc_root=str(tmp_path))["removed_partials"] == [stale.name]
     assert not stale.exists()
 
 
@@ -237,17 +237,17 @@ WARNING [decorators.py:334] Compiling model again due to a load failure from /ca
 
 
 def test_log_report_hit_miss_unknown():
-    assert _kcache.analyze_log(VLLM_HIT, "vllm", "/cache")["result"] == "hit"
-    r = _kcache.analyze_log(VLLM_RECOMPILE, "vllm", "/cache")
+    assert _kcache_log.analyze_log(VLLM_HIT, "vllm", "/cache")["result"] == "hit"
+    r = _kcache_log.analyze_log(VLLM_RECOMPILE, "vllm", "/cache")
     assert r["result"] == "miss" and r["poisoned"] and "load failure" in r["miss_lines"][0]
     # a "warm" start whose compile cache lived somewhere else is a miss
-    r = _kcache.analyze_log(VLLM_HIT, "vllm", "/mnt/nvme/kc/vllm/" + FP)
+    r = _kcache_log.analyze_log(VLLM_HIT, "vllm", "/mnt/nvme/kc/vllm/" + FP)
     assert r["result"] == "miss" and r["cache_dirs_outside"]
-    assert _kcache.analyze_log("INFO started\n", "vllm")["result"] == "unknown"
+    assert _kcache_log.analyze_log("INFO started\n", "vllm")["result"] == "unknown"
     sg = ("[2026] Entering DeepGEMM JIT Pre-Compile session. It may take a long time (typically 10-20 mins)\n"
           "[2026] Config file not found at /x/triton_3_6_0/E=256.json. Fallback to triton version 3.5.1 and use "
           "MoE kernel config from /x/triton_3_5_1/E=256.json. Performance might be sub-optimal!\n")
-    r = _kcache.analyze_log(sg, "sglang")
+    r = _kcache_log.analyze_log(sg, "sglang")
     assert r["result"] == "miss" and r["moe_fallback_lines"]
 
 
@@ -281,21 +281,21 @@ def test_triton_groups_follow_the_directory(tmp_path):
     """Triton ignores a group whose absolute member paths do not exist: publish, copy and checkout relocate them."""
     node_a, node_b = tmp_path / "a", tmp_path / "b"
     w = {"command": [sys.executable, "-c", TRITON_WRITER], "mode": "run", "timeout": 30}
-    r = _kcache.prebuild(str(node_a), "vllm", FP, COMPONENTS, w)
+    r = _kcache_build.prebuild(str(node_a), "vllm", FP, COMPONENTS, w)
     final_a = r["cache_dir"]
     assert group_paths(final_a) == [os.path.join(final_a, "triton", "KEYHASH", n) for n in ("k.cubin", "k.json")]
     assert all(os.path.exists(p) for p in group_paths(final_a))
-    _kcache.sync(str(node_a), str(node_b), "vllm", FP, COMPONENTS)
+    _kcache_build.sync(str(node_a), str(node_b), "vllm", FP, COMPONENTS)
     final_b = str(node_b / "vllm" / FP)
     assert all(p.startswith(final_b + "/") and os.path.exists(p) for p in group_paths(final_b))
     # mounted at /cache inside a container: the engine's copy is rewritten for it, the published dir is not
     published = group_paths(final_b)
-    r = _kcache.checkout(str(node_b), "vllm", FP, COMPONENTS, mount_path="/cache")
+    r = _kcache_build.checkout(str(node_b), "vllm", FP, COMPONENTS, mount_path="/cache")
     assert r["status"] == "copied" and r["relocated_files"] == 1
     assert group_paths(r["engine_dir"]) == ["/cache/triton/KEYHASH/k.cubin", "/cache/triton/KEYHASH/k.json"]
     assert group_paths(final_b) == published
     assert _kcache.restore(str(node_b), "vllm", FP, COMPONENTS)["status"] == "hit"
-    again = _kcache.checkout(str(node_b), "vllm", FP, COMPONENTS, mount_path="/cache")
+    again = _kcache_build.checkout(str(node_b), "vllm", FP, COMPONENTS, mount_path="/cache")
     assert again["status"] == "ready" and again["relocated_files"] == 0 and not again["changed"]
     # a group that names other members is still tampering
     grp = os.path.join(final_b, "triton", "KEYHASH", "__grp__k.json")
@@ -305,13 +305,13 @@ def test_triton_groups_follow_the_directory(tmp_path):
 
 
 def test_analyze_log_judges_only_the_latest_start():
-    from ansible_collections.llmops.serving.plugins.module_utils import _kcache
+    from ansible_collections.llmops.serving.plugins.module_utils import _kcache_log
 
     old = ("==== 2026-11-29T23:52:00Z starting: python -m vllm.entrypoints.openai.api_server\n"
            "INFO [decorators.py:743] [backbone] saved AOT compiled function to /root/.cache/vllm/x\n"
            "Compiling model again due to a load failure\n"
            "==== 2026-11-29T23:59:00Z exited: returncode=0\n")
     new = "==== 2026-11-30T00:30:00Z starting: python -m vllm.entrypoints.openai.api_server\nINFO ready\n"
-    both = _kcache.analyze_log(old + new, "vllm")
+    both = _kcache_log.analyze_log(old + new, "vllm")
     assert both["miss_lines"] == []
-    assert _kcache.analyze_log(old, "vllm")["result"] == "miss"
+    assert _kcache_log.analyze_log(old, "vllm")["result"] == "miss"

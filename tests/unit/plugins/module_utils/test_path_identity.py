@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from ansible_collections.llmops.serving.plugins.module_utils import _kcache, _paths, _stage
+from ansible_collections.llmops.serving.plugins.module_utils import _kcache, _kcache_build, _kcache_gc, _kcache_log, _paths, _stage
 from ansible_collections.llmops.serving.plugins.modules import kernel_cache, model_stage
 from ansible_collections.llmops.serving.tests.lib import stage_synth as _stage_synth
 
@@ -230,7 +230,7 @@ def test_gc_never_counts_a_newer_symlinked_directory_as_a_fingerprint(kc):
     with open(os.path.join(kc["outside"], "manifest.json"), "w") as f:
         json.dump({"fingerprint": "f" * 16, "created": "2099-01-01T00:00:00Z", "files": []}, f)
     digest = tree_digest(kc["outside"])
-    r = _kcache.gc(kc["link"], "vllm", keep=1, proc_root=kc["proc"])
+    r = _kcache_gc.gc(kc["link"], "vllm", keep=1, proc_root=kc["proc"])
     assert r["kept"] == [FPS[2]] and r["removed"] == [FPS[1], FPS[0]], r
     assert [(x["path"], x["target"]) for x in r["links"]] == [(os.path.join(kc["link"], "vllm", "f" * 16),
                                                                kc["outside"])]
@@ -248,7 +248,7 @@ def test_gc_reports_links_where_copies_and_builds_would_be_and_goes_on(kc):
     os.symlink(kc["outside"], os.path.join(runs, "%s-engine" % FPS[0]))
     partial = os.path.join(kc["eroot"], ".partial-%s-abc" % FPS[0])
     os.symlink(kc["outside"], partial)
-    r = _kcache.gc(kc["real"], "vllm", keep=2, proc_root=kc["proc"])
+    r = _kcache_gc.gc(kc["real"], "vllm", keep=2, proc_root=kc["proc"])
     assert r["removed"] == [FPS[0]] and r["removed_partials"] == [] and r["errors"] == [], r
     assert sorted(x["path"] for x in r["links"]) == sorted([old, os.path.join(runs, "%s-engine" % FPS[0]), partial])
     assert all(os.path.islink(p) for p in (old, partial, os.path.join(runs, "%s-engine" % FPS[0])))
@@ -276,8 +276,8 @@ def test_gc_records_a_directory_it_cannot_remove_and_goes_on(kc, monkeypatch):
             raise PermissionError(13, "Permission denied")
         return real_rmtree(path, *a, **kw)
 
-    monkeypatch.setattr(_kcache.shutil, "rmtree", refuse_one)
-    r = _kcache.gc(kc["real"], "vllm", keep=1, proc_root=kc["proc"])
+    monkeypatch.setattr(_kcache_gc.shutil, "rmtree", refuse_one)
+    r = _kcache_gc.gc(kc["real"], "vllm", keep=1, proc_root=kc["proc"])
     assert r["removed"] == [FPS[0]] and r["changed"]
     assert r["errors"] == [{"path": os.path.join(kc["eroot"], FPS[1]),
                             "reason": "not removed: Permission denied; fix its permissions or remove it by hand"}]
@@ -296,7 +296,7 @@ KC_SPELLINGS = {
 @pytest.mark.parametrize("how", sorted(KC_SPELLINGS))
 def test_gc_keeps_a_fingerprint_declared_in_use_by_any_spelling_of_its_path(kc, how):
     digest = tree_digest(os.path.join(kc["eroot"], FPS[0]))
-    r = _kcache.gc(kc["real"], "vllm", keep=1, in_use=[KC_SPELLINGS[how](kc, FPS[0])], proc_root=kc["proc"])
+    r = _kcache_gc.gc(kc["real"], "vllm", keep=1, in_use=[KC_SPELLINGS[how](kc, FPS[0])], proc_root=kc["proc"])
     assert r["protected"] == [FPS[0]] and r["removed"] == [FPS[1]], r
     assert tree_digest(os.path.join(kc["eroot"], FPS[0])) == digest
 
@@ -304,7 +304,7 @@ def test_gc_keeps_a_fingerprint_declared_in_use_by_any_spelling_of_its_path(kc, 
 @pytest.mark.parametrize("entry", ["", "latest", "a\x00b"])
 def test_gc_refuses_an_in_use_entry_that_is_neither_a_fingerprint_nor_a_path(kc, entry):
     with pytest.raises(_kcache.KCacheError, match=r"in_use\[1\]"):
-        _kcache.gc(kc["real"], "vllm", keep=1, in_use=[FPS[0], entry], proc_root=kc["proc"])
+        _kcache_gc.gc(kc["real"], "vllm", keep=1, in_use=[FPS[0], entry], proc_root=kc["proc"])
     assert all(os.path.isdir(os.path.join(kc["eroot"], fp)) for fp in FPS)
 
 
@@ -317,7 +317,7 @@ def test_checkout_replaces_a_symlinked_engine_copy_without_touching_its_target(k
     os.makedirs(runs)
     rd = os.path.join(runs, "%s-engine" % fp)
     os.symlink(kc["outside"], rd)
-    r = _kcache.checkout(kc["real"], "vllm", fp, comps, proc_root=kc["proc"])
+    r = _kcache_build.checkout(kc["real"], "vllm", fp, comps, proc_root=kc["proc"])
     assert r["status"] == "copied" and r["replaced_link"]["path"] == rd, r
     assert not os.path.islink(rd) and os.path.isfile(os.path.join(rd, "triton", "k.so"))
     assert tree_digest(kc["outside"]) == kc["outside_digest"]
@@ -327,11 +327,11 @@ def test_report_refuses_a_fifo_log_without_blocking_and_reads_only_the_tail(tmp_
     fifo = str(tmp_path / "engine.log")
     os.mkfifo(fifo)
     with pytest.raises(_kcache.KCacheError, match="log_path: .*FIFO"):
-        _kcache.read_log(fifo)
+        _kcache_log.read_log(fifo)
     big = tmp_path / "big.log"
     data = b"old line\n" * 1000 + b"==== t starting: x\nlatest\n"
     big.write_bytes(data)
-    assert _kcache.read_log(str(big), tail=30) == data[-30:].decode()
+    assert _kcache_log.read_log(str(big), tail=30) == data[-30:].decode()
 
 
 def _within(seconds, fn, *args, **kwargs):
@@ -364,7 +364,7 @@ def test_a_fifo_or_device_manifest_is_refused_without_blocking(kc):
     for fp in FPS[:2]:
         ver = _within(10, _kcache.verify_dir, os.path.join(kc["eroot"], fp), fp)
         assert ver["status"] == "no_manifest" and "manifest.json" in ver["problems"][0], ver
-    r = _within(10, _kcache.gc, kc["real"], "vllm", keep=1, proc_root=kc["proc"])
+    r = _within(10, _kcache_gc.gc, kc["real"], "vllm", keep=1, proc_root=kc["proc"])
     assert len(r["kept"]) == 1 and sorted(r["kept"] + r["removed"]) == FPS and r["errors"] == []
 
 
@@ -379,7 +379,7 @@ def test_pinned_by_the_name_of_a_link_beside_the_revisions(revs):
 
 
 def test_gc_keeps_in_use_fingerprints_on_top_of_the_newest_keep(kc):
-    r = _kcache.gc(kc["real"], "vllm", keep=2, in_use=[FPS[2]], proc_root=kc["proc"])
+    r = _kcache_gc.gc(kc["real"], "vllm", keep=2, in_use=[FPS[2]], proc_root=kc["proc"])
     assert r["protected"] == [FPS[2]] and r["kept"] == [FPS[1], FPS[0]] and r["removed"] == [], r
 
 
@@ -387,6 +387,6 @@ def test_log_report_counts_the_cache_dir_itself_and_its_spellings_as_inside(kc):
     cache_dir = os.path.join(kc["eroot"], FPS[0])
     for used in (cache_dir, cache_dir + "/", os.path.join(kc["link"], "vllm", FPS[0], "torch_compile")):
         log = "INFO Using cache directory: %s for vLLM's torch.compile\n" % used
-        assert _kcache.analyze_log(log, "vllm", cache_dir)["cache_dirs_outside"] == [], used
+        assert _kcache_log.analyze_log(log, "vllm", cache_dir)["cache_dirs_outside"] == [], used
     log = "INFO Using cache directory: /root/.cache/vllm for vLLM's torch.compile\n"
-    assert _kcache.analyze_log(log, "vllm", cache_dir)["cache_dirs_outside"] == ["/root/.cache/vllm"]
+    assert _kcache_log.analyze_log(log, "vllm", cache_dir)["cache_dirs_outside"] == ["/root/.cache/vllm"]
