@@ -23,6 +23,7 @@ directory of its own, which no job may write to.
 from __future__ import annotations
 
 import glob
+import hashlib
 import http.server
 import json
 import os
@@ -275,6 +276,8 @@ def roles(fleet):
     for node in fleet.nodes:
         shutil.rmtree(os.path.join(node.dir, "llmops"), ignore_errors=True)
         shutil.rmtree(os.path.join(node.dir, "sys"), ignore_errors=True)
+        if os.path.exists(os.path.join(node.dir, "client-runs.log")):
+            os.unlink(os.path.join(node.dir, "client-runs.log"))
     for node in (prefill, decode):
         shutil.copytree(ROCE_TREE, os.path.join(node.dir, "sys"))
     return api, prefill, decode, client
@@ -307,21 +310,33 @@ def _write_inventory(fleet, roles, path, site):
                                                    pd_verify_sysfs_root=os.path.join(prefill.dir, "sys"))}},
             "decode": {"hosts": {decode.name: hv(decode, pd_verify_direction="rx",
                                                  pd_verify_sysfs_root=os.path.join(decode.dir, "sys"))}}}},
-        "bench_clients": {"hosts": {client.name: hv(client, benchmark_client_python=fleet.python)}}}}}
+        "bench_clients": {"hosts": {client.name: hv(client, benchmark_client_python=_client_python(fleet, client))}}}}}
     os.makedirs(path)
     with open(os.path.join(path, "hosts.yml"), "w", encoding="utf-8") as f:
         json.dump(doc, f)
     return path
 
 
-def _controller(fleet, roles, tmp_path, collections, kube_api, site):
+def _client_python(fleet, client):
+    """The client host's interpreter with vllm, behind a wrapper that records where it ran (the host's own name)
+    and a digest of the HF_TOKEN it was given, never the token."""
+    path = os.path.join(client.dir, "client-python")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write('#!/bin/sh\nprintf "%%s %%s\\n" "$(hostname)" "$(printf %%s "$HF_TOKEN" | sha256sum | cut -d" " -f1)" '
+                '>> %s\nexec %s "$@"\n' % (os.path.join(client.dir, "client-runs.log"), fleet.python))
+    os.chmod(path, 0o755)
+    return path
+
+
+def _controller(fleet, roles, tmp_path, collections, kube_api, site, credentials=None):
     token = "k8s-" + os.urandom(8).hex()
     ee_root = str(tmp_path / "ee-llmops-root")
+    creds = {"llmops Kubernetes": {"host": _url(kube_api), "bearer_token": token}}
+    creds.update(credentials or {})
     ctl = awx.Controller(str(tmp_path / "jobs"), collections=collections,
                          settings={"llmops_awx_inventory_path": _write_inventory(fleet, roles, str(tmp_path / "site"),
                                                                                  site)},
-                         credentials={"llmops Kubernetes": {"host": _url(kube_api), "bearer_token": token}},
-                         task_env=fleet.ansible_env({"LLMOPS_ROOT": ee_root}))
+                         credentials=creds, task_env=fleet.ansible_env({"LLMOPS_ROOT": ee_root}))
     return ctl, token, ee_root
 
 
@@ -376,7 +391,7 @@ def _no_files(root):
 
 @pytest.mark.parametrize("fabric", ["rdma", "tcp"])
 def test_verify_transport_measures_the_fleet_from_its_client_host(fleet, roles, pair, collections, kube_api,
-                                                                   tmp_path, fabric):
+                                                                  tmp_path, fabric):
     """Expected transport rdma (the site's pd_disagg_transport): the job passes when the KV crossed on RDMA, and
     fails naming rdma when only TCP carried it; either way the load came from the client host, the counters were
     read on the P/D nodes and the evidence is on the client host under its own llmops_root."""
@@ -412,12 +427,14 @@ def test_verify_transport_measures_the_fleet_from_its_client_host(fleet, roles, 
 
     # the counters: snapshot and comparison ran over SSH on each P/D node (their own hostname), not delegated, and
     # each node read the engines' /metrics from its own address
-    for task in ("Snapshot every RDMA port and the decode engine's KV counters", "Compare the counters and decide the transport"):
+    snapshot = "Snapshot every RDMA port and the decode engine's KV counters"
+    for task in (snapshot, "Compare the counters and decide the transport"):
         reads = {r["host"]: r for r in _results(job, task)}
         assert set(reads) == {prefill.name, decode.name}, job.summary()
         assert all(_delegated(r) is None for r in reads.values())
-    snaps = {r["host"]: r["res"]["snapshot"] for r in _results(job, "Snapshot every RDMA port and the decode engine's KV counters")}
-    assert {h: s["host"]["hostname"] for h, s in snaps.items()} == {prefill.name: prefill.name, decode.name: decode.name}
+    snaps = {r["host"]: r["res"]["snapshot"] for r in _results(job, snapshot)}
+    assert {h: s["host"]["hostname"] for h, s in snaps.items()} == {prefill.name: prefill.name,
+                                                                    decode.name: decode.name}
     assert {h: s["sysfs_root"] for h, s in snaps.items()} == {prefill.name: os.path.join(prefill.dir, "sys"),
                                                               decode.name: os.path.join(decode.dir, "sys")}
     assert {a for e, a in pair.scrapes if e == "decode"} == {prefill.address, decode.address}
@@ -460,15 +477,18 @@ def test_verify_transport_measures_the_fleet_from_its_client_host(fleet, roles, 
 
 def test_benchmark_runs_the_real_client_on_the_client_host(fleet, roles, collections, kube_api, tmp_path):
     """The benchmark template with the smallest ladder it allows (one round: C=1, one seed, one request, no warm-up):
-    vllm bench serve runs on the client host against an engine on the fleet's bridge, and the plan, the round and
-    the report are on that host under its llmops_root."""
+    vllm bench serve runs on the client host against an engine on the fleet's bridge, with the Hugging Face token
+    credential's HF_TOKEN in its environment, and the plan, the round and the report are on that host under its
+    llmops_root."""
     api, prefill, decode, client = roles
     tokenizer = _demo_model.generate_model(os.path.join(client.dir, "models"), name=MODEL)["path"]
     bridge = (netns.SUBNET % fleet.fid) + ".1"
     _OpenAI.seen = []
     engine = _serve(bridge, _OpenAI)
     try:
-        ctl, token, ee_root = _controller(fleet, roles, tmp_path, collections, kube_api, {})
+        hf_token = "hf_" + os.urandom(12).hex()
+        ctl, token, ee_root = _controller(fleet, roles, tmp_path, collections, kube_api, {},
+                                          credentials={"llmops Hugging Face token": {"hf_token": hf_token}})
         job = ctl.launch("llmops benchmark", answers={
             "benchmark_a_url": _url(engine), "benchmark_a_model": MODEL, "benchmark_tokenizer": tokenizer,
             "benchmark_requests_per_round": 1, "benchmark_warmup_rounds": 0, "benchmark_time_budget": 0},
@@ -482,8 +502,8 @@ def test_benchmark_runs_the_real_client_on_the_client_host(fleet, roles, collect
     assert _ran_on(job) == {client.name}, job.summary()
 
     # the plan (probe), the round (the client) and the report ran over SSH on the client host
-    for task in ("Check the inputs and the targets, probe them and write the plan", "Run one round with vllm bench serve",
-                 "Write report.json, report.md and the plots"):
+    for task in ("Check the inputs and the targets, probe them and write the plan",
+                 "Run one round with vllm bench serve", "Write report.json, report.md and the plots"):
         done = _results(job, task)
         assert [(r["host"], _delegated(r)) for r in done] == [(client.name, client.address)], (task, job.summary())
     # every request the engine got came from the client host: the plan's listing and probe, the client's requests
@@ -505,3 +525,11 @@ def test_benchmark_runs_the_real_client_on_the_client_host(fleet, roles, collect
         assert not os.path.exists(_root(node)), "%s got files: %s" % (node.name, _no_files(_root(node)))
     assert not os.path.exists(ee_root), "the execution environment got files: %s" % _no_files(ee_root)
     assert _KubeAPI.seen == []
+
+    # the Hugging Face token credential: AWX injects it into the EE (HF_TOKEN, llmops_hf_token); the template's
+    # extra_vars hand it to the client's environment, on the client host, and no job event shows it
+    assert job.env["HF_TOKEN"] == hf_token
+    assert "-e @" in job.cmdline
+    runs = _read(os.path.join(client.dir, "client-runs.log")).split("\n")
+    assert [r for r in runs if r] == ["%s %s" % (client.name, hashlib.sha256(hf_token.encode()).hexdigest())]
+    assert hf_token not in json.dumps(job.events) and token not in json.dumps(job.events)

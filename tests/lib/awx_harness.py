@@ -20,7 +20,8 @@ AWX's task does:
 * ``env/settings``: ``BaseTask.run`` (``job_timeout``, ``suppress_ansible_output``, ``suppress_output_file``);
 * environment: ``BaseTask.build_env`` / ``RunJob.build_env`` (``JOB_ID``, ``INVENTORY_ID``, ``PROJECT_REVISION``,
   ``ANSIBLE_COLLECTIONS_PATH`` starting with ``requirements_collections``, ...) and the Kubernetes credential's
-  ``K8S_AUTH_*`` (``awx/main/models/credential/injectors.py`` ``kubernetes_bearer_token``);
+  ``K8S_AUTH_*`` (``awx/main/models/credential/injectors.py`` ``kubernetes_bearer_token``), and a custom credential
+  type's injectors (``CredentialType.inject_credential``: env, and extra_vars as an ``-e @env/tmp...`` file);
 * the inventory: an inventory source imports the project's inventory with ``ansible-inventory --list --export``
   (``RunInventoryUpdate.build_args``) and a job gets it back as a script (``BaseTask.write_inventory_file``,
   ``Inventory.get_script_data(hostvars=True, towervars=True)`` in ``awx/main/models/inventory.py``);
@@ -430,6 +431,29 @@ def kubernetes_env(inputs, private_data_dir):
     return env
 
 
+def custom_injection(credential_type, inputs):
+    """(env, extra_vars) a credential of a custom type injects (``CredentialType.inject_credential`` in
+    ``awx/main/models/credential/__init__.py``): each injector template rendered in a sandbox with the inputs."""
+    import jinja2.sandbox  # pylint: disable=import-outside-toplevel
+
+    sandbox = jinja2.sandbox.ImmutableSandboxedEnvironment()
+    injectors = credential_type.get("injectors") or {}
+    env = {k: sandbox.from_string(t).render(**inputs) for k, t in (injectors.get("env") or {}).items()}
+    extra_vars = {k: sandbox.from_string(t).render(**inputs) for k, t in (injectors.get("extra_vars") or {}).items()}
+    return env, extra_vars
+
+
+def write_custom_extra_vars(private_data_dir, extra_vars):
+    """The ``-e @file`` of a custom credential's extra_vars: env/tmp*, every string ``!unsafe`` (``safe_dump``)."""
+    import tempfile  # pylint: disable=import-outside-toplevel
+
+    handle, path = tempfile.mkstemp(dir=os.path.join(private_data_dir, "env"))
+    with os.fdopen(handle, "w", encoding="utf-8") as f:
+        f.write(safe_dump(extra_vars))
+    os.chmod(path, 0o400)
+    return path
+
+
 # ---- the job ---------------------------------------------------------------------------------------------------
 
 class Job:
@@ -607,10 +631,19 @@ class Controller:
                                          ("ANSIBLE_ROLES_PATH", "requirements_roles", "~/.ansible/roles:/usr/share/ansible/roles:/etc/ansible/roles"),
                                          ("ANSIBLE_COLLECTIONS_PATH", "requirements_collections", "~/.ansible/collections:/usr/share/ansible/collections")):
             env[env_key] = os.pathsep.join([os.path.join(croot, folder)] + default.split(":"))
+        custom_types = {t["name"]: t for t in self.objects.get("controller_credential_types", [])}
         for cred in job.get("credentials", []):
             obj = by_name(self.objects["controller_credentials"], cred)
             if cred in self.credential_inputs and obj["credential_type"] == "OpenShift or Kubernetes API Bearer Token":
                 env.update(kubernetes_env(self.credential_inputs[cred], pdd))
+            elif cred in self.credential_inputs and obj["credential_type"] in custom_types:
+                cred_env, cred_vars = custom_injection(custom_types[obj["credential_type"]], self.credential_inputs[cred])
+                env.update(cred_env)
+                if cred_vars:
+                    path = write_custom_extra_vars(pdd, cred_vars)
+                    cmdline += " " + args2cmdline("-e", "@" + os.path.join(croot, "env", os.path.basename(path)))
+                    with open(os.path.join(pdd, "env", "cmdline"), "w", encoding="utf-8") as f:
+                        f.write(cmdline)
 
         result = Job(job_id, job, pdd, extra_vars, cmdline, env)
         if container_root:
