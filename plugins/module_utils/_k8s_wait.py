@@ -14,7 +14,7 @@
   StormService status the same way) and which pods belong to that revision (``pod-template-hash`` of the
   current ReplicaSet; pods of an old ReplicaSet do not count).
 * :func:`pod_status` - where an engine pod is: unscheduled, starting, ready, or failed. A failure is named by
-  ``_diagnose``'s rules over the pod, its Events and the log of the run that ended (one code for the wait and
+  ``_diagnose_pods``'s rules over the pod, its Events and the log of the run that ended (one code for the wait and
   the diagnosis). A container that restarted and is Ready again is still failed (beyond ``max_restarts``):
   the restart hid the crash, it did not fix it. What never clears by waiting (a missing image, a mount that
   keeps failing, no feasible node, an eviction) fails at once.
@@ -30,7 +30,7 @@ No I/O here; the polling module feeds these the objects it reads, and tests feed
 """
 from __future__ import annotations
 
-from ansible_collections.llmops.serving.plugins.module_utils import _diagnose, _timeline
+from ansible_collections.llmops.serving.plugins.module_utils import _diagnose, _diagnose_pods, _timeline
 
 # Why each Gateway API reason happens, and what fixes it (gateway-api apis/v1/shared_types.go).
 ROUTE_REASONS = {
@@ -508,11 +508,11 @@ def ended_run(pod, container="engine"):
 
 
 def _context(pod, events, log, container, now):
-    """A ``_diagnose.KubeContext`` over one pod, the Events and the log of its ended run."""
+    """A ``_diagnose_pods.KubeContext`` over one pod, the Events and the log of its ended run."""
     name = (pod.get("metadata") or {}).get("name") or ""
     _term, which = ended_run(pod, container)
     logs = {"%s/%s" % (name, container): {which or "current": log}} if isinstance(log, str) else {}
-    return _diagnose.KubeContext([pod] + list(events or []), logs, (pod.get("metadata") or {}).get("namespace") or "",
+    return _diagnose_pods.KubeContext([pod] + list(events or []), logs, (pod.get("metadata") or {}).get("namespace") or "",
                                  None, None, None, now, None)
 
 
@@ -521,7 +521,7 @@ def pod_status(pod, container="engine", log=None, max_restarts=0, events=None, n
 
     ``log`` is the text of the run that ended (see :func:`ended_run`), when it could be read; ``events`` the
     namespace's Events (shaped or not). A pod that restarted more than ``max_restarts`` times is ``failed`` even
-    when it is Ready again; what never clears by waiting (``_diagnose.pod_blocked``) is ``failed`` at once.
+    when it is Ready again; what never clears by waiting (``_diagnose_pods.pod_blocked``) is ``failed`` at once.
     """
     pod = shape(pod, "Pod") or {"metadata": {}}
     events = [e for e in (shape(ev, "Event") for ev in events or []) if e is not None]
@@ -570,7 +570,7 @@ def pod_status(pod, container="engine", log=None, max_restarts=0, events=None, n
             out["name"], container, out["waiting_reason"], (state.get("waiting") or {}).get("message", ""),
             FATAL_WAITING[out["waiting_reason"]])
     else:
-        blocked = _diagnose.pod_blocked(ctx, pod)
+        blocked = _diagnose_pods.pod_blocked(ctx, pod)
         if blocked is not None:
             out["diagnosis"] = dict(code=blocked["code"], evidence=blocked["evidence"], hint=blocked["hint"])
             out["state"] = "failed"
@@ -594,10 +594,10 @@ def _judge_exit(out, ctx, pod, container, what, log):
     ex = out["last_exit"] or {}
     code, sig = ex.get("exit_code"), ex.get("signal")
     pod_ref = "pod %s" % out["name"]
-    f = _diagnose.rule_evicted(ctx, pod, pod_ref)
+    f = _diagnose_pods.rule_evicted(ctx, pod, pod_ref)
     if f is None:
         cs = _container(pod, container)
-        f = _diagnose.rule_container(ctx, pod, pod_ref, cs) if cs else None
+        f = _diagnose_pods.rule_container(ctx, pod, pod_ref, cs) if cs else None
         if f is None or f["severity"] != "error":
             restarts = " (restarted %d time%s)" % (out["restarts"], "" if out["restarts"] == 1 else "s") \
                 if out["restarts"] else ""

@@ -161,7 +161,7 @@ import importlib
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.llmops.serving.plugins.module_utils import _diagnose, _http, _k8s_client, _process_state
+from ansible_collections.llmops.serving.plugins.module_utils import _diagnose_k8s, _diagnose_local, _http, _k8s_client, _process_state
 from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, check_value
 
 
@@ -204,11 +204,11 @@ def main():
             module.fail_json(msg="health_timeout: must be more than 0 seconds (a running engine must answer GET /health "
                                  "within it); the default is 5")
         try:
-            facts = _diagnose.local_facts(p["run_dir"], p["name"], proc_root=p["proc_root"],
+            facts = _diagnose_local.local_facts(p["run_dir"], p["name"], proc_root=p["proc_root"],
                                           health_timeout=p["health_timeout"])
         except _process_state.ProcessError as e:
             module.fail_json(msg=str(e), **e.details)
-        module.exit_json(changed=False, **_diagnose.diagnose_local(facts))
+        module.exit_json(changed=False, **_diagnose_local.diagnose_local(facts))
     if p["log_tail_lines"] < 1:
         module.fail_json(msg="log_tail_lines: must be at least 1 (the exception line is near the end of a log)")
     bad = [k for k, v in (p["logs"] or {}).items()
@@ -224,7 +224,7 @@ def main():
     else:
         api = _api_client(module)
         try:
-            objects, logs, listed = _diagnose.fetch_kubernetes(api, p["namespace"], p["name"], p["gateway_namespace"],
+            objects, logs, listed = _diagnose_k8s.fetch_kubernetes(api, p["namespace"], p["name"], p["gateway_namespace"],
                                                                p["log_tail_lines"])
         except UntrustedInput as e:
             module.fail_json(msg="reading namespace %s from the cluster: %s" % (p["namespace"], e), reason=e.limit)
@@ -235,7 +235,7 @@ def main():
             module.fail_json(msg="reading namespace %s from the cluster failed: %s; check the credentials' RBAC "
                                  "(list pods, events, services, endpointslices, httproutes, referencegrants; read "
                                  "pods/log)" % (p["namespace"], why.strip()))
-    module.exit_json(changed=False, **_diagnose.diagnose_kubernetes(
+    module.exit_json(changed=False, **_diagnose_k8s.diagnose_kubernetes(
         objects, logs, namespace=p["namespace"], name=p["name"], served_model_name=p["served_model_name"],
         gateway_namespace=p["gateway_namespace"], listed_kinds=listed))
 

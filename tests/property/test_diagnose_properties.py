@@ -3,7 +3,7 @@
 Recorded objects are untrusted: any field of any object may hold the wrong type, null, a number out of range, a
 nesting of lists, or be absent. For every such change the invariants a user relies on are checked:
 
-* ``_diagnose.diagnose_kubernetes`` and ``_k8s_wait.evaluate`` answer (a verdict, never a traceback);
+* ``_diagnose_k8s.diagnose_kubernetes`` and ``_k8s_wait.evaluate`` answer (a verdict, never a traceback);
 * a verdict of ``healthy`` needs evidence: at least one pod of the workload Ready, and every pod of it Ready
   (a pod that is not Ready - whatever its status lacks - is never healthy);
 * the wait's ``ready`` needs as many Ready pods as replicas and, with a workload, its rollout done.
@@ -19,7 +19,7 @@ import os
 import yaml
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
-from ansible_collections.llmops.serving.plugins.module_utils import _diagnose, _k8s_wait, _timeline
+from ansible_collections.llmops.serving.plugins.module_utils import _diagnose, _diagnose_k8s, _k8s_wait, _timeline
 from ansible_collections.llmops.serving.tests.lib import kube_controllers as kc
 
 EXAMPLES = int(os.environ.get("LLMOPS_FUZZ_EXAMPLES", "150"))
@@ -103,7 +103,7 @@ def test_wrong_typed_fields_never_raise_and_healthy_needs_ready_pods(which, chan
         _mutate(doc, data)
     objects, logs = doc.get("objects"), doc.get("logs")
     now = _timeline.parse_time(sc["now"])
-    res = _diagnose.diagnose_kubernetes(objects, logs, namespace=sc["namespace"], name=sc["name"],
+    res = _diagnose_k8s.diagnose_kubernetes(objects, logs, namespace=sc["namespace"], name=sc["name"],
                                         served_model_name=sc.get("served_model_name"), now=now)
     assert res["verdict"] in _diagnose.SEVERITY
     assert isinstance(res["summary"], str) and all(isinstance(f["evidence"], list) for f in res["findings"])
@@ -113,7 +113,7 @@ def test_wrong_typed_fields_never_raise_and_healthy_needs_ready_pods(which, chan
     if res["verdict"] == "healthy":
         assert pods and all(_ready(p) for p in pods), res
 
-    workload = next((o for o in shaped if o["kind"] in _diagnose.WORKLOAD_KINDS), None)
+    workload = next((o for o in shaped if o["kind"] in _diagnose_k8s.WORKLOAD_KINDS), None)
     verdict = _k8s_wait.evaluate(pods, None, now=now, check_route=False, workload=workload,
                                  replicasets=[o for o in shaped if o["kind"] == "ReplicaSet"],
                                  events=[o for o in shaped if o["kind"] == "Event"], logs={})
@@ -127,7 +127,7 @@ def test_wrong_typed_fields_never_raise_and_healthy_needs_ready_pods(which, chan
           suppress_health_check=[HealthCheck.too_slow])
 @given(value=hostile)
 def test_any_value_in_place_of_the_object_list_is_judged_not_raised(value):
-    res = _diagnose.diagnose_kubernetes(value if not isinstance(value, float) or math.isfinite(value) else None,
+    res = _diagnose_k8s.diagnose_kubernetes(value if not isinstance(value, float) or math.isfinite(value) else None,
                                         value, namespace="llm-lab", name="glm-5-2-fp8-vllm")
     assert res["verdict"] != "healthy"
     assert _k8s_wait.shape_objects(value) == [] or isinstance(value, (list, dict))

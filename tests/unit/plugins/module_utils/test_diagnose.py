@@ -16,7 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from ansible_collections.llmops.serving.plugins.module_utils import _diagnose as d
+from ansible_collections.llmops.serving.plugins.module_utils import _diagnose, _diagnose_k8s, _diagnose_local
 from ansible_collections.llmops.serving.plugins.module_utils import _timeline
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -65,7 +65,7 @@ def run(sc, now=None, **overrides):
     args = dict(namespace=sc["namespace"], name=sc["name"], served_model_name=sc.get("served_model_name"),
                 now=_timeline.parse_time(now or sc["now"]))
     args.update(overrides)
-    return d.diagnose_kubernetes(sc["objects"], sc.get("logs"), **args)
+    return _diagnose_k8s.diagnose_kubernetes(sc["objects"], sc.get("logs"), **args)
 
 
 def only(res, code):
@@ -201,7 +201,7 @@ def test_each_container_failure_gets_its_code_and_evidence(name, code, headline,
     f = only(res, code)
     assert headline in f["evidence"][0]
     assert evidence in text(f)
-    assert f["severity"] == d.SEVERITY[code] and f["hint"]
+    assert f["severity"] == _diagnose.SEVERITY[code] and f["hint"]
     assert res["summary"].startswith(code + ": ")
 
 
@@ -400,11 +400,11 @@ def test_the_root_cause_wins_the_verdict_over_its_consequences():
 
 
 def test_verdict_is_the_most_severe_then_the_earliest_code():
-    f = d.finding
-    assert d.verdict_of([]) == "healthy"
-    assert d.verdict_of([f("still_loading", "x", ["a"], "h"), f("engine_traceback", "x", ["a"], "h")]) == "engine_traceback"
-    assert d.verdict_of([f("route_missing", "x", ["a"], "h"), f("oom_killed", "y", ["b"], "h")]) == "oom_killed"
-    res = d.result([f("route_missing", "x", ["a"], "h"), f("oom_killed", "y", ["b"], "h")])
+    f = _diagnose.finding
+    assert _diagnose.verdict_of([]) == "healthy"
+    assert _diagnose.verdict_of([f("still_loading", "x", ["a"], "h"), f("engine_traceback", "x", ["a"], "h")]) == "engine_traceback"
+    assert _diagnose.verdict_of([f("route_missing", "x", ["a"], "h"), f("oom_killed", "y", ["b"], "h")]) == "oom_killed"
+    res = _diagnose.result([f("route_missing", "x", ["a"], "h"), f("oom_killed", "y", ["b"], "h")])
     assert [x["code"] for x in res["findings"]] == ["oom_killed", "route_missing"]
     assert res["summary"] == "oom_killed: y: b (+1 more: route_missing)"
 
@@ -434,7 +434,7 @@ def test_interleaved_processes_keep_their_own_tracebacks():
         "(EngineCore_DP0 pid=212) ERROR 08-02 08:38:03 [multiproc_executor.py:230] Worker proc VllmWorker-0 died "
         "unexpectedly (exit code: 1), shutting down executor.",
     ])
-    facts = d.analyse_log(log)
+    facts = _diagnose.analyse_log(log)
     assert [t["stream"] for t in facts["tracebacks"]] == ["Worker_TP0/401", "Worker_TP1/402"]
     assert facts["root_exception"] == "torch.OutOfMemoryError: CUDA out of memory." and facts["root_count"] == 2
     assert facts["root_at"] == "worker.py:12 in run"
@@ -449,23 +449,23 @@ def test_chained_exceptions_report_the_outermost_and_colours_are_stripped():
            "Traceback (most recent call last):\n"
            "  File \"b.py\", line 2, in g\n"
            "OSError: cannot load the model\n")
-    facts = d.analyse_log(log)
+    facts = _diagnose.analyse_log(log)
     assert facts["root_exception"] == "OSError: cannot load the model"
     assert facts["model_missing"]["path"] == "/m/config.json"
-    assert d.analyse_log("WARNING: not an exception\n")["tracebacks"] == []
+    assert _diagnose.analyse_log("WARNING: not an exception\n")["tracebacks"] == []
 
 
 def test_tqdm_updates_separated_by_carriage_returns_give_the_last_progress():
-    facts = d.analyse_log("Loading safetensors checkpoint shards:   0% Completed | 0/4 [00:00<?, ?it/s]\r"
+    facts = _diagnose.analyse_log("Loading safetensors checkpoint shards:   0% Completed | 0/4 [00:00<?, ?it/s]\r"
                           "Loading safetensors checkpoint shards: 100% Completed | 4/4 [01:10<00:00, 17.5s/it]\n")
     assert facts["progress"]["n"] == 4 and facts["progress"]["elapsed_s"] == 70
-    assert "still initialising" in d._progress_text(facts["progress"])
+    assert "still initialising" in _diagnose.progress_text(facts["progress"])
 
 
 def test_command_facts_of_vllm_sglang_and_shell_wrappers():
-    v = d.command_facts(["vllm", "serve", "/m/glm", "--served-model-name", "a", "b", "--port=9000"])
+    v = _diagnose.command_facts(["vllm", "serve", "/m/glm", "--served-model-name", "a", "b", "--port=9000"])
     assert (v["engine"], v["model"], v["served_names"], v["port"]) == ("vllm", "/m/glm", ["a", "b"], 9000)
-    s = d.command_facts(["bash", "-lc", "exec python3 -m sglang.launch_server --model-path /m/q --host 0.0.0.0"])
+    s = _diagnose.command_facts(["bash", "-lc", "exec python3 -m sglang.launch_server --model-path /m/q --host 0.0.0.0"])
     assert (s["engine"], s["model"], s["served_names"], s["port"], s["served_names_given"]) == \
         ("sglang", "/m/q", ["/m/q"], 30000, False)
 
@@ -479,18 +479,18 @@ def test_port_holders_finds_the_listening_process_through_proc():
     sock.listen(1)
     try:
         port = sock.getsockname()[1]
-        holders = d.port_holders(port)
+        holders = _diagnose_local.port_holders(port)
         assert [h["pid"] for h in holders] == [os.getpid()]
     finally:
         sock.close()
-    assert d.port_holders(port) == []
+    assert _diagnose_local.port_holders(port) == []
 
 
 def test_stopped_members_reads_state_from_an_injected_proc_root(tmp_path):
     for pid, state, pgrp in ((100, "T", 100), (101, "S", 100), (102, "t", 100), (200, "T", 200)):
         (tmp_path / str(pid)).mkdir()
         (tmp_path / str(pid) / "stat").write_text("%d (python3 x) %s 1 %d %d 0 -1 0" % (pid, state, pgrp, pgrp))
-    assert [(s["pid"], s["comm"]) for s in d.stopped_members(100, str(tmp_path))] == [(100, "python3 x"), (102, "python3 x")]
+    assert [(s["pid"], s["comm"]) for s in _diagnose_local.stopped_members(100, str(tmp_path))] == [(100, "python3 x"), (102, "python3 x")]
 
 
 def test_current_run_log_is_the_section_after_the_last_start_banner(tmp_path):
@@ -498,5 +498,5 @@ def test_current_run_log_is_the_section_after_the_last_start_banner(tmp_path):
     log.write_text("==== 2026-08-02T08:00:00Z starting: old\nTraceback (most recent call last):\n  File \"x\", line 1, in y\n"
                    "ValueError: old\n==== 2026-08-02T08:00:09Z exited: returncode=1\n"
                    "==== 2026-08-02T08:01:00Z starting: new\nserving\n")
-    assert d.current_run_log(str(log)) == "==== 2026-08-02T08:01:00Z starting: new\nserving\n"
-    assert d.current_run_log(str(tmp_path / "missing.log")) is None
+    assert _diagnose_local.current_run_log(str(log)) == "==== 2026-08-02T08:01:00Z starting: new\nserving\n"
+    assert _diagnose_local.current_run_log(str(tmp_path / "missing.log")) is None

@@ -15,7 +15,7 @@ import os
 
 import yaml
 
-from ansible_collections.llmops.serving.plugins.module_utils import _diagnose as d
+from ansible_collections.llmops.serving.plugins.module_utils import _diagnose, _diagnose_k8s, _diagnose_local
 from ansible_collections.llmops.serving.plugins.module_utils import _k8s_wait as w
 from ansible_collections.llmops.serving.plugins.module_utils import _timeline
 
@@ -32,7 +32,7 @@ def scenario():
 
 
 def diagnose(sc, now=NOW, logs=None):
-    return d.diagnose_kubernetes(sc["objects"], logs if logs is not None else sc.get("logs"), namespace=sc["namespace"],
+    return _diagnose_k8s.diagnose_kubernetes(sc["objects"], logs if logs is not None else sc.get("logs"), namespace=sc["namespace"],
                                  name=sc["name"], served_model_name=sc["served_model_name"], now=now)
 
 
@@ -101,7 +101,7 @@ def test_empty_status_is_not_healthy():
 
 
 def test_no_pods_and_no_workload_is_not_healthy():
-    res = d.diagnose_kubernetes([], {}, namespace="llm-lab", name="glm-5-2-fp8-vllm", now=NOW)
+    res = _diagnose_k8s.diagnose_kubernetes([], {}, namespace="llm-lab", name="glm-5-2-fp8-vllm", now=NOW)
     assert res["verdict"] == "no_pods" and res["verdict"] != "healthy"
 
 
@@ -289,13 +289,13 @@ def test_every_code_is_documented_in_precedence_order():
     doc = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..", "docs", "diagnose.md")
     with open(doc) as f:
         rows = [(m.group(1), m.group(2)) for m in re.finditer(r"^\| `([a-z_]+)` \| (error|warning|info) \|", f.read(), re.M)]
-    assert rows == list(d.CODES)
+    assert rows == list(_diagnose.CODES)
 
 
 def test_a_fifo_at_the_local_log_path_is_not_read_and_does_not_block(tmp_path):
     fifo = tmp_path / "engine.log"
     os.mkfifo(str(fifo))
-    assert d.current_run_log(str(fifo)) is None  # returns at once: no writer would ever come
+    assert _diagnose_local.current_run_log(str(fifo)) is None  # returns at once: no writer would ever come
     plain = tmp_path / "plain.log"
     plain.write_text("==== engine starting: old\nold run\n==== engine starting: new\nnew run\n")
-    assert d.current_run_log(str(plain)).startswith("==== engine starting: new")
+    assert _diagnose_local.current_run_log(str(plain)).startswith("==== engine starting: new")

@@ -7,7 +7,7 @@ re-apply, and the Service answers from them until they are gone.
 """
 from __future__ import annotations
 
-from ansible_collections.llmops.serving.plugins.module_utils import _diagnose, _k8s_wait
+from ansible_collections.llmops.serving.plugins.module_utils import _diagnose_k8s, _k8s_wait
 from ansible_collections.llmops.serving.tests.lib import kube_controllers as kc
 
 A = "/mnt/nvme/models/GLM-5.2-FP8/rev-a"
@@ -123,7 +123,7 @@ def test_a_liveness_kill_of_a_serving_vllm_is_engine_hung_in_the_wait_and_the_di
     assert pod["diagnosis"]["code"] == "engine_hung", v["message"]
     assert pod["last_exit"]["exit_code"] == 0 and "crash_exit_zero" not in v["message"]
     assert "clean shutdown on the kubelet's SIGTERM" in v["message"]
-    res = _diagnose.diagnose_kubernetes(cluster.objects(), {}, namespace="llm-lab", name="glm-5-2-fp8-vllm",
+    res = _diagnose_k8s.diagnose_kubernetes(cluster.objects(), {}, namespace="llm-lab", name="glm-5-2-fp8-vllm",
                                         now=cluster.clock())
     assert res["verdict"] == "engine_hung", res["summary"]
     assert seen  # the rollout itself had settled before the kill
@@ -135,7 +135,7 @@ def test_diagnose_judges_only_the_current_revision_while_rolling():
     cluster.advance(15)  # one A pod gone, one B pod loading, one A pod Ready
     objects = cluster.objects()
     assert _pods(objects, A) and _pods(objects, B)
-    res = _diagnose.diagnose_kubernetes(objects, {}, namespace="llm-lab", name="glm-5-2-fp8-vllm", now=cluster.clock())
+    res = _diagnose_k8s.diagnose_kubernetes(objects, {}, namespace="llm-lab", name="glm-5-2-fp8-vllm", now=cluster.clock())
     assert res["verdict"] != "healthy"
     codes = [f["code"] for f in res["findings"]]
     assert "rolling" in codes
@@ -154,7 +154,7 @@ def test_progress_deadline_exceeded_fails_the_wait_and_is_rollout_stalled():
     cluster.advance(200)
     v = _poll(cluster, 1)
     assert v["state"] == "failed" and "exceeded its progress deadline" in v["message"], v["message"]
-    res = _diagnose.diagnose_kubernetes(cluster.objects(), {}, namespace="llm-lab", name="glm-5-2-fp8-vllm",
+    res = _diagnose_k8s.diagnose_kubernetes(cluster.objects(), {}, namespace="llm-lab", name="glm-5-2-fp8-vllm",
                                         now=cluster.clock())
     assert "rollout_stalled" in [f["code"] for f in res["findings"]]
 
