@@ -197,7 +197,7 @@ def _mean_ms(s):
     return s.get("mean_ms") if s else None
 
 
-def cell_phases(round_phase_docs, client_e2el_ms_mean=None, client_requests=None):
+def cell_phases(round_phase_docs, client_e2el_ms_mean=None, client_requests=None, ready_checks_per_round=0):
     """``phases_ms`` of a cell from its rounds' :func:`round_phases` (None entries: rounds without phases).
 
     Colocated: ``queue``, ``prefill``, ``decode`` of the engine. P/D: ``queue`` = the prefill engine's plus the
@@ -205,7 +205,11 @@ def cell_phases(round_phase_docs, client_e2el_ms_mean=None, client_requests=None
     decode engine's NIXL transfer time per request (sum / the decode engine's requests) with the per-transfer
     summary beside it, ``decode`` of the decode engine. ``explained_fraction`` = the sum of the phase means / the
     client's mean end-to-end latency (the rest: HTTP, tokenization, the proxy, streaming); ``warnings`` name an
-    engine that counted more requests than the client sent (other traffic is in the figures) and resets."""
+    engine that counted more requests than the client sent (other traffic is in the figures) and resets.
+
+    ``ready_checks_per_round``: requests the client sends per round outside its samples (``vllm bench serve``'s
+    initial test request when its ready check is on: one, before the load); the engines count them, so they are
+    allowed for (``ready_check_requests``) rather than taken for other traffic."""
     docs = [d for d in round_phase_docs if d]
     if not docs:
         return None
@@ -214,16 +218,19 @@ def cell_phases(round_phase_docs, client_e2el_ms_mean=None, client_requests=None
     errors = sorted({e for d in docs for e in d.get("errors") or []})
     out = {"rounds": len(docs), "by_engine": {}, "phases_ms": {}, "explained_fraction": None,
            "unexplained_ms": None, "client_e2el_ms_mean": client_e2el_ms_mean, "errors": errors, "warnings": [],
-           "pd": "decode" in merged}
+           "pd": "decode" in merged, "ready_check_requests": int(ready_checks_per_round) * len(docs)}
     for role, hists in merged.items():
         out["by_engine"][role] = dict((key, summary(h, key)) for key, h in sorted(hists.items()))
         if any(h.get("restarted") for h in hists.values()):
             out["warnings"].append("the %s engine restarted during these rounds: its figures cover only the "
                                    "time since" % role)
         e2e = hists.get("e2e")
-        if client_requests and e2e and e2e["count"] > client_requests + 0.5:
-            out["warnings"].append("the %s engine finished %d requests while the client sent %d: other traffic "
-                                   "is in these figures" % (role, int(round(e2e["count"])), client_requests))
+        if client_requests and e2e and e2e["count"] > client_requests + out["ready_check_requests"] + 0.5:
+            out["warnings"].append("the %s engine finished %d requests while the client sent %d%s: other traffic "
+                                   "is in these figures" % (
+                                       role, int(round(e2e["count"])), client_requests,
+                                       " (and %d ready-check requests)" % out["ready_check_requests"]
+                                       if out["ready_check_requests"] else ""))
     be = out["by_engine"]
     if out["pd"]:
         pre, dec = be.get("prefill", {}), be.get("decode", {})

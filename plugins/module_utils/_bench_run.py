@@ -1384,7 +1384,9 @@ def build_report(out_dir, meta=None, unstable_threshold=0.2, n_boot=2000, rng_se
         cells.append(stats.cell(target, c, input_len, output_len, rounds, unstable_threshold=unstable_threshold,
                                 n_boot=n_boot, rng_seed=rng_seed, request_rate=rate,
                                 burstiness=_load_args(plan_doc)["burstiness"],
-                                saturation_tolerance=proto.get("saturation_tolerance", 0.1)))
+                                saturation_tolerance=proto.get("saturation_tolerance", 0.1),
+                                # vllm bench serve sends one test request before the load when its ready check is on
+                                ready_checks_per_round=1 if (plan_doc.get("ready_timeout_s", 30) or 0) > 0 else 0))
     comparisons = None
     names = [t["name"] for t in plan_doc["targets"]]
     if len(names) == 2:

