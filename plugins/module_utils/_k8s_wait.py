@@ -512,8 +512,8 @@ def _context(pod, events, log, container, now):
     name = (pod.get("metadata") or {}).get("name") or ""
     _term, which = ended_run(pod, container)
     logs = {"%s/%s" % (name, container): {which or "current": log}} if isinstance(log, str) else {}
-    return _diagnose_pods.KubeContext([pod] + list(events or []), logs, (pod.get("metadata") or {}).get("namespace") or "",
-                                 None, None, None, now, None)
+    return _diagnose_pods.KubeContext([pod] + list(events or []), logs,
+                                      (pod.get("metadata") or {}).get("namespace") or "", None, None, None, now, None)
 
 
 def pod_status(pod, container="engine", log=None, max_restarts=0, events=None, now=None):
@@ -869,6 +869,34 @@ def cold_start_timeline(pod=None, marks=None):
 # --------------------------------------------------------------------------------------------- #
 # Polling loop (I/O injected)
 # --------------------------------------------------------------------------------------------- #
+
+
+_TIMES = ("creationTimestamp", "lastTransitionTime", "lastTimestamp", "eventTime", "firstTimestamp", "startTime",
+          "startedAt", "finishedAt", "lastUpdateTime", "lastProbeTime")
+
+
+def recorded_at(objects):
+    """The newest time in recorded objects (epoch seconds; None without any): when they were read, at the earliest.
+    A replay judges the objects at that moment, not at the clock of the replay, so a recording an hour old does not
+    read as an hour more of waiting."""
+    newest = [None]
+
+    def walk(value, depth=0):
+        if depth > 12:
+            return
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if k in _TIMES and isinstance(v, str):
+                    t = parse_time(v)
+                    if t is not None and (newest[0] is None or t > newest[0]):
+                        newest[0] = t
+                else:
+                    walk(v, depth + 1)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v, depth + 1)
+    walk(objects)
+    return newest[0]
 
 
 def read_logs(pods, read_log, container, names):

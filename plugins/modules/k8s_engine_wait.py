@@ -130,7 +130,8 @@ options:
     description:
       - Recorded objects to judge instead of reading the cluster - what the API returned, for example
         C(kubectl get pods,replicasets,deployments,events,httproutes -A -o json) (a C(List)) or a list of objects
-        and Lists. Judged once; no credentials are needed. The result is what a poll of those objects would say.
+        and Lists. Judged once; no credentials are needed. The result is what a poll of those objects would say at
+        the moment they were recorded (their newest timestamp), so an old recording does not read as time waited.
       - Fields of the wrong type count as absent; a document nested too deeply or with numbers out of range is
         refused.
     type: raw
@@ -441,7 +442,8 @@ def run(module, fetch, answer=None, served=None):
         if p["objects"] is not None and p["answer_headers"] is not None:
             def served(revision):
                 return dict((str(k).lower(), v) for k, v in p["answer_headers"].items())  # the recorded answer
-        verdict = _k8s_wait.judge(fetch, time.time(), read_log=read_log, answer=answer, served=served,
+        at = _k8s_wait.recorded_at(p["objects"]) if p["objects"] is not None else None
+        verdict = _k8s_wait.judge(fetch, at if at is not None else time.time(), read_log=read_log, answer=answer, served=served,
                                   schedule_timeout=p["schedule_timeout"], **kw)
         verdict.update(elapsed=0.0)
     else:

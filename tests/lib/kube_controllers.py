@@ -52,6 +52,26 @@ otherwise), without importing the collection, so the collection's wait cannot pa
 * The kubelet's pod IP (``status.podIP``), set once the sandbox runs (``pkg/kubelet/kubelet_pods.go``
   ``generateAPIPodStatus``); a new pod gets a new IP.
 
+With ``fleet`` (nodes of tests/lib/kube_scheduler.py) the scheduler places each pod by that model's filters
+(nodeSelector, required node affinity, taints, extended resources, required anti-affinity), several pods a node when
+they fit; a pod that fits nowhere stays Pending with ``PodScheduled`` False, reason ``Unschedulable`` and a
+``FailedScheduling`` Event whose text is ``pkg/scheduler/framework/types.go`` ``FitError.Error()``: "0/N nodes are
+available: <count> <reason>, ... preemption: 0/N nodes are available: N Preemption is not helpful for scheduling."
+(``pkg/scheduler/framework/preemption/preemption.go``: every node UnschedulableAndUnresolvable for a node-affinity or
+taint misfit; "No preemption victims found for incoming pod" for missing resources, no lower-priority pod here).
+The kubelet's hostPath check fails the mount of a node that lacks the directory (``FailedMount`` Events,
+``ContainerCreating``), and an image in ``Cluster.missing_images`` is not pulled (``pkg/kubelet/images/
+image_manager.go``: ``ErrImagePull`` then ``ImagePullBackOff``, Events ``Failed`` "Failed to pull image ...: not
+found" and ``BackOff``).
+
+AIBrix v0.7.0's StormService controller (``pkg/controller/stormservice/sync.go`` ``scaling``/``updateStatus``,
+``pkg/controller/constants/stormservice.go``): ``spec.replicas`` RoleSets, each with every role's ``replicas``
+pods labelled ``storm-service-name``, ``roleset-name``, ``role-name`` and ``storm-service-revision`` (the update
+revision); status ``observedGeneration``, ``currentRevision``/``updateRevision``, ``replicas`` (RoleSets),
+``updatedReplicas``, ``readyReplicas`` and ``updatedReadyReplicas`` (RoleSets whose pods are all Ready).
+Any other object is stored as applied; an HTTPRoute gets the status the gateway's controller writes, from
+tests/lib/aibrix_oracle.py ``route_conditions`` (Gateway API v1.4.1 Accepted/ResolvedRefs reasons).
+
 The engine's own behaviour per model path (``Cluster.engines``) says how long it loads, and whether it stops
 answering some time after it served. ``Cluster.models()`` answers ``GET /v1/models`` through the Service: from one
 Ready pod in turn, ``root`` = the model path that pod loaded (vLLM ``serving_models.py`` ModelCard ``root``).
@@ -71,6 +91,7 @@ import json
 
 from ansible_collections.llmops.serving.plugins.module_utils import _timeline
 from ansible_collections.llmops.serving.tests.lib import aibrix_oracle
+from ansible_collections.llmops.serving.tests.lib import kube_scheduler as ks
 
 HASH_LABEL = "pod-template-hash"
 REVISION = "deployment.kubernetes.io/revision"
@@ -104,8 +125,12 @@ class Cluster(object):
     """One namespace, a few single-pod GPU nodes, the controllers and the kubelet, advanced one second at a time."""
 
     def __init__(self, namespace="llm-lab", nodes=("gpu-node-01", "gpu-node-02", "gpu-node-03"),
-                 start="2026-08-02T08:00:00Z", pull_seconds=5, terminate_seconds=5):
+                 start="2026-08-02T08:00:00Z", pull_seconds=5, terminate_seconds=5, fleet=None):
         self.ns, self.nodes = namespace, list(nodes)
+        self.fleet = [dict(n, pods=[]) for n in fleet] if fleet is not None else None
+        if self.fleet is not None:
+            self.nodes = [n["name"] for n in self.fleet]
+        self.storms, self.others, self.missing_images = {}, {}, set()
         self.t = _timeline.parse_time(start)
         self.pull_seconds, self.terminate_seconds = pull_seconds, terminate_seconds
         self.deployments, self.replicasets, self.pods, self.events = {}, {}, {}, []
@@ -127,7 +152,19 @@ class Cluster(object):
         return _timeline.iso(self.t if t is None else t)
 
     def apply(self, manifest):
-        """``kubectl apply`` of a Deployment: the spec is replaced; the generation goes up when it changed."""
+        """``kubectl apply``: a Deployment or StormService (the spec is replaced; the generation goes up when it
+        changed), a Service, or any other object (stored as applied)."""
+        kind = manifest.get("kind", "Deployment")
+        if kind == "Service":
+            return self.apply_service(manifest)
+        if kind == "StormService":
+            return self._apply_storm(manifest)
+        if kind != "Deployment":
+            obj = copy.deepcopy(manifest)
+            obj["metadata"].setdefault("namespace", self.ns)
+            obj["metadata"].update(uid=self._new_uid(), generation=1, creationTimestamp=self._iso())
+            self.others[(kind, obj["metadata"]["namespace"], obj["metadata"]["name"])] = obj
+            return obj
         name = manifest["metadata"]["name"]
         old = self.deployments.get(name)
         if old is None:
@@ -285,22 +322,67 @@ class Cluster(object):
         elif "reason" in c and status == "True":
             del c["reason"]
 
-    def _event(self, pod, etype, reason, message, container="engine"):
+    def _event(self, pod, etype, reason, message, container=None, component="kubelet"):
+        container = container or pod["spec"]["containers"][0]["name"]
         for ev in self.events:
             if ev["involvedObject"]["uid"] == pod["metadata"]["uid"] and ev["reason"] == reason and ev["message"] == message:
                 ev.update(count=ev["count"] + 1, lastTimestamp=self._iso())
                 return
+        ref = {"kind": "Pod", "name": pod["metadata"]["name"], "namespace": self.ns, "uid": pod["metadata"]["uid"]}
+        if component == "kubelet":
+            ref["fieldPath"] = "spec.containers{%s}" % container
         self.events.append({
             "apiVersion": "v1", "kind": "Event", "type": etype, "reason": reason, "message": message, "count": 1,
             "metadata": {"name": "%s.%x" % (pod["metadata"]["name"], len(self.events)), "namespace": self.ns},
-            "involvedObject": {"kind": "Pod", "name": pod["metadata"]["name"], "namespace": self.ns,
-                               "uid": pod["metadata"]["uid"], "fieldPath": "spec.containers{%s}" % container},
-            "firstTimestamp": self._iso(), "lastTimestamp": self._iso(), "source": {"component": "kubelet"}})
+            "involvedObject": ref, "firstTimestamp": self._iso(), "lastTimestamp": self._iso(),
+            "source": {"component": component}})
 
     def _engine_of(self, pod):
-        args = pod["spec"]["containers"][0].get("args") or []
-        path = args[args.index("--model") + 1] if "--model" in args else None
+        c = pod["spec"]["containers"][0]
+        argv = list(c.get("command") or []) + list(c.get("args") or [])
+        path = None
+        for flag in ("--model", "--model-path"):
+            if flag in argv[:-1]:
+                path = argv[argv.index(flag) + 1]
+        if path is None and "serve" in argv[:-1] and not argv[argv.index("serve") + 1].startswith("-"):
+            path = argv[argv.index("serve") + 1]  # vllm serve <model>
         return path, self.engines.get(path) or Engine()
+
+    # ---- kube-scheduler over the fleet (tests/lib/kube_scheduler.py filters) -----------------------------------------
+
+    def _place(self, pod):
+        """The node kube-scheduler binds ``pod`` to, or None after recording why none fits."""
+        if self.fleet is None:
+            busy = {p["spec"].get("nodeName") for p in self.pods.values() if p is not pod}
+            free = [n for n in self.nodes if n not in busy]
+            return free[0] if free else None
+        for n in self.fleet:
+            n["pods"] = [((p["metadata"].get("labels") or {}), self.ns, p["spec"]) for p in self.pods.values()
+                         if p is not pod and p["spec"].get("nodeName") == n["name"]
+                         and p["status"].get("phase") not in ("Succeeded", "Failed")]
+        want = ("pod", pod["metadata"].get("labels") or {}, self.ns, pod["spec"])
+        why, preempt = {}, {}
+        for n in sorted(self.fleet, key=lambda n: n["name"]):
+            # the framework stops at a node's first failing filter, in the default profile's order
+            # (pkg/scheduler/apis/config/v1/default_plugins.go: TaintToleration, NodeAffinity, NodeResourcesFit, ...)
+            first = next((r for r in (ks.taint_toleration(n_spec(want), n), ks.node_affinity(n_spec(want), n),
+                                      ks.resources_fit(n_spec(want), n),
+                                      ks.pod_anti_affinity(want[1], want[2], want[3], n, self.fleet)) if r), None)
+            if first is None:
+                return n["name"]
+            why[first] = why.get(first, 0) + 1
+            # Insufficient resources is Unschedulable (a victim could free room), the others UnschedulableAndUnresolvable
+            verdict = "No preemption victims found for incoming pod" if first.startswith("Insufficient") \
+                else "Preemption is not helpful for scheduling"
+            preempt[verdict] = preempt.get(verdict, 0) + 1
+        total = len(self.fleet)
+        text = "0/%d nodes are available: %s. preemption: 0/%d nodes are available: %s." % (
+            total, ", ".join("%d %s" % (c, r) for r, c in sorted(why.items())), total,
+            ", ".join("%d %s" % (c, r) for r, c in sorted(preempt.items())))
+        cond = self._cond(pod, "PodScheduled")
+        cond.update(status="False", reason="Unschedulable", message=text)
+        self._event(pod, "Warning", "FailedScheduling", text, component="default-scheduler")
+        return None
 
     def _probe(self, pod, kind):
         p = pod["spec"]["containers"][0].get(kind) or {}
@@ -314,29 +396,51 @@ class Cluster(object):
                 del self.pods[pod["metadata"]["name"]]
             return
         if pod["spec"].get("nodeName") is None:
-            busy = {p["spec"].get("nodeName") for p in self.pods.values() if p is not pod}
-            free = [n for n in self.nodes if n not in busy]
-            if not free:
+            node = self._place(pod)
+            if node is None:
                 return
-            pod["spec"]["nodeName"] = free[0]
+            pod["spec"]["nodeName"] = node
             self._set_cond(pod, "PodScheduled", "True")
             self._cond(pod, "PodScheduled").pop("message", None)
+            self._cond(pod, "PodScheduled").pop("reason", None)
             self._set_cond(pod, "Ready", "False", "ContainersNotReady")
             x["scheduled"] = self.t
-            st["containerStatuses"] = [{"name": "engine", "ready": False, "started": False, "restartCount": 0,
-                                        "state": {"waiting": {"reason": "ContainerCreating"}}}]
+            st["containerStatuses"] = [{"name": pod["spec"]["containers"][0]["name"], "ready": False, "started": False,
+                                        "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}]
             return
         cs = st["containerStatuses"][0]
         path, engine = self._engine_of(pod)
         if "running" not in cs["state"]:
+            node = next((n for n in self.fleet or [] if n["name"] == pod["spec"]["nodeName"]), None)
+            failed = ks.mount_errors(pod["spec"], node) if node is not None else []
+            if failed:
+                if (self.t - x["scheduled"]) % 10 == 0:
+                    vol = next(v["name"] for v in pod["spec"]["volumes"] if (v.get("hostPath") or {}).get("type") == "Directory")
+                    self._event(pod, "Warning", "FailedMount", 'MountVolume.SetUp failed for volume "%s" : %s'
+                                % (vol, failed[0]))
+                return
             until = x.get("backoff_until", x["scheduled"] + self.pull_seconds)
             if self.t < until:
                 return
+            image = pod["spec"]["containers"][0].get("image")
+            if image in self.missing_images:
+                pulls = x.get("pulls", 0) + 1
+                x.update(pulls=pulls, backoff_until=self.t + min(300, 10 * 2 ** (pulls - 1)))
+                self._event(pod, "Warning", "Failed", 'Failed to pull image "%s": rpc error: code = NotFound desc = '
+                            'failed to pull and unpack image "%s": failed to resolve reference "%s": %s: not found'
+                            % (image, image, image, image))
+                if pulls > 1:
+                    self._event(pod, "Normal", "BackOff", 'Back-off pulling image "%s"' % image)
+                cs["state"] = {"waiting": {"reason": "ImagePullBackOff" if pulls > 1 else "ErrImagePull",
+                                           "message": 'Back-off pulling image "%s"' % image if pulls > 1 else
+                                           "rpc error: code = NotFound desc = %s: not found" % image}}
+                return
             cs["state"] = {"running": {"startedAt": self._iso()}}
             st["phase"] = "Running"
-            self._ips += 1
-            st["podIP"] = "10.244.%d.%d" % (self.nodes.index(pod["spec"]["nodeName"]) if pod["spec"]["nodeName"] in
-                                            self.nodes else 99, self._ips)
+            if not st.get("podIP"):
+                self._ips += 1
+                st["podIP"] = "10.244.%d.%d" % (self.nodes.index(pod["spec"]["nodeName"]) if pod["spec"]["nodeName"]
+                                                in self.nodes else 99, self._ips)
             x.update(started=self.t, served=None, live_fails=0)
             return
         up = self.t - x["started"]
@@ -367,7 +471,8 @@ class Cluster(object):
 
     def _kill(self, pod, cs, probe, engine):
         x = pod["x"]
-        self._event(pod, "Normal", "Killing", "Container engine failed %s probe, will be restarted" % probe)
+        self._event(pod, "Normal", "Killing", "Container %s failed %s probe, will be restarted"
+                    % (pod["spec"]["containers"][0]["name"], probe))
         code = engine.sigterm_exit
         cs["lastState"] = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
                                           "startedAt": self._iso(x["started"]), "finishedAt": self._iso()}}
@@ -389,13 +494,72 @@ class Cluster(object):
                 self._sync_deployment(dep)
             for rs in list(self.replicasets.values()):
                 self._sync_replicaset(rs)
+            for ss in list(self.storms.values()):
+                self._sync_storm(ss)
             for pod in list(self.pods.values()):
                 self._kubelet(pod)
-            if self.services or self.gateway_delay:
+            if self.endpoints_delay or self.gateway_delay:
                 self._history.append((self.t, self._api_pods()))
                 del self._history[:-max(2, self.endpoints_delay + 2, self.gateway_delay + 2)]
             for svc in self.services.values():
                 self._sync_endpointslice(svc)
+
+    # ---- AIBrix's StormService controller ------------------------------------------------------------------------
+
+    def _apply_storm(self, manifest):
+        name = manifest["metadata"]["name"]
+        old = self.storms.get(name)
+        if old is None:
+            obj = copy.deepcopy(manifest)
+            obj["metadata"].update(namespace=self.ns, uid=self._new_uid(), generation=1, creationTimestamp=self._iso())
+            obj["status"] = {}
+            self.storms[name] = obj
+        elif old["spec"] != manifest["spec"]:
+            old["spec"] = copy.deepcopy(manifest["spec"])
+            old["metadata"]["generation"] += 1
+        return self.storms[name]
+
+    def _sync_storm(self, ss):
+        name, spec = ss["metadata"]["name"], ss["spec"]
+        revision = "%s-%s" % (name, compute_hash(spec["template"])[:10])
+        mine = [p for p in self.pods.values() if (p["metadata"].get("labels") or {}).get("storm-service-name") == name
+                and not p["metadata"].get("deletionTimestamp")]
+        for pod in mine:  # a new revision replaces the pods of the old one (RoleSets of another revision)
+            if pod["metadata"]["labels"].get("storm-service-revision") != revision:
+                pod["metadata"]["deletionTimestamp"] = self._iso()
+                pod["x-terminating-since"] = self.t
+        rolesets = {}
+        for i in range(spec.get("replicas", 1)):
+            roleset = "%s-roleset-%s" % (name, compute_hash({"r": revision, "i": i})[:5])
+            rolesets[roleset] = []
+            for role in spec["template"]["spec"]["roles"]:
+                t = role["template"]
+                for j in range(role.get("replicas", 1)):
+                    pod_name = "%s-%s-%d" % (roleset, role["name"], j)
+                    if pod_name not in self.pods:
+                        labels = dict((t.get("metadata") or {}).get("labels") or {})
+                        labels.update({"storm-service-name": name, "roleset-name": roleset, "role-name": role["name"],
+                                       "storm-service-revision": revision})
+                        self.pods[pod_name] = {
+                            "apiVersion": "v1", "kind": "Pod",
+                            "metadata": {"name": pod_name, "namespace": self.ns, "uid": self._new_uid(),
+                                         "creationTimestamp": self._iso(), "labels": labels,
+                                         "annotations": dict((t.get("metadata") or {}).get("annotations") or {}),
+                                         "ownerReferences": [{"apiVersion": "orchestration.aibrix.ai/v1alpha1",
+                                                              "kind": "RoleSet", "name": roleset, "controller": True,
+                                                              "uid": "roleset-" + roleset}]},
+                            "spec": copy.deepcopy(t["spec"]),
+                            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                                                                           "lastTransitionTime": self._iso()}]}}
+                    rolesets[roleset].append(self.pods[pod_name])
+        ready = sum(1 for pods in rolesets.values() if all(self._ready(p) for p in pods))
+        ss["status"] = {"observedGeneration": ss["metadata"]["generation"], "replicas": len(rolesets),
+                        "currentRevision": revision, "updateRevision": revision, "currentReplicas": len(rolesets),
+                        "updatedReplicas": len(rolesets), "readyReplicas": ready, "updatedReadyReplicas": ready,
+                        "notReadyReplicas": len(rolesets) - ready,
+                        "conditions": [{"type": "Ready" if ready >= spec.get("replicas", 1) else "Progressing",
+                                        "status": "True", "reason": "Ready" if ready >= spec.get("replicas", 1)
+                                        else "Processing"}]}
 
     # ---- Services and the EndpointSlice controller ---------------------------------------------------------------
 
@@ -421,7 +585,7 @@ class Cluster(object):
 
     def _seen(self, delay):
         """The pods as a watcher that trails the API by ``delay`` seconds last saw them."""
-        if not self._history:
+        if not delay or not self._history:
             return self._api_pods()
         past = [pods for t, pods in self._history if t <= self.t - delay]
         return past[-1] if past else self._history[0][1]
@@ -463,8 +627,24 @@ class Cluster(object):
     def objects(self):
         """Everything as the API shows it (``kubectl get deploy,rs,pods,events -o json`` items)."""
         pods = [dict((k, v) for k, v in p.items() if not k.startswith("x")) for p in self.pods.values()]
+        others = [self._with_route_status(o) if o["kind"] == "HTTPRoute" else o for o in self.others.values()]
         return copy.deepcopy(list(self.deployments.values()) + list(self.replicasets.values()) + pods + self.events
-                             + list(self.services.values()) + list(self.endpointslices.values()))
+                             + list(self.services.values()) + list(self.endpointslices.values())
+                             + list(self.storms.values()) + others)
+
+    def _with_route_status(self, route):
+        """The HTTPRoute with the status the gateway's controller writes for its parent (aibrix_oracle)."""
+        oracle = aibrix_oracle.Cluster(list(self.services.values()) + list(self.others.values()))
+        accepted, resolved = aibrix_oracle.route_conditions(oracle, route)
+        out = copy.deepcopy(route)
+        gen = route["metadata"]["generation"]
+        conds = [{"type": "Accepted", "status": "True" if accepted == "Accepted" else "False", "reason": accepted,
+                  "observedGeneration": gen, "lastTransitionTime": self._iso()},
+                 {"type": "ResolvedRefs", "status": "True" if resolved == "ResolvedRefs" else "False",
+                  "reason": resolved, "observedGeneration": gen, "lastTransitionTime": self._iso()}]
+        out["status"] = {"parents": [{"parentRef": dict(p), "controllerName": "gateway.envoyproxy.io/gatewayclass-controller",
+                                      "conditions": conds} for p in route["spec"].get("parentRefs") or []]}
+        return out
 
     def fetch(self):
         """What ``k8s_engine_wait`` reads in one poll."""
@@ -506,6 +686,11 @@ class Cluster(object):
         pod = ready[self._answers % len(ready)]
         path, _engine = self._engine_of(pod)
         return {"object": "list", "data": [{"id": "glm-5.2-fp8-vllm", "object": "model", "root": path}]}
+
+
+def n_spec(pod):
+    """The spec of a kube_scheduler pod tuple ``(owner, labels, namespace, spec)``."""
+    return pod[3]
 
 
 def service(name="glm-5-2-fp8-vllm"):

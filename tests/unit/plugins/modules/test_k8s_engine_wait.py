@@ -284,3 +284,25 @@ def test_models_url_needs_a_workload_and_no_credentials(run_module):
     assert r["failed"] is True and r["msg"].startswith("models_url: needs workload_name")
     r = run_module(k8s_engine_wait, dict(REPLAY, models_url="http://admin:s3cret@gw.example"))
     assert r["failed"] is True and "s3cret" not in str(r) and r["reason"] == "credentials_in_url"
+
+
+def test_objects_are_judged_at_the_time_they_were_recorded(run_module):
+    """A recording replayed later is judged at its newest timestamp: a pod no node can take (kube-scheduler's
+    "Preemption is not helpful" for every node) is still waiting 20 s after creation and fails once that has lasted a
+    minute, however long ago the objects were recorded."""
+    from ansible_collections.llmops.serving.tests.lib import kube_controllers as kc
+    from ansible_collections.llmops.serving.tests.lib import kube_scheduler as ks
+
+    cordoned = ks.node("gpu-node-01", taints=[{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}])
+    cluster = kc.Cluster(fleet=[cordoned])
+    cluster.apply(kc.deployment("/models/a"))
+    cluster.advance(20)
+    r = run_module(k8s_engine_wait, dict(REPLAY, objects=cluster.objects()))
+    assert r["state"] == "waiting", r["msg"]
+    assert "not scheduled" in r["msg"] and "Preemption is not helpful" in r["msg"]
+    cluster.advance(70)
+    r = run_module(k8s_engine_wait, dict(REPLAY, objects=cluster.objects()))
+    assert r["state"] == "failed" and "no node can ever take it" in r["msg"], r["msg"]
+    import re
+    waited = re.search(r"not scheduled for (\d+) s", r["msg"])
+    assert waited and 60 <= int(waited.group(1)) <= 90, r["msg"]
