@@ -296,7 +296,7 @@ def _root(node):
     return os.path.join(node.dir, "llmops")
 
 
-def _write_inventory(fleet, roles, path, site):
+def _write_inventory(fleet, roles, path, site, client_python=None):
     """A site inventory directory: the groups of inventories/example-h20, every host its own llmops_root."""
     api, prefill, decode, client = roles
 
@@ -310,7 +310,8 @@ def _write_inventory(fleet, roles, path, site):
                                                    pd_verify_sysfs_root=os.path.join(prefill.dir, "sys"))}},
             "decode": {"hosts": {decode.name: hv(decode, pd_verify_direction="rx",
                                                  pd_verify_sysfs_root=os.path.join(decode.dir, "sys"))}}}},
-        "bench_clients": {"hosts": {client.name: hv(client, benchmark_client_python=_client_python(fleet, client))}}}}}
+        "bench_clients": {"hosts": {client.name: hv(client, benchmark_client_python=client_python
+                                                    or _client_python(fleet, client))}}}}}
     os.makedirs(path)
     with open(os.path.join(path, "hosts.yml"), "w", encoding="utf-8") as f:
         json.dump(doc, f)
@@ -328,14 +329,14 @@ def _client_python(fleet, client):
     return path
 
 
-def _controller(fleet, roles, tmp_path, collections, kube_api, site, credentials=None):
+def _controller(fleet, roles, tmp_path, collections, kube_api, site, credentials=None, client_python=None):
     token = "k8s-" + os.urandom(8).hex()
     ee_root = str(tmp_path / "ee-llmops-root")
     creds = {"llmops Kubernetes": {"host": _url(kube_api), "bearer_token": token}}
     creds.update(credentials or {})
     ctl = awx.Controller(str(tmp_path / "jobs"), collections=collections,
                          settings={"llmops_awx_inventory_path": _write_inventory(fleet, roles, str(tmp_path / "site"),
-                                                                                 site)},
+                                                                                 site, client_python)},
                          credentials=creds, task_env=fleet.ansible_env({"LLMOPS_ROOT": ee_root}))
     return ctl, token, ee_root
 
@@ -533,3 +534,38 @@ def test_benchmark_runs_the_real_client_on_the_client_host(fleet, roles, collect
     runs = _read(os.path.join(client.dir, "client-runs.log")).split("\n")
     assert [r for r in runs if r] == ["%s %s" % (client.name, hashlib.sha256(hf_token.encode()).hexdigest())]
     assert hf_token not in json.dumps(job.events) and token not in json.dumps(job.events)
+
+
+@pytest.mark.skipif(not os.access("/usr/bin/python3", os.X_OK), reason="needs a python3 at /usr/bin/python3")
+def test_benchmark_refuses_a_client_interpreter_without_vllm_before_any_load(fleet, roles, collections, kube_api,
+                                                                             tmp_path):
+    """benchmark_client_python defaults to the controller's interpreter (under AWX the execution environment's path);
+    where that path on the client host has no vllm, the job says so, naming the host and the variable, before the
+    plan sends anything."""
+    _api, _prefill, _decode, client = roles
+    bare = "/usr/bin/python3"
+    probe = fleet.exec(client, [bare, "-c", "import importlib.util; print(importlib.util.find_spec('vllm') is None)"])
+    if probe.stdout.strip() != "True":
+        pytest.skip("%s has vllm here" % bare)
+    bridge = (netns.SUBNET % fleet.fid) + ".1"
+    _OpenAI.seen = []
+    engine = _serve(bridge, _OpenAI)
+    try:
+        ctl, _token, ee_root = _controller(fleet, roles, tmp_path, collections, kube_api, {}, client_python=bare)
+        job = ctl.launch("llmops benchmark", answers={
+            "benchmark_a_url": _url(engine), "benchmark_a_model": MODEL, "benchmark_tokenizer": str(tmp_path),
+            "benchmark_requests_per_round": 1, "benchmark_warmup_rounds": 0, "benchmark_time_budget": 0},
+            extra_vars={"benchmark_concurrency": [1], "benchmark_seeds": [1], "benchmark_lengths": [[16, 4]]})
+    finally:
+        engine.shutdown()
+        engine.server_close()
+    assert job.status == "failed", job.summary()
+    failed = [e["event_data"] for e in job.failed_events]
+    assert [(f["host"], f["task"]) for f in failed] == [(client.name, "Refuse a client host without vllm")]
+    msg = failed[0]["res"]["msg"]
+    assert msg.startswith("benchmark_client_python: %s on %s has no vllm; install vllm" % (bare, client.name)), msg
+    assert "set benchmark_client_python in the inventory" in msg
+    checks = _results(job, "Check that the client host's interpreter has vllm")
+    assert [(r["host"], r["res"]["rc"]) for r in checks] == [(client.name, 3)]
+    assert _OpenAI.seen == []
+    assert not os.path.exists(_root(client)) and not os.path.exists(ee_root)
