@@ -50,6 +50,7 @@ def fleet():
     with netns.Fleet(2) as f:
         src = os.path.join(f.shared, "models")
         stage_synth.write_checkpoint(os.path.join(src, MODEL, "r1"), 256 * 1024, shards=2)
+        stage_synth.write_checkpoint(os.path.join(src, MODEL, "r2"), 256 * 1024, shards=2, seed=2)
         yield f
 
 
@@ -135,8 +136,7 @@ def deployed(fleet, collection, tmp_path_factory):
                              credentials={"llmops Kubernetes": {"host": api.url, "bearer_token": token}},
                              task_env=fleet.ansible_env({}))
         job = ctl.launch("llmops deploy", answers={"stage_model_name": MODEL, "stage_model_revision": "r1"})
-        pods = api.pods()
-    return dict(job=job, api=api, gw=gw, token=token, pods=pods)
+        yield dict(job=job, api=api, gw=gw, token=token, pods=api.pods(), ctl=ctl)
 
 
 def test_the_deploy_job_stages_on_the_gpu_node_and_serves_from_the_ee(fleet, deployed):
@@ -223,3 +223,26 @@ def test_a_revision_staged_on_fewer_nodes_than_replicas_fails_before_anything_is
     assert "Stage it on more hosts of colocated" in msg
     assert api.writes() == [] and api.requests == []
     assert token not in json.dumps(job.events)
+
+
+def test_a_check_job_changes_nothing_and_says_what_it_skipped(fleet, deployed):
+    """AWX "Check" (--check) of the deploy template for a revision not staged anywhere yet, on the fleet that serves
+    r1: nothing is copied, no object is written (the apply is the API server's dry run: dryRun=All, recorded apart),
+    the pods stay as they are, no cold start is measured from the old pods, and the output says what it skipped."""
+    api, ctl, gpu = deployed["api"], deployed["ctl"], fleet.nodes[1]
+    before = len(api.requests)
+    pods = sorted(p["metadata"]["name"] for p in api.pods())
+    job = ctl.launch("llmops deploy", answers={"stage_model_name": MODEL, "stage_model_revision": "r2"},
+                     prompts={"job_type": "check"})
+    assert (job.status, job.rc, job.failed_events) == ("successful", 0, []), job.summary()
+    assert job.cmdline.startswith("--check ")
+    requests = api.requests[before:]
+    assert [(r["method"], r["path"]) for r in requests if r["method"] != "GET" and not r["dry_run"]] == []
+    assert sorted(p["metadata"]["name"] for p in api.pods()) == pods
+    assert not os.path.exists(os.path.join(gpu.nvme, "models", MODEL, "r2"))
+    said = " ".join(job.stdout.split())  # the callback wraps long messages
+    for skipped in ("is not staged on %s yet (a real run stages it first)" % gpu.name,
+                    "so there is no config.json to fingerprint",
+                    "nothing was rolled out (the objects were only dry-run), so there is no cold-start timeline"):
+        assert skipped in said, (skipped, said[-6000:])
+    assert "first correct response" not in said
