@@ -76,6 +76,7 @@ BASE=$(sed -n '/^  base_image:/,/name:/s/^ *name: *//p' "$ROOT/execution-environ
 CORE=$(sed -n '/^  ansible_core:/,/package_pip:/s/^ *package_pip: *//p' "$ROOT/execution-environment.yml" | tr -d "\"' ")
 RUNNER=$(sed -n '/^  ansible_runner:/,/package_pip:/s/^ *package_pip: *//p' "$ROOT/execution-environment.yml" | tr -d "\"' ")
 BUILDER=$(sed -n 's/^\(ansible-builder[^ #]*\).*/\1/p' "$ROOT/requirements-test.txt" | head -1)
+ANSIBLE_PKG=$(sed -n 's/^\(ansible[<>=~!][^ #]*\).*/\1/p' "$ROOT/requirements-test.txt" | head -1)
 KC=$(sed -n '/name: kubernetes.core/,/version:/s/^ *version: *//p' "$ROOT/requirements.yml" | tr -d "\"' ")
 [ -n "$BASE" ] && [ -n "$CORE" ] && [ -n "$RUNNER" ] || die "execution-environment.yml lacks base_image.name or a package_pip pin"
 [ -n "$BUILDER" ] || die "requirements-test.txt names no ansible-builder"
@@ -85,8 +86,8 @@ KC=$(sed -n '/name: kubernetes.core/,/version:/s/^ *version: *//p' "$ROOT/requir
 SYSTEM=$(awk '{sub(/#.*/, "")} /platform:dpkg/ {print $1}' "$ROOT/bindep.txt" "$ROOT/meta/ee-bindep.txt" | sort -u | paste -sd, -)
 
 if [ "$PLAN" = 1 ]; then
-    printf 'runtime=%s tag=%s push=%s base=%s system=%s core=%s runner=%s builder=%s kubernetes.core=%s tools=%s\n' \
-        "$RT" "$TAG" "${PUSH:-none}" "$BASE" "$SYSTEM" "$CORE" "$RUNNER" "$BUILDER" "$KC" "$TOOLS"
+    printf 'runtime=%s tag=%s push=%s base=%s system=%s core=%s runner=%s builder=%s kubernetes.core=%s kubernetes.core_fallback=%s tools=%s\n' \
+        "$RT" "$TAG" "${PUSH:-none}" "$BASE" "$SYSTEM" "$CORE" "$RUNNER" "$BUILDER" "$KC" "${ANSIBLE_PKG:-none}" "$TOOLS"
     exit 0
 fi
 
@@ -144,9 +145,23 @@ mv "$cols"/.dist/llmops-serving-*.tar.gz "$cols/llmops-serving.tar.gz"
 manifest_version() { tar -xzOf "$1" MANIFEST.json 2>/dev/null | "$PY" -c 'import json, sys; print(json.load(sys.stdin)["collection_info"]["version"])' 2>/dev/null || true; }
 if [ "$(manifest_version "$cols/kubernetes-core.tar.gz")" != "$KC" ]; then
     say "ansible-galaxy collection download kubernetes.core:$KC"
-    "$BIN/ansible-galaxy" collection download --no-deps -p "$cols/.dist" "kubernetes.core:$KC" >/dev/null \
-        || die "kubernetes.core $KC could not be downloaded from Galaxy; put its artifact at $cols/kubernetes-core.tar.gz"
-    mv "$cols/.dist/kubernetes-core-$KC.tar.gz" "$cols/kubernetes-core.tar.gz"
+    if "$BIN/ansible-galaxy" collection download --no-deps -p "$cols/.dist" "kubernetes.core:$KC" \
+            > "$WORK/galaxy.log" 2>&1; then
+        mv "$cols/.dist/kubernetes-core-$KC.tar.gz" "$cols/kubernetes-core.tar.gz"
+    else
+        # Galaxy did not answer: the ansible package (requirements-test.txt's range, on the package index) ships
+        # the same release; awx/ee/collection_from_package.py takes it only if it is exactly $KC.
+        [ -n "$ANSIBLE_PKG" ] || die "Galaxy did not answer (log: $WORK/galaxy.log) and requirements-test.txt names no ansible package range; put the kubernetes.core $KC artifact at $cols/kubernetes-core.tar.gz"
+        say "Galaxy did not answer (log: $WORK/galaxy.log); taking kubernetes.core $KC from the $ANSIBLE_PKG package"
+        rm -rf "$WORK/ansible-package"
+        "$PY" -m pip download --quiet --no-deps --only-binary=:all: --dest "$WORK/ansible-package" "$ANSIBLE_PKG" \
+            2> >(grep -v "is ignored: it is neither a file nor a directory" >&2) \
+            || die "neither Galaxy nor the package index gave kubernetes.core $KC; put its artifact at $cols/kubernetes-core.tar.gz"
+        "$PY" "$ROOT/awx/ee/collection_from_package.py" "$WORK"/ansible-package/ansible-*.whl kubernetes.core "$KC" \
+            "$cols/kubernetes-core.tar.gz" >/dev/null \
+            || die "kubernetes.core $KC could not be taken from the $ANSIBLE_PKG package; put its artifact at $cols/kubernetes-core.tar.gz"
+        rm -rf "$WORK/ansible-package"
+    fi
 fi
 rm -rf "$cols/.dist"
 [ "$(manifest_version "$cols/kubernetes-core.tar.gz")" = "$KC" ] || die "$cols/kubernetes-core.tar.gz is not kubernetes.core $KC"
@@ -168,7 +183,7 @@ say "$(ls "$WORK/wheels" | wc -l) wheels ($(du -sh "$WORK/wheels" | cut -f1)) in
 T=$(date +%s)
 say "ansible-builder build -t $TAG --container-runtime $RT (log: .build/ee/build.log)"
 (cd "$ROOT" && "$BIN/ansible-builder" build -f execution-environment.yml -c "$WORK/context" -t "$TAG" \
-    --container-runtime "$RT" --extra-build-cli-args=--network=none -v 2) > "$WORK/build.log" 2>&1 \
+    --container-runtime "$RT" --extra-build-cli-args=--network=none -v 3) > "$WORK/build.log" 2>&1 \
     || { tail -40 "$WORK/build.log" >&2; die "ansible-builder build failed (log: $WORK/build.log)"; }
 BUILD_S=$(elapsed "$T")
 SIZE=$("$RT" image inspect -f '{{.Size}}' "$TAG")

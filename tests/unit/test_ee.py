@@ -58,6 +58,50 @@ def _stages(containerfile):
     return stages
 
 
+def _runs_pip(line):
+    """A Containerfile step that runs pip: pip itself, or the builder scripts that call it (assemble,
+    install-from-bindep; ansible-builder 3.2.0, src/ansible_builder/_target_scripts/)."""
+    return line.startswith("RUN ") and bool(re.search(r"pip install|/assemble\b|install-from-bindep", line))
+
+
+def _pip_steps_without_local_wheels(stages):
+    """The pip steps of each stage that would look for an index, with Docker's scoping: a build argument (ARG)
+    is set in its own stage only, from its line on; a file written in the base stage is in every stage FROM base
+    until a step removes it."""
+    conf_in_base = False
+    bad = []
+    for name, lines in stages.items():
+        conf = conf_in_base if name != "base" else False
+        args = False
+        for line in lines:
+            if line.startswith("RUN ") and "/etc/pip.conf" in line and "no-index" in line and "/output/local-wheels" in line:
+                conf = True
+            if line.startswith("RUN ") and "rm -f /etc/pip.conf" in line:
+                conf = False
+            if line == "ARG PIP_NO_INDEX=1":
+                args = True
+            if _runs_pip(line) and "rm -f /etc/pip.conf" not in line and not (conf or args):
+                bad.append((name, line))
+        if name == "base":
+            conf_in_base = conf
+    return bad
+
+
+def test_the_pip_check_sees_docker_stage_scoping():
+    """The old definition set PIP_NO_INDEX as a build argument of the builder stage after that stage's first pip
+    install (ansible-builder 3.2.0, src/ansible_builder/containerfile.py: ``RUN $PYCMD -m pip install --no-cache-dir
+    bindep pyyaml packaging`` precedes prepend_builder), and `make ee` failed there looking for an index."""
+    old = {"base": ["ARG PIP_NO_INDEX=1", "RUN $PYCMD -m pip install --no-cache-dir $ANSIBLE_INSTALL_REFS"],
+           "builder": ["RUN $PYCMD -m pip install --no-cache-dir bindep pyyaml packaging", "ARG PIP_NO_INDEX=1",
+                       "RUN /output/scripts/assemble"]}
+    assert _pip_steps_without_local_wheels(old) == [("builder", old["builder"][0])]
+    conf = "RUN printf '[global]\\nno-index = true\\nfind-links = /output/local-wheels\\n' > /etc/pip.conf"
+    new = {"base": [conf, "RUN $PYCMD -m pip install x"], "builder": ["RUN $PYCMD -m pip install bindep"],
+           "final": ["RUN /output/scripts/install-from-bindep", "RUN rm -f /etc/pip.conf",
+                     "RUN $PYCMD -m pip install --no-cache-dir 'dumb-init==1.2.5'"]}
+    assert _pip_steps_without_local_wheels(new) == [("final", new["final"][2])]
+
+
 def _builder(*args, cwd):
     return subprocess.run([os.path.join(BIN, "ansible-builder")] + list(args), cwd=cwd, capture_output=True, text=True,
                           timeout=300, check=False, env=dict(os.environ, ANSIBLE_NOCOLOR="1"))
@@ -107,12 +151,15 @@ def test_builder_create_succeeds_offline(ee_tree):
     # as build arguments (in its RUN steps' environment, not in the image).
     for name in ("base", "final"):
         envs = [line for line in stages[name] if line.startswith("ENV ")]
-        assert [e for e in envs if re.search(r"PIP_NO_INDEX|PIP_FIND_LINKS|local-wheels|/output", e)] == [], name
-    for name in ("base", "builder", "final"):
-        assert "ARG PIP_NO_INDEX=1" in stages[name] and "ARG PIP_FIND_LINKS=/output/local-wheels" in stages[name]
-    # the wheels and the bindep check live under /output, which the final stage removes before its USER line
+        assert [e for e in envs if re.search(r"PIP_NO_INDEX|PIP_FIND_LINKS|local-wheels|/output|pip", e)] == [], name
+    # Every step that runs pip, in every stage, finds the local wheels only (the build has --network=none: one
+    # that looked for an index would fail the build), and the final stage drops the setting after its last one.
+    assert _pip_steps_without_local_wheels(stages) == []
     final = stages["final"]
-    assert final.index("RUN rm -rf /output") < final.index("USER 1000")
+    last_pip = max(i for i, line in enumerate(final) if _runs_pip(line))
+    (drop,) = [i for i, line in enumerate(final) if "rm -f /etc/pip.conf" in line]
+    assert last_pip < drop < final.index("RUN rm -rf /output") < final.index("USER 1000")
+    # the wheels and the bindep check live under /output, which the final stage removes before its USER line
     # the build's "package manager" is the presence check, shipped with the builder's scripts
     assert 'ARG PKGMGR="/output/scripts/pkg-present"' in containerfile
     assert os.access(str(build / "scripts" / "pkg-present"), os.X_OK)
@@ -189,6 +236,7 @@ def test_bindep_packages_are_in_the_base_or_the_build_fails(tmp_path):
                               check=False)
     ok = call("install", "-y", "git", "openssh-client")
     assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip() == "pkg-present: every bindep package is installed: git openssh-client"
     bad = call("install", "-y", "git", "rsync", "openssh-client", "curl")
     assert bad.returncode == 1
     assert "bindep declares packages the base image lacks: rsync curl;" in bad.stderr
@@ -327,3 +375,69 @@ def test_make_ee_builds_with_its_own_tools_not_the_engine_venv():
     assert 'TOOLS=$WORK/tools' in script and 'BIN=$TOOLS/bin' in script
     assert re.findall(r'"\$BIN/(ansible-[a-z]+)"', script)
     assert not re.findall(r"^\s*ansible-(builder|runner|galaxy) ", script, re.M)
+
+
+def _ansible_wheel(path, version, extra=()):
+    """A stand-in for the ansible package's wheel carrying kubernetes.core VERSION (docs and tests stripped, FILES.json
+    kept, as the package ships its collections)."""
+    import zipfile
+    prefix = "ansible_collections/kubernetes/core/"
+    manifest = {"collection_info": {"namespace": "kubernetes", "name": "core", "version": version,
+                                    "authors": ["Kubernetes Collection Maintainers"], "readme": "README.md",
+                                    "license": ["GPL-3.0-or-later"], "dependencies": {}, "tags": ["kubernetes"],
+                                    "description": "Kubernetes Collection", "repository": "", "documentation": "",
+                                    "homepage": "", "issues": "", "license_file": None},
+                "file_manifest_file": {"name": "FILES.json", "ftype": "file", "format": 1}, "format": 1}
+    with zipfile.ZipFile(str(path), "w") as zf:
+        zf.writestr(prefix + "MANIFEST.json", json.dumps(manifest))
+        zf.writestr(prefix + "FILES.json", json.dumps({"files": [{"name": "docs", "ftype": "dir"}], "format": 1}))
+        zf.writestr(prefix + "README.md", "# kubernetes.core\n")
+        zf.writestr(prefix + "plugins/modules/k8s.py", "# the k8s module\n")
+        zf.writestr("ansible_collections/community/general/MANIFEST.json", "{}")
+        for name, data in extra:
+            zf.writestr(name, data)
+    return path
+
+
+def _from_package(*args):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "awx", "ee", "collection_from_package.py")] + list(args),
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env=dict(os.environ, ANSIBLE_NOCOLOR="1"))
+
+
+def test_kubernetes_core_comes_from_the_ansible_package_when_galaxy_is_out_of_reach(tmp_path):
+    """Galaxy is not reachable from every build host; the ansible package on the package index ships the pinned
+    kubernetes.core, and `make ee` takes it from there (requirements-test.txt's range), exactly at the pin."""
+    proc, plan = _plan(tmp_path, ["docker"])
+    assert proc.returncode == 0, proc.stderr
+    assert plan["kubernetes.core_fallback"] == "ansible>=12,<13"
+    wheel = _ansible_wheel(tmp_path / "ansible-12.3.0-py3-none-any.whl", "6.2.0")
+    dest = tmp_path / "kubernetes-core.tar.gz"
+    proc = _from_package(str(wheel), "kubernetes.core", "6.2.0", str(dest))
+    assert proc.returncode == 0, proc.stderr
+    with tarfile.open(str(dest)) as tar:
+        assert json.load(tar.extractfile("MANIFEST.json"))["collection_info"]["version"] == "6.2.0"
+        assert "plugins/modules/k8s.py" in tar.getnames()
+        # FILES.json lists what the artifact holds, not the package's stripped docs
+        assert [f["name"] for f in json.load(tar.extractfile("FILES.json"))["files"] if f["name"] == "docs"] == []
+
+
+@pytest.mark.parametrize("version,name,extra,error", [
+    ("6.3.0", "kubernetes.core", (), "carries kubernetes.core 6.3.0, not 6.2.0; pick the ansible release that ships"),
+    ("6.2.0", "kubernetes", (), "give it as namespace.name"),
+    ("6.2.0", "community.docker", (), "has no ansible_collections/community/docker/; this ansible package does not carry"),
+    ("6.2.0", "kubernetes.core", (("ansible_collections/kubernetes/core/../../../x", "x"),), "leaves the collection"),
+])
+def test_a_package_copy_that_is_not_the_pin_is_refused(tmp_path, version, name, extra, error):
+    wheel = _ansible_wheel(tmp_path / "ansible-12.9.0-py3-none-any.whl", version, extra)
+    dest = tmp_path / "kubernetes-core.tar.gz"
+    proc = _from_package(str(wheel), name, "6.2.0", str(dest))
+    assert proc.returncode == 1 and error in proc.stderr, proc.stderr
+    assert not dest.exists()
+
+
+def test_a_broken_package_download_is_named(tmp_path):
+    bad = tmp_path / "ansible-12.3.0-py3-none-any.whl"
+    bad.write_bytes(b"not a zip")
+    proc = _from_package(str(bad), "kubernetes.core", "6.2.0", str(tmp_path / "out.tar.gz"))
+    assert proc.returncode == 1 and "is not a readable wheel" in proc.stderr and "download the ansible package again" in proc.stderr
