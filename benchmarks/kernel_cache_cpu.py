@@ -104,7 +104,7 @@ def main():
         node_b = os.path.join(work, "run%d" % r, "node-b")  # another node: copies, then starts
         t0 = time.monotonic()
         pb = _kcache_build.prebuild(node_a, "vllm", fp["fingerprint"], fp["components"],
-                              warmup_spec(info["path"], a.port, a.timeout), label=fp["label"], extra_env=extra_env)
+                                    warmup_spec(info["path"], a.port, a.timeout), label=fp["label"], extra_env=extra_env)
         cold_wall = time.monotonic() - t0
         with open(pb["log_path"]) as f:
             cold = parse_log(f.read())

@@ -76,8 +76,8 @@ def main():
         cold_json = os.path.join(work, "cold%d.json" % r)
         t0 = time.monotonic()
         pb = _kcache_build.prebuild(node_a, "vllm", fp["fingerprint"], fp["components"],
-                              {"command": [sys.executable, KERNELS, cold_json], "mode": "run", "timeout": 300},
-                              label=fp["label"])
+                                    {"command": [sys.executable, KERNELS, cold_json], "mode": "run", "timeout": 300},
+                                    label=fp["label"])
         wall = time.monotonic() - t0
         with open(cold_json) as f:
             cold = json.load(f)

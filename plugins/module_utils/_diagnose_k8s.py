@@ -349,8 +349,8 @@ def diagnose_kubernetes(objects, logs=None, namespace=None, name=None, served_mo
     ready = [p for p in judged if pod_ready(p)]
     for pod in judged:
         if not pod_ready(pod) and not any(f["object"] == "pod %s/%s" % (obj_ns(pod), obj_name(pod))
-                                           or f["object"].startswith("pod %s/%s " % (obj_ns(pod), obj_name(pod)))
-                                           for f in findings):
+                                          or f["object"].startswith("pod %s/%s " % (obj_ns(pod), obj_name(pod)))
+                                          for f in findings):
             findings.append(rule_not_ready(ctx, pod))
     if not findings and ready and len(ready) == len(judged):
         ev = ["%d/%d pod(s) of %s Ready" % (len(ready), len(judged), wref)]

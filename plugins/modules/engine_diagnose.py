@@ -205,7 +205,7 @@ def main():
                                  "within it); the default is 5")
         try:
             facts = _diagnose_local.local_facts(p["run_dir"], p["name"], proc_root=p["proc_root"],
-                                          health_timeout=p["health_timeout"])
+                                                health_timeout=p["health_timeout"])
         except _process_state.ProcessError as e:
             module.fail_json(msg=str(e), **e.details)
         module.exit_json(changed=False, **_diagnose_local.diagnose_local(facts))
@@ -225,7 +225,7 @@ def main():
         api = _api_client(module)
         try:
             objects, logs, listed = _diagnose_k8s.fetch_kubernetes(api, p["namespace"], p["name"], p["gateway_namespace"],
-                                                               p["log_tail_lines"])
+                                                                   p["log_tail_lines"])
         except UntrustedInput as e:
             module.fail_json(msg="reading namespace %s from the cluster: %s" % (p["namespace"], e), reason=e.limit)
         except Exception as e:  # pylint: disable=broad-except  # ApiException, urllib3 and socket errors

@@ -356,15 +356,15 @@ def main():
                           body=p["warmup_body"], expect=p["warmup_expect"], timeout=p["warmup_timeout"],
                           cwd=p["warmup_chdir"])
             res = _kcache_build.prebuild(root, engine, fp, p["components"], warmup, label=p["label"],
-                                   extra_env=dict((k, str(v)) for k, v in p["warmup_env"].items()),
-                                   lock_timeout=p["lock_timeout"], allow_extra=p["allow_extra"],
-                                   check_mode=module.check_mode, proc_root=proc)
+                                         extra_env=dict((k, str(v)) for k, v in p["warmup_env"].items()),
+                                         lock_timeout=p["lock_timeout"], allow_extra=p["allow_extra"],
+                                         check_mode=module.check_mode, proc_root=proc)
         elif op == "sync":
             res = _kcache_build.sync(p["source_root"], root, engine, fp, p["components"], p["lock_timeout"],
-                               p["allow_extra"], module.check_mode, proc_root=proc)
+                                     p["allow_extra"], module.check_mode, proc_root=proc)
         elif op == "checkout":
             res = _kcache_build.checkout(root, engine, fp, p["components"], p["instance"], p["mount_path"],
-                                   p["allow_extra"], p["lock_timeout"], module.check_mode, proc)
+                                         p["allow_extra"], p["lock_timeout"], module.check_mode, proc)
         else:
             text = _kcache_log.read_log(p["log_path"])
             res = _kcache_build.start_report(root, engine, fp, text, p["instance"], p["mount_path"])

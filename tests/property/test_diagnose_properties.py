@@ -104,7 +104,7 @@ def test_wrong_typed_fields_never_raise_and_healthy_needs_ready_pods(which, chan
     objects, logs = doc.get("objects"), doc.get("logs")
     now = _timeline.parse_time(sc["now"])
     res = _diagnose_k8s.diagnose_kubernetes(objects, logs, namespace=sc["namespace"], name=sc["name"],
-                                        served_model_name=sc.get("served_model_name"), now=now)
+                                            served_model_name=sc.get("served_model_name"), now=now)
     assert res["verdict"] in _diagnose.SEVERITY
     assert isinstance(res["summary"], str) and all(isinstance(f["evidence"], list) for f in res["findings"])
     shaped = _k8s_wait.shape_objects(objects)
@@ -128,6 +128,6 @@ def test_wrong_typed_fields_never_raise_and_healthy_needs_ready_pods(which, chan
 @given(value=hostile)
 def test_any_value_in_place_of_the_object_list_is_judged_not_raised(value):
     res = _diagnose_k8s.diagnose_kubernetes(value if not isinstance(value, float) or math.isfinite(value) else None,
-                                        value, namespace="llm-lab", name="glm-5-2-fp8-vllm")
+                                            value, namespace="llm-lab", name="glm-5-2-fp8-vllm")
     assert res["verdict"] != "healthy"
     assert _k8s_wait.shape_objects(value) == [] or isinstance(value, (list, dict))

@@ -457,7 +457,7 @@ def test_chained_exceptions_report_the_outermost_and_colours_are_stripped():
 
 def test_tqdm_updates_separated_by_carriage_returns_give_the_last_progress():
     facts = _diagnose.analyse_log("Loading safetensors checkpoint shards:   0% Completed | 0/4 [00:00<?, ?it/s]\r"
-                          "Loading safetensors checkpoint shards: 100% Completed | 4/4 [01:10<00:00, 17.5s/it]\n")
+                                  "Loading safetensors checkpoint shards: 100% Completed | 4/4 [01:10<00:00, 17.5s/it]\n")
     assert facts["progress"]["n"] == 4 and facts["progress"]["elapsed_s"] == 70
     assert "still initialising" in _diagnose.progress_text(facts["progress"])
 

@@ -33,7 +33,7 @@ def scenario():
 
 def diagnose(sc, now=NOW, logs=None):
     return _diagnose_k8s.diagnose_kubernetes(sc["objects"], logs if logs is not None else sc.get("logs"), namespace=sc["namespace"],
-                                 name=sc["name"], served_model_name=sc["served_model_name"], now=now)
+                                             name=sc["name"], served_model_name=sc["served_model_name"], now=now)
 
 
 def wait(sc, now=NOW, **kw):

@@ -124,7 +124,7 @@ def test_a_liveness_kill_of_a_serving_vllm_is_engine_hung_in_the_wait_and_the_di
     assert pod["last_exit"]["exit_code"] == 0 and "crash_exit_zero" not in v["message"]
     assert "clean shutdown on the kubelet's SIGTERM" in v["message"]
     res = _diagnose_k8s.diagnose_kubernetes(cluster.objects(), {}, namespace="llm-lab", name="glm-5-2-fp8-vllm",
-                                        now=cluster.clock())
+                                            now=cluster.clock())
     assert res["verdict"] == "engine_hung", res["summary"]
     assert seen  # the rollout itself had settled before the kill
 
@@ -155,7 +155,7 @@ def test_progress_deadline_exceeded_fails_the_wait_and_is_rollout_stalled():
     v = _poll(cluster, 1)
     assert v["state"] == "failed" and "exceeded its progress deadline" in v["message"], v["message"]
     res = _diagnose_k8s.diagnose_kubernetes(cluster.objects(), {}, namespace="llm-lab", name="glm-5-2-fp8-vllm",
-                                        now=cluster.clock())
+                                            now=cluster.clock())
     assert "rollout_stalled" in [f["code"] for f in res["findings"]]
 
 

@@ -134,7 +134,7 @@ def test_a_fifo_state_file_neither_hangs_nor_hides_the_engine(run_module, tmp_pa
 
 def test_state_fields_of_the_wrong_type_are_dropped_and_named():
     st, dropped = _process_state.clean_state({"state": "running", "pid": "12", "supervisor_pid": 0, "pid_start": -1,
-                                        "signal": 15.0, "returncode": None, "started_at": 3, "x" * 100: 1})
+                                              "signal": 15.0, "returncode": None, "started_at": 3, "x" * 100: 1})
     assert st == {"state": "running", "started_at": 3.0, "returncode": None}
     assert dropped == sorted(["pid", "supervisor_pid", "pid_start", "signal", "x" * 64 + "..."])
     assert _process_state.clean_state({"state": "dancing"}) == ({}, ["state"])
