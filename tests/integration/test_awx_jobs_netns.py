@@ -122,7 +122,9 @@ class _Pair:
         with self.lock:
             self.clients.append((address, path))
             self.served += 1
-            if self.rdma:  # a NIXL READ: the decode node pulls from the prefill node
+            # a NIXL READ: the decode node pulls from the prefill node; port_*_data count 4-octet words (kernel
+            # Documentation/ABI/stable/sysfs-class-infiniband)
+            if self.rdma:
                 words, packets = (self.kv_bytes + RDMA_OVERHEAD_BYTES) // 4, (self.kv_bytes // 4096) + 1
                 tx, rx = _port_counters(self.prefill_sysfs), _port_counters(self.decode_sysfs)
                 _bump(tx, "port_xmit_data", words)
@@ -172,7 +174,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 class _OpenAI(http.server.BaseHTTPRequestHandler):
     """An OpenAI-compatible engine for the benchmark client: lists its model, answers completions (streamed as
-    server-sent events the way vLLM streams them), records the address of every request."""
+    server-sent events the way vLLM streams them), records the address of every request.
+
+    The stream is what the client parses (vllm-project/vllm ``vllm/benchmarks/lib/endpoint_request_func.py``
+    ``async_request_openai_completions``, v0.32.0 as the test environment installs it): ``data: {json}`` events with
+    one choice each, then one with ``usage.completion_tokens``, then ``data: [DONE]``; ``/tokenize`` answers 404,
+    which the client's prompt alignment skips (``vllm/benchmarks/serve.py``)."""
 
     seen = []
     protocol_version = "HTTP/1.1"
