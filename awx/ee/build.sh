@@ -7,8 +7,8 @@
 #   bash awx/ee/build.sh --plan     print what would be built with which runtime, tag and push target; build nothing
 #
 # Needs: podman or docker (a working one: `podman info` / `docker info`), debootstrap and root (for the base image),
-# python3 with venv, and access to the Python package index and Ansible Galaxy on this host (the build itself has
-# no network). The tools come from their own small virtual environment, .build/ee/tools (ansible-core and
+# python3 with venv, and access to the Python package index on this host, and to Ansible Galaxy or else the index's
+# ansible package for kubernetes.core (the build itself has no network). The tools come from their own small virtual environment, .build/ee/tools (ansible-core and
 # ansible-runner at the definition's pins, ansible-builder at requirements-test.txt's range), never the engine's.
 # Environment:
 #   EE_RUNTIME        podman or docker (default: podman when it is on PATH, else docker)
