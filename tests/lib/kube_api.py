@@ -340,7 +340,7 @@ class KubeAPI:
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self
 
     def __exit__(self, *exc):
@@ -771,7 +771,7 @@ class Gateway:
 
         self.server = http.server.ThreadingHTTPServer((self.host, 0), Handler)
         self.url = "http://%s:%d" % (self.host, self.server.server_address[1])
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self
 
     def __exit__(self, *exc):
