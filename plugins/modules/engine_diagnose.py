@@ -26,6 +26,7 @@ description:
   - A pod that is not Ready is never V(healthy), whatever its status lacks (init containers running, an eviction
     before any container status was recorded, no statuses at all) - it is V(not_ready) when no rule names more.
     Recorded objects are read as untrusted - a field of the wrong type counts as absent, never a traceback.
+    Recorded objects are judged at the newest time they hold (when they were read), not at the clock of the run.
   - Only pods of the workload's current revision are judged (the current ReplicaSet's C(pod-template-hash), a
     LeaderWorkerSet's or StormService's revision); while the rollout is under way the verdict is at most
     V(rolling), and a Deployment past its progress deadline is V(rollout_stalled).
@@ -161,7 +162,8 @@ import importlib
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.llmops.serving.plugins.module_utils import _diagnose_k8s, _diagnose_local, _http, _k8s_client, _process_state
+from ansible_collections.llmops.serving.plugins.module_utils import (
+    _diagnose_k8s, _diagnose_local, _http, _k8s_client, _k8s_wait, _process_state)
 from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, check_value
 
 
@@ -221,7 +223,11 @@ def main():
             objects, logs, listed = check_value(p["objects"], "objects"), check_value(p["logs"], "logs"), None
         except UntrustedInput as e:
             module.fail_json(msg=str(e), reason=e.limit)
+        # judged when they were read (their newest time), not at this run's clock: a recording from last week
+        # must not read as a week of waiting
+        now = _k8s_wait.recorded_at(objects)
     else:
+        now = None
         api = _api_client(module)
         try:
             objects, logs, listed = _diagnose_k8s.fetch_kubernetes(api, p["namespace"], p["name"], p["gateway_namespace"],
@@ -237,7 +243,7 @@ def main():
                                  "pods/log)" % (p["namespace"], why.strip()))
     module.exit_json(changed=False, **_diagnose_k8s.diagnose_kubernetes(
         objects, logs, namespace=p["namespace"], name=p["name"], served_model_name=p["served_model_name"],
-        gateway_namespace=p["gateway_namespace"], listed_kinds=listed))
+        gateway_namespace=p["gateway_namespace"], listed_kinds=listed, now=now))
 
 
 if __name__ == "__main__":

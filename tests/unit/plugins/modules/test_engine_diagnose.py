@@ -60,6 +60,15 @@ def test_recorded_objects_give_the_verdict_and_change_nothing(run_module, check_
     assert any("TypeError: 'NoneType' object cannot be interpreted as an integer" in e for e in f["evidence"])
 
 
+def test_recorded_objects_are_judged_when_they_were_read_not_at_the_replay_clock(run_module):
+    # the pod was created at 08:00:05 and the newest event is 08:19:40: pending for about 20 minutes when the
+    # objects were read, however long ago that was
+    fx = _fixture("unschedulable_gpus.yaml")
+    r = run_module(engine_diagnose, _k8s_args(fx))
+    assert r["verdict"] == "unschedulable_gpus"
+    assert "not scheduled for 19 min" in r["summary"], r["summary"]
+
+
 def test_objects_need_no_kubernetes_client(run_module, monkeypatch):
     real_import = builtins.__import__
 
