@@ -293,6 +293,12 @@ def apply(directory, files, check_mode=False, diff=False, field="render_dir"):
     return result
 
 
+def argument_spec(**extra):
+    """The spec of O(render_dir) (doc fragment ``llmops.serving.render_dir``) to ``update()`` a module's argument
+    spec with; ``extra`` adds keys to the option (a module's own aliases)."""
+    return {"render_dir": dict({"type": "path"}, **extra)}
+
+
 def run_module(module, render, spec_error, rendered_options, result_keys=None, always_list_files=False):
     """The body of a manifest-rendering module: render ``module.params`` and exit with the objects, written into
     O(render_dir) when it is set.

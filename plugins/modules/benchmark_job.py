@@ -164,7 +164,7 @@ def main():
             nodes=dict(type="list", elements="str", default=[]),
             tolerations=dict(type="list", elements="dict", default=[]),
             active_deadline=dict(type="int", default=3600),
-            render_dir=dict(type="path"),
+            **_render_dir.argument_spec(),
         ),
         supports_check_mode=True,
     )

@@ -522,7 +522,7 @@ def main():
                                                                 collection_name="llmops.serving")]),
             labels=dict(type="dict", default={}),
             annotations=dict(type="dict", default={}),
-            render_dir=dict(type="path"),
+            **_render_dir.argument_spec(),
         ),
         required_by={"model_pvc_sub_path": "model_pvc"},
         supports_check_mode=True,

@@ -571,8 +571,8 @@ def main():
             proxy_decode_timeout=dict(type="int", default=3600),
             router_image=dict(type="str", default=""),
             router_policy=dict(type="str", default=""),
-            render_dir=dict(type="path", aliases=["dest"],
-                            deprecated_aliases=[dict(name="dest", version="1.0.0", collection_name="llmops.serving")]),
+            **_render_dir.argument_spec(aliases=["dest"], deprecated_aliases=[
+                dict(name="dest", version="1.0.0", collection_name="llmops.serving")]),
         ),
         supports_check_mode=True,
     )
