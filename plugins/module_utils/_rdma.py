@@ -180,6 +180,17 @@ def read_port(pdir, node_guid=None):
     return port
 
 
+def snapshot_argument_spec(prefix=""):
+    """The spec of the options a module selects the counters of a snapshot and its verdict with (doc fragment
+    ``llmops.serving.rdma``): ``<prefix>devices`` and ``<prefix>ports`` (empty = all, as :func:`snapshot` takes
+    them) and ``direction`` (as :func:`verdict` takes it), to ``update()`` a module's argument spec with."""
+    return {
+        prefix + "devices": {"type": "list", "elements": "str", "default": []},
+        prefix + "ports": {"type": "list", "elements": "int", "default": []},
+        "direction": {"type": "str", "choices": ["tx", "rx", "both"], "default": "both"},
+    }
+
+
 def _selection(devices, ports):
     return {"devices": sorted({str(d) for d in (devices or [])}),
             "ports": sorted({str(p) for p in (ports or [])}, key=_port_sort_key)}

@@ -48,30 +48,16 @@ options:
     description: Seconds the client may run; 0 for no limit.
     type: float
     default: 0
-  rdma_devices:
-    description: RDMA devices whose counters are read for the evidence (empty = all).
-    type: list
-    elements: str
-    default: []
-  rdma_ports:
-    description: Ports read on each device (empty = all).
-    type: list
-    elements: int
-    default: []
   client_output:
     description:
       - The log of a client that ran elsewhere (a Kubernetes Job from M(llmops.serving.benchmark_job)); its
         C(LLMOPS_BENCH_RESULT) line is the round's result and no client is started here.
     type: str
-  direction:
-    description: Which RDMA counters count toward the verdict (C(rx) on the decode host of a NIXL pull).
-    type: str
-    choices: [tx, rx, both]
-    default: both
 extends_documentation_fragment:
   - llmops.serving.attributes
   - llmops.serving.node.sysfs_root
   - llmops.serving.node.proc_root
+  - llmops.serving.rdma.evidence
 attributes:
   check_mode:
     support: none
@@ -118,7 +104,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _bench_run, _secrets
+from ansible_collections.llmops.serving.plugins.module_utils import _bench_run, _option_specs, _rdma, _secrets
 
 
 def main():
@@ -129,11 +115,8 @@ def main():
             python=dict(type="str", required=True),
             env=dict(type="dict", default={}, no_log=True),  # the client environment may carry HF_TOKEN and the like
             client_timeout=dict(type="float", default=0),
-            sysfs_root=dict(type="path", default="/sys"),
-            proc_root=dict(type="path", default="/proc"),
-            rdma_devices=dict(type="list", elements="str", default=[]),
-            rdma_ports=dict(type="list", elements="int", default=[]),
-            direction=dict(type="str", choices=["tx", "rx", "both"], default="both"),
+            **_option_specs.node("sysfs_root", "proc_root"),
+            **_rdma.snapshot_argument_spec("rdma_"),
             client_output=dict(type="str"),
         ),
         supports_check_mode=False,

@@ -163,7 +163,7 @@ import importlib
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.llmops.serving.plugins.module_utils import (
-    _diagnose_k8s, _diagnose_local, _http, _k8s_client, _k8s_wait, _process_state)
+    _diagnose_k8s, _diagnose_local, _http, _k8s_client, _k8s_wait, _option_specs, _process_state)
 from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, check_value
 
 
@@ -191,8 +191,8 @@ def main():
         log_tail_lines=dict(type="int", default=3000),
         run_dir=dict(type="path"),
         health_timeout=dict(type="float", default=5.0),
-        proc_root=dict(type="path", default="/proc"),
     )
+    argument_spec.update(_option_specs.node("proc_root"))
     argument_spec.update(_k8s_client.argument_spec())
     module = AnsibleModule(
         argument_spec=argument_spec,

@@ -280,7 +280,7 @@ details:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _http, _kcache, _kcache_build, _kcache_gc, _kcache_log
+from ansible_collections.llmops.serving.plugins.module_utils import _http, _kcache, _kcache_build, _kcache_gc, _kcache_log, _option_specs
 
 NEEDS_COMPONENTS = ("verify", "prebuild", "sync", "checkout")
 
@@ -311,7 +311,7 @@ def main():
             source_root=dict(type="path"),
             keep=dict(type="int", default=3),
             in_use=dict(type="list", elements="str", default=[]),
-            proc_root=dict(type="path", default="/proc"),
+            **_option_specs.node("proc_root"),
             log_path=dict(type="path"),
         ),
         required_if=[

@@ -262,7 +262,7 @@ gathered:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _fingerprint, _preflight
+from ansible_collections.llmops.serving.plugins.module_utils import _fingerprint, _option_specs, _preflight
 
 _VERSION_OPTS = dict((k, dict(type="str")) for k in _fingerprint.VERSION_KEYS)
 _PARALLEL_OPTS = dict((k, dict(type="int", default=1)) for k in _fingerprint.PARALLEL_KEYS)
@@ -288,7 +288,7 @@ def main():
             cxx=dict(type="str"),
             gather=dict(type="bool", default=False),
             engine_python=dict(type="path", default="python3"),
-            nvidia_smi=dict(type="str", default="nvidia-smi"),
+            **_option_specs.node("nvidia_smi"),
         ),
         supports_check_mode=True,
     )

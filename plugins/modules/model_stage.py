@@ -376,6 +376,7 @@ kept_in_use:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmops.serving.plugins.module_utils import _http
+from ansible_collections.llmops.serving.plugins.module_utils import _option_specs
 from ansible_collections.llmops.serving.plugins.module_utils import _paths
 from ansible_collections.llmops.serving.plugins.module_utils import _safetensors
 from ansible_collections.llmops.serving.plugins.module_utils import _stage
@@ -401,7 +402,7 @@ def main():
             lock_timeout=dict(type="int", default=3600),
             keep_revisions=dict(type="int", default=0),
             pinned=dict(type="list", elements="str", default=[]),
-            proc_root=dict(type="path", default="/proc"),
+            **_option_specs.node("proc_root"),
             read_rate_limit=dict(type="int", default=0),
             record_pieces=dict(type="bool", default=False),
             piece_size=dict(type="int", default=64 * 1024 * 1024),

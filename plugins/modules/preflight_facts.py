@@ -117,14 +117,13 @@ image_cuda:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _preflight
+from ansible_collections.llmops.serving.plugins.module_utils import _option_specs, _preflight
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            nvidia_smi=dict(type="str", default="nvidia-smi"),
-            sysfs_root=dict(type="path", default="/sys"),
+            **_option_specs.node("nvidia_smi", "sysfs_root"),
             paths=dict(type="list", elements="path", default=[]),
             engine_python=dict(type="path"),
             engine_modules=dict(type="list", elements="str", default=["vllm"]),

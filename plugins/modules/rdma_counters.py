@@ -35,19 +35,6 @@ description:
   - The module fails when the verdict fails or is an error; the result still carries RV(deltas), RV(kv) and
     RV(verdict).
 options:
-  devices:
-    description:
-      - RDMA device names to read (for example V(mlx5_0)). Empty reads every device under
-        C(class/infiniband).
-      - A name that does not exist fails the module with the list of devices present.
-    type: list
-    elements: str
-    default: []
-  ports:
-    description: Port numbers to read on each device. Empty reads every port.
-    type: list
-    elements: int
-    default: []
   baseline:
     description:
       - The RV(snapshot) of an earlier run of this module on the same host, with the same O(devices) and
@@ -70,13 +57,6 @@ options:
     type: str
     choices: [any, rdma, tcp]
     default: any
-  direction:
-    description:
-      - Which counters count toward the verdict. With a NIXL pull (READ) the prefill host transmits
-        (V(tx)) and the decode host receives (V(rx)). V(both) adds the two.
-    type: str
-    choices: [tx, rx, both]
-    default: both
   min_bytes:
     description: Bytes the chosen direction must move for O(expect=rdma) to pass.
     type: int
@@ -116,6 +96,7 @@ extends_documentation_fragment:
   - llmops.serving.attributes.info_module
   - llmops.serving.node.sysfs_root
   - llmops.serving.node.proc_root
+  - llmops.serving.rdma
 attributes:
   check_mode:
     details: Only reads sysfs, procfs, O(baseline_file) and the metrics endpoints; runs the same in check mode.
@@ -243,7 +224,7 @@ file:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _http, _prom, _rdma
+from ansible_collections.llmops.serving.plugins.module_utils import _http, _option_specs, _prom, _rdma
 
 
 def _metrics_url(value):
@@ -278,14 +259,11 @@ def _load_baseline(module, p):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            sysfs_root=dict(type="path", default="/sys"),
-            proc_root=dict(type="path", default="/proc"),
-            devices=dict(type="list", elements="str", default=[]),
-            ports=dict(type="list", elements="int", default=[]),
+            **_option_specs.node("sysfs_root", "proc_root"),
+            **_rdma.snapshot_argument_spec(),
             baseline=dict(type="dict"),
             baseline_file=dict(type="path"),
             expect=dict(type="str", choices=["any", "rdma", "tcp"], default="any"),
-            direction=dict(type="str", choices=["tx", "rx", "both"], default="both"),
             min_bytes=dict(type="int", default=1048576),
             tolerance_bytes=dict(type="int", default=1048576),
             nixl_metrics=dict(type="str"),
