@@ -238,6 +238,12 @@ def test_a_check_job_changes_nothing_and_says_what_it_skipped(fleet, deployed):
     assert job.cmdline.startswith("--check ")
     requests = api.requests[before:]
     assert [(r["method"], r["path"]) for r in requests if r["method"] != "GET" and not r["dry_run"]] == []
+    # the apply ran, as the API server's dry run (kubernetes.core patches with dryRun=All in check mode), the new
+    # revision's Deployment among it
+    dry = [(r["method"], r["path"]) for r in requests if r["dry_run"]]
+    assert {m for m, _p in dry} == {"PATCH"}, dry
+    assert ("PATCH", "/apis/apps/v1/namespaces/%s/deployments/%s" % (NAMESPACE, SERVED)) in dry
+    assert deployed["token"] not in json.dumps(job.events)
     assert sorted(p["metadata"]["name"] for p in api.pods()) == pods
     assert not os.path.exists(os.path.join(gpu.nvme, "models", MODEL, "r2"))
     said = " ".join(job.stdout.split())  # the callback wraps long messages
