@@ -12,6 +12,9 @@ and their ``details``. Keys a module states win over the fragment's.
 - ``llmops.serving.attributes.flow``: an action plugin that runs on the controller.
 - ``llmops.serving.attributes.k8s_group``: a Kubernetes module, also in the ``llmops.serving.k8s`` action group
   (listed *before* ``llmops.serving.attributes``: of two fragments stating one attribute the first one wins).
+- ``llmops.serving.attributes.internal_action``: *instead of* ``llmops.serving.attributes``, an action plugin the
+  roles and playbooks call that is in no action group and changes nothing; the module states its check mode
+  ``details``.
 """
 from __future__ import annotations
 
@@ -81,4 +84,27 @@ attributes:
     membership:
       - llmops.serving.serving
       - llmops.serving.k8s
+"""
+
+    # Instead of DOCUMENTATION: an action plugin outside the action groups that only reads.
+    INTERNAL_ACTION = r"""
+options: {}
+attributes:
+  action:
+    description: Runs on the controller as an action plugin.
+    support: full
+  async:
+    description: Whether the C(async) keyword applies.
+    support: none
+  check_mode:
+    description: Behaviour in check mode.
+    support: full
+  diff_mode:
+    description: Behaviour in diff mode.
+    support: N/A
+    details: Changes nothing.
+  platform:
+    description: Targets it runs against.
+    support: full
+    platforms: posix
 """

@@ -34,25 +34,11 @@ options:
         description: What the variable means, shown in the warning (for example C(the HTTPRoute request timeout)).
         type: str
         required: true
+extends_documentation_fragment:
+  - llmops.serving.attributes.internal_action
 attributes:
-  action:
-    description: Runs on the controller as an action plugin.
-    support: full
-  async:
-    description: Whether the C(async) keyword applies.
-    support: none
   check_mode:
-    description: Behaviour in check mode.
-    support: full
     details: Only reads variable names; runs the same in check mode.
-  diff_mode:
-    description: Behaviour in diff mode.
-    support: N/A
-    details: Changes nothing.
-  platform:
-    description: Targets it runs against.
-    support: full
-    platforms: posix
 author:
   - LLMOps Serving maintainers (@llmops-serving)
 """

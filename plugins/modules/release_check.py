@@ -32,25 +32,11 @@ options:
       - The root of the collection to compare. Default is the collection this check belongs to, the one running
         the job.
     type: path
+extends_documentation_fragment:
+  - llmops.serving.attributes.internal_action
 attributes:
-  action:
-    description: Runs on the controller as an action plugin.
-    support: full
-  async:
-    description: Whether the C(async) keyword applies.
-    support: none
   check_mode:
-    description: Behaviour in check mode.
-    support: full
     details: Only reads two small files; runs the same in check mode.
-  diff_mode:
-    description: Behaviour in diff mode.
-    support: N/A
-    details: Changes nothing.
-  platform:
-    description: Targets it runs against.
-    support: full
-    platforms: posix
 author:
   - LLMOps Serving maintainers (@llmops-serving)
 """
