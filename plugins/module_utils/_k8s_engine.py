@@ -144,6 +144,16 @@ DEFAULTS = dict(
 )
 
 
+def pod_argument_spec():
+    """The spec of the engine options both renderers of engine pods take alike (doc fragment
+    ``llmops.serving.engine_pod``), defaults from :data:`DEFAULTS`, to ``update()`` a module's argument spec with."""
+    return {
+        "engine": {"type": "str", "choices": ["vllm", "sglang"], "default": DEFAULTS["engine"]},
+        "gpu_resource": {"type": "str", "default": DEFAULTS["gpu_resource"]},
+        "probe_period": {"type": "int", "default": DEFAULTS["probe_period"]},
+    }
+
+
 class SpecError(ValueError):
     """An input the objects cannot be built from; ``str()`` names the field and the fix.
 

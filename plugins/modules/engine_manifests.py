@@ -42,11 +42,6 @@ description:
   - With O(render_dir) the objects are written there as YAML plus a C(kustomization.yaml); without it
     nothing is written and the objects are only returned (apply them with M(kubernetes.core.k8s)).
 options:
-  engine:
-    description: Inference engine.
-    type: str
-    choices: [vllm, sglang]
-    default: vllm
   served_model_name:
     description:
       - The model name clients send; also the AIBrix label value and the engine's C(--served-model-name).
@@ -169,10 +164,6 @@ options:
         the engine's status (128 + signal when it was killed).
       - Unset, the pod gets C(shareProcessNamespace=true) so the pause container is PID 1 and the engine is not.
     type: str
-  gpu_resource:
-    description: Extended resource name of the GPUs.
-    type: str
-    default: nvidia.com/gpu
   resources:
     description:
       - Extra C(requests)/C(limits) (cpu, memory, RDMA devices); the GPU count is always the engine's.
@@ -242,10 +233,6 @@ options:
     description: Seconds the startup probe allows the engine to load, compile and warm up.
     type: int
     default: 3600
-  probe_period:
-    description: Startup probe period in seconds.
-    type: int
-    default: 10
   kernel_cache_dir:
     description: Node path of the kernel cache directory, mounted at the same path.
     type: path
@@ -324,6 +311,7 @@ options:
 extends_documentation_fragment:
   - llmops.serving.attributes
   - llmops.serving.render_dir
+  - llmops.serving.engine_pod
 author:
   - LLMOps Serving maintainers (@llmops-serving)
 """
@@ -467,7 +455,6 @@ RENDERED_OPTIONS = ("engine_args", "extra_args", "command", "kernel_cache_env", 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            engine=dict(type="str", choices=["vllm", "sglang"], default="vllm"),
             served_model_name=dict(type="str", required=True),
             namespace=dict(type="str", required=True),
             gateway_namespace=dict(type="str", default="aibrix-system"),
@@ -491,7 +478,6 @@ def main():
             extra_args=dict(type="list", elements="str", default=[], no_log=True),
             command=dict(type="list", elements="str", no_log=True),
             init=dict(type="str"),
-            gpu_resource=dict(type="str", default="nvidia.com/gpu"),
             resources=dict(type="dict", default={}),
             cpu_request=dict(type="str"),
             memory_request=dict(type="str"),
@@ -503,7 +489,6 @@ def main():
             priority_class_name=dict(type="str"),
             topology_spread=dict(type="list", elements="dict", default=[]),
             startup_timeout=dict(type="int", default=3600),
-            probe_period=dict(type="int", default=10),
             kernel_cache_dir=dict(type="path"),
             kernel_cache_env=dict(type="dict", default={}, no_log=True),
             env=dict(type="list", elements="dict", default=[], no_log=True),
@@ -522,6 +507,7 @@ def main():
                                                                 collection_name="llmops.serving")]),
             labels=dict(type="dict", default={}),
             annotations=dict(type="dict", default={}),
+            **_k8s_engine.pod_argument_spec(),
             **_render_dir.argument_spec(),
         ),
         required_by={"model_pvc_sub_path": "model_pvc"},

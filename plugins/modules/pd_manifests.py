@@ -45,11 +45,6 @@ description:
     never the value. Reference a Secret instead (O(hf_token_secret), an O(env) entry with C(valueFrom.secretKeyRef),
     C($(NAME)) in arguments).
 options:
-  engine:
-    description: Inference engine.
-    type: str
-    choices: [vllm, sglang]
-    default: vllm
   transport:
     description: KV transport; picks C(UCX_TLS) from O(ucx_tls) and C(UCX_NET_DEVICES) from O(ucx_net_devices).
     type: str
@@ -107,10 +102,6 @@ options:
     description: GPUs (O(gpu_resource)) per engine pod.
     type: int
     default: 8
-  gpu_resource:
-    description: Extended resource name of the GPUs.
-    type: str
-    default: nvidia.com/gpu
   port:
     description: Engine HTTP port.
     type: int
@@ -267,10 +258,6 @@ options:
     description: Seconds an engine may take to start; the startup probe covers them and the router waits as long.
     type: int
     default: 3600
-  probe_period:
-    description: Startup probe period in seconds.
-    type: int
-    default: 10
   shm_size:
     description: Size limit of the C(/dev/shm) memory emptyDir.
     type: str
@@ -383,6 +370,7 @@ options:
 extends_documentation_fragment:
   - llmops.serving.attributes
   - llmops.serving.render_dir
+  - llmops.serving.engine_pod
 notes:
   - C(dest) is a deprecated alias of O(render_dir), removed in 1.0.0 (the name M(llmops.serving.engine_manifests) uses).
 author:
@@ -492,7 +480,7 @@ file:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _pd_manifests, _render_dir
+from ansible_collections.llmops.serving.plugins.module_utils import _k8s_engine, _pd_manifests, _render_dir
 
 # Options rendered into the containers: kept out of the target's log (no_log), returned as rendered.
 RENDERED_OPTIONS = ("extra_args", "env", "engine_args", "kernel_cache_env")
@@ -501,7 +489,6 @@ RENDERED_OPTIONS = ("extra_args", "env", "engine_args", "kernel_cache_env")
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            engine=dict(type="str", choices=["vllm", "sglang"], default="vllm"),
             transport=dict(type="str", choices=["rdma", "tcp"], default="rdma"),
             workload=dict(type="str", choices=["stormservice", "deployments"], default="stormservice", aliases=["mode"],
                           deprecated_aliases=[dict(name="mode", version="1.0.0", collection_name="llmops.serving")]),
@@ -516,7 +503,6 @@ def main():
             loader_threads=dict(type="int"),
             tp_size=dict(type="int", default=8),
             gpus=dict(type="int", default=8),
-            gpu_resource=dict(type="str", default="nvidia.com/gpu"),
             port=dict(type="int", default=8000),
             profile=dict(type="str", default="none"),
             profiles=dict(type="dict", default={}),
@@ -548,7 +534,6 @@ def main():
             engine_cpu_request=dict(type="str"),
             engine_memory_request=dict(type="str"),
             startup_timeout=dict(type="int", default=3600),
-            probe_period=dict(type="int", default=10),
             shm_size=dict(type="str", default="64Gi"),
             routing_strategy=dict(type="str"),
             gateway_name=dict(type="str", default="aibrix-eg"),
@@ -571,6 +556,7 @@ def main():
             proxy_decode_timeout=dict(type="int", default=3600),
             router_image=dict(type="str", default=""),
             router_policy=dict(type="str", default=""),
+            **_k8s_engine.pod_argument_spec(),
             **_render_dir.argument_spec(aliases=["dest"], deprecated_aliases=[
                 dict(name="dest", version="1.0.0", collection_name="llmops.serving")]),
         ),
