@@ -78,7 +78,9 @@ RUNNER=$(sed -n '/^  ansible_runner:/,/package_pip:/s/^ *package_pip: *//p' "$RO
 BUILDER=$(sed -n 's/^\(ansible-builder[^ #]*\).*/\1/p' "$ROOT/requirements-test.txt" | head -1)
 ANSIBLE_PKG=$(sed -n 's/^\(ansible[<>=~!][^ #]*\).*/\1/p' "$ROOT/requirements-test.txt" | head -1)
 KC=$(sed -n '/name: kubernetes.core/,/version:/s/^ *version: *//p' "$ROOT/requirements.yml" | tr -d "\"' ")
-[ -n "$BASE" ] && [ -n "$CORE" ] && [ -n "$RUNNER" ] || die "execution-environment.yml lacks base_image.name or a package_pip pin"
+if [ -z "$BASE" ] || [ -z "$CORE" ] || [ -z "$RUNNER" ]; then
+    die "execution-environment.yml lacks base_image.name or a package_pip pin"
+fi
 [ -n "$BUILDER" ] || die "requirements-test.txt names no ansible-builder"
 [ -n "$KC" ] || die "requirements.yml pins no kubernetes.core version"
 
@@ -177,7 +179,7 @@ say "pip download -> .build/ee/wheels ($CORE, $RUNNER, meta/ee-requirements.txt,
 "$PY" -m pip download --quiet --only-binary=:all: --dest "$WORK/wheels" "$CORE" "$RUNNER" \
     -r "$ROOT/meta/ee-requirements.txt" -r "$KC_REQ" bindep pyyaml packaging 'dumb-init==1.2.5' \
     2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
-say "$(ls "$WORK/wheels" | wc -l) wheels ($(du -sh "$WORK/wheels" | cut -f1)) in $(elapsed "$T")s"
+say "$(find "$WORK/wheels" -name '*.whl' | wc -l) wheels ($(du -sh "$WORK/wheels" | cut -f1)) in $(elapsed "$T")s"
 
 # 4. The image. --network=none: a RUN step that tried to reach a package index or a registry would fail.
 T=$(date +%s)
@@ -214,8 +216,10 @@ if [ "${EE_SKIP_JOB:-0}" != 1 ]; then
     read -r status rc events failed artifacts < <("$PY" "$ROOT/awx/ee/job_summary.py" "$out/artifacts")
     say "job status $status, rc $rc, $events events, $failed failed, ${JOB_S}s (transmit|worker|process exit codes: $rcs)"
     say "job artifacts (set_stats): $artifacts"
-    [ "$status" = successful ] && [ "$rc" = 0 ] && [ "$failed" = 0 ] \
-        || { tail -40 "$WORK/job.log" >&2; die "the job did not succeed (log: $WORK/job.log); $TAG is not pushed"; }
+    if [ "$status" != successful ] || [ "$rc" != 0 ] || [ "$failed" != 0 ]; then
+        tail -40 "$WORK/job.log" >&2
+        die "the job did not succeed (log: $WORK/job.log); $TAG is not pushed"
+    fi
 fi
 
 # 6. Tag and push where asked (only an image whose job passed).
