@@ -142,6 +142,15 @@ def check_paths(paths, field="route_paths"):
             raise RouteError("%s[%d]: %r is not an absolute path prefix (it must start with '/')" % (field, i, path))
 
 
+def gateway_argument_spec(name=True):
+    """The spec of the options that say where the gateway is (doc fragment ``llmops.serving.gateway``):
+    ``gateway_namespace`` and, with ``name``, ``gateway_name``, to ``update()`` a module's argument spec with."""
+    spec = {"gateway_namespace": {"type": "str", "default": DEFAULT_GATEWAY_NAMESPACE}}
+    if name:
+        spec["gateway_name"] = {"type": "str", "default": DEFAULT_GATEWAY_NAME}
+    return spec
+
+
 def route_objects(model, service, namespace, port, gateway_name=DEFAULT_GATEWAY_NAME,
                   gateway_namespace=DEFAULT_GATEWAY_NAMESPACE, request_timeout=DEFAULT_REQUEST_TIMEOUT,
                   paths=ROUTE_PATHS, labels=None, timeout_field="route_request_timeout", paths_field="route_paths"):

@@ -4,11 +4,12 @@
 """**PRIVATE** to llmops.serving: the argument spec of the node options (doc fragment ``llmops.serving.node``).
 
 Several modules read the node through the same injectable roots and GPU tool, and no single module_utils file
-consumes all of them, so their spec lives here once, beside the fragment's variants (``plugins/doc_fragments/node.py``:
+consumes all of them, so their spec lives here once, one entry per variant of the fragment (``doc_fragments/node.py``:
 ``SYSFS_ROOT``, ``PROC_ROOT``, ``NVIDIA_SMI``): a module that extends a variant takes the matching option with
-:func:`node`. Option blocks with one consumer keep their spec beside it: the Kubernetes authentication options in
-``_k8s_client.argument_spec``, the output directory in ``_render_dir.argument_spec``, the RDMA counter selection
-in ``_rdma.snapshot_argument_spec``.
+:func:`node`. Option blocks read by one module_utils file keep their spec beside that code: the Kubernetes
+authentication options in ``_k8s_client.argument_spec``, the output directory in ``_render_dir.argument_spec``, the
+RDMA counter selection in ``_rdma.snapshot_argument_spec``, the engine pod in ``_k8s_engine.pod_argument_spec``, the
+gateway in ``_aibrix_route.gateway_argument_spec`` (docs/development.md, "Option blocks").
 """
 from __future__ import annotations
 

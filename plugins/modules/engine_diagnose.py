@@ -57,8 +57,6 @@ options:
     type: str
   gateway_namespace:
     description: Namespace of the AIBrix gateway and its HTTPRoutes.
-    type: str
-    default: aibrix-system
   objects:
     description:
       - Kubernetes objects to judge instead of reading the cluster (as C(kubectl get -o json) writes them, or
@@ -91,6 +89,7 @@ extends_documentation_fragment:
   - llmops.serving.attributes
   - llmops.serving.attributes.info_module
   - llmops.serving.node.proc_root
+  - llmops.serving.gateway.namespace
   - kubernetes.core.k8s_auth_options
 attributes:
   check_mode:
@@ -163,7 +162,7 @@ import importlib
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.llmops.serving.plugins.module_utils import (
-    _diagnose_k8s, _diagnose_local, _http, _k8s_client, _k8s_wait, _option_specs, _process_state)
+    _aibrix_route, _diagnose_k8s, _diagnose_local, _http, _k8s_client, _k8s_wait, _option_specs, _process_state)
 from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, check_value
 
 
@@ -185,13 +184,13 @@ def main():
         namespace=dict(type="str"),
         name=dict(type="str", required=True),
         served_model_name=dict(type="str"),
-        gateway_namespace=dict(type="str", default="aibrix-system"),
         objects=dict(type="list", elements="dict"),
         logs=dict(type="dict", default={}),
         log_tail_lines=dict(type="int", default=3000),
         run_dir=dict(type="path"),
         health_timeout=dict(type="float", default=5.0),
     )
+    argument_spec.update(_aibrix_route.gateway_argument_spec(name=False))
     argument_spec.update(_option_specs.node("proc_root"))
     argument_spec.update(_k8s_client.argument_spec())
     module = AnsibleModule(

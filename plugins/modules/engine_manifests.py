@@ -54,12 +54,8 @@ options:
     required: true
   gateway_namespace:
     description: Namespace of the AIBrix gateway and of the HTTPRoute.
-    type: str
-    default: aibrix-system
   gateway_name:
     description: Name of the AIBrix Gateway the route attaches to.
-    type: str
-    default: aibrix-eg
   model_path:
     description:
       - Absolute path of the model revision; the same path on the node and in the container.
@@ -312,6 +308,7 @@ extends_documentation_fragment:
   - llmops.serving.attributes
   - llmops.serving.render_dir
   - llmops.serving.engine_pod
+  - llmops.serving.gateway
 author:
   - LLMOps Serving maintainers (@llmops-serving)
 """
@@ -446,7 +443,7 @@ file:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _k8s_engine, _render_dir
+from ansible_collections.llmops.serving.plugins.module_utils import _aibrix_route, _k8s_engine, _render_dir
 
 # Options rendered into the containers: kept out of the target's log (no_log), returned as rendered.
 RENDERED_OPTIONS = ("engine_args", "extra_args", "command", "kernel_cache_env", "env")
@@ -457,8 +454,7 @@ def main():
         argument_spec=dict(
             served_model_name=dict(type="str", required=True),
             namespace=dict(type="str", required=True),
-            gateway_namespace=dict(type="str", default="aibrix-system"),
-            gateway_name=dict(type="str", default="aibrix-eg"),
+            **_aibrix_route.gateway_argument_spec(),
             model_path=dict(type="path", required=True),
             model_source=dict(type="str", choices=["staged_nvme", "shared_fs"], default="staged_nvme"),
             model_pvc=dict(type="str"),

@@ -70,12 +70,8 @@ options:
     type: str
   gateway_namespace:
     description: Namespace of the HTTPRoute.
-    type: str
-    default: aibrix-system
   gateway_name:
     description: Only this Gateway's parent status is considered (others are ignored when present).
-    type: str
-    default: aibrix-eg
   timeout:
     description: Seconds to wait in total; cover image pull plus the engine's startup window.
     type: int
@@ -172,6 +168,7 @@ extends_documentation_fragment:
   - llmops.serving.attributes
   - llmops.serving.attributes.info_module
   - kubernetes.core.k8s_auth_options
+  - llmops.serving.gateway
 attributes:
   check_mode:
     details: Only reads the API. In check mode the state is read once and reported without waiting.
@@ -270,7 +267,7 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.llmops.serving.plugins.module_utils import _http, _k8s_client, _k8s_wait
+from ansible_collections.llmops.serving.plugins.module_utils import _aibrix_route, _http, _k8s_client, _k8s_wait
 from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, check_value, loads_json
 
 try:
@@ -476,8 +473,6 @@ def main():
         replicas=dict(type="int", default=1),
         container=dict(type="str", default="engine"),
         route_name=dict(type="str"),
-        gateway_namespace=dict(type="str", default="aibrix-system"),
-        gateway_name=dict(type="str", default="aibrix-eg"),
         timeout=dict(type="int", default=4500),
         route_condition_timeout=dict(type="int", default=300, aliases=["route_timeout"],
                                      deprecated_aliases=[dict(name="route_timeout", version="1.0.0",
@@ -498,6 +493,7 @@ def main():
         served_model_name=dict(type="str"),
         answer_headers=dict(type="dict"),
     )
+    argument_spec.update(_aibrix_route.gateway_argument_spec())
     argument_spec.update(_k8s_client.argument_spec())
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     _http.refuse_url_credentials(module, dict(_k8s_client.URL_OPTIONS,

@@ -270,12 +270,8 @@ options:
     type: str
   gateway_name:
     description: The AIBrix Gateway the HTTPRoute attaches to (O(workload=deployments)).
-    type: str
-    default: aibrix-eg
   gateway_namespace:
     description: Namespace of the Gateway and of the HTTPRoute C(<model>-router).
-    type: str
-    default: aibrix-system
   route_request_timeout:
     description: HTTPRoute request timeout (Gateway API duration); C(0s) is no timeout. Below 1800s warns.
     type: str
@@ -371,6 +367,7 @@ extends_documentation_fragment:
   - llmops.serving.attributes
   - llmops.serving.render_dir
   - llmops.serving.engine_pod
+  - llmops.serving.gateway
 notes:
   - C(dest) is a deprecated alias of O(render_dir), removed in 1.0.0 (the name M(llmops.serving.engine_manifests) uses).
 author:
@@ -480,7 +477,7 @@ file:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _k8s_engine, _pd_manifests, _render_dir
+from ansible_collections.llmops.serving.plugins.module_utils import _aibrix_route, _k8s_engine, _pd_manifests, _render_dir
 
 # Options rendered into the containers: kept out of the target's log (no_log), returned as rendered.
 RENDERED_OPTIONS = ("extra_args", "env", "engine_args", "kernel_cache_env")
@@ -536,8 +533,7 @@ def main():
             startup_timeout=dict(type="int", default=3600),
             shm_size=dict(type="str", default="64Gi"),
             routing_strategy=dict(type="str"),
-            gateway_name=dict(type="str", default="aibrix-eg"),
-            gateway_namespace=dict(type="str", default="aibrix-system"),
+            **_aibrix_route.gateway_argument_spec(),
             route_request_timeout=dict(type="str", default="0s"),
             route_paths=dict(type="list", elements="str"),
             gateway_policies=dict(type="list", elements="dict"),
