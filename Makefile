@@ -150,3 +150,10 @@ clean:
 .PHONY: bench-demo
 bench-demo: install
 	ansible-playbook -i inventories/local playbooks/benchmark.yml -e @roles/benchmark/files/demo.yml
+
+# The P/D ramp on this host (docs/benchmarks/serve_pd_ramp.md): the demo model, a colocated vLLM CPU engine and the
+# local P/D pair on ports 18103 and 18110-18112, a fixed-rate ladder with the two targets interleaved, phases per cell;
+# the engines are stopped afterwards. About 50 minutes on a loaded 2-core host plus the engines' start.
+.PHONY: bench-pd-ramp
+bench-pd-ramp: install
+	$(VPY) benchmarks/serve_pd_ramp.py --out-dir $(CURDIR)/docs/benchmarks
