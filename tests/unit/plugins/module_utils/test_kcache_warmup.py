@@ -9,8 +9,12 @@ import textwrap
 import time
 
 import pytest
+from ansible.module_utils import urls  # noqa: F401  pylint: disable=unused-import
 
 from ansible_collections.llmops.serving.plugins.module_utils import _kcache, _kcache_build, _process_run
+
+# _http imports ansible's opener on its first request; imported here, so that import (up to a second on a loaded
+# machine) does not delay the first probe past the engine's start-up and the first probe meets a refused connection.
 
 ENGINE = textwrap.dedent("""
     import json, sys, time
