@@ -1359,6 +1359,16 @@ def group_cells(plan_doc, done):
     return [key + (groups[key],) for key in order if groups[key]]
 
 
+def _probe_ms(plan_doc, target, input_len, output_len):
+    """The plan's probe of ``target`` at these lengths (one request on the idle target), in ms; None without one."""
+    for p in plan_doc.get("probes") or []:
+        if (isinstance(p, dict) and (p.get("target"), p.get("input_len"), p.get("output_len")) == (
+                target, input_len, output_len) and isinstance(p.get("seconds"), (int, float))
+                and not isinstance(p.get("seconds"), bool) and p["seconds"] > 0):
+            return p["seconds"] * 1000.0
+    return None
+
+
 def build_report(out_dir, meta=None, unstable_threshold=0.2, n_boot=2000, rng_seed=0, coldstart_file=None,
                  stats=None, report=None):
     """The report dict (``_bench_report.build``) from ``out_dir``'s plan, saved rounds and stopped marker."""
@@ -1386,7 +1396,8 @@ def build_report(out_dir, meta=None, unstable_threshold=0.2, n_boot=2000, rng_se
                                 burstiness=_load_args(plan_doc)["burstiness"],
                                 saturation_tolerance=proto.get("saturation_tolerance", 0.1),
                                 # vllm bench serve sends one test request before the load when its ready check is on
-                                ready_checks_per_round=1 if (plan_doc.get("ready_timeout_s", 30) or 0) > 0 else 0))
+                                ready_checks_per_round=1 if (plan_doc.get("ready_timeout_s", 30) or 0) > 0 else 0,
+                                unloaded_e2el_ms=_probe_ms(plan_doc, target, input_len, output_len)))
     comparisons = None
     names = [t["name"] for t in plan_doc["targets"]]
     if len(names) == 2:

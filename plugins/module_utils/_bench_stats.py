@@ -230,7 +230,7 @@ def _spread(values):
 SATURATION_SIGMAS = 2.0
 
 
-def saturation(offered, rounds, e2el_ms_mean, burstiness=1.0, tolerance=0.1):
+def saturation(offered, rounds, e2el_ms_mean, burstiness=1.0, tolerance=0.1, unloaded_e2el_ms=None):
     """``{achieved_rate, expected_rate, allowance, saturated}`` of a fixed-rate cell.
 
     ``rounds``: ``[(requests sent, requests completed, duration_s)]``. Unsaturated, a round of N requests offered
@@ -238,12 +238,18 @@ def saturation(offered, rounds, e2el_ms_mean, burstiness=1.0, tolerance=0.1):
     show is ``expected = sum N / sum((N - 1) / R + E2EL)``; ``achieved`` = completed requests / the rounds'
     duration. The cell is saturated when ``achieved < expected x (1 - allowance)``, ``allowance`` the larger of
     ``tolerance`` and :data:`SATURATION_SIGMAS` relative standard deviations of the arrival span (gamma arrivals:
-    ``1 / sqrt(burstiness x (N - 1))``), so a short Poisson round is not called saturated by chance."""
+    ``1 / sqrt(burstiness x (N - 1))``), so a short Poisson round is not called saturated by chance.
+
+    ``unloaded_e2el_ms``: one request's latency on the idle target (the plan's probe). The E2EL used is the lesser
+    of it and the cell's own mean: a saturated cell's mean grows with the queueing it should reveal, and would
+    lower its own bar."""
     sent = sum(n for n, _c, _d in rounds)
     done = sum(c for _n, c, _d in rounds)
     duration = sum(d for _n, _c, d in rounds)
     gaps = sum(max(0, n - 1) for n, _c, _d in rounds)
     e2el_s = (e2el_ms_mean or 0.0) / 1000.0
+    if _is_number(unloaded_e2el_ms) and unloaded_e2el_ms > 0:
+        e2el_s = min(e2el_s, unloaded_e2el_ms / 1000.0) if e2el_s > 0 else unloaded_e2el_ms / 1000.0
     span = gaps / float(offered) + e2el_s * len(rounds)
     out = {"achieved_rate": round(done / duration, 4) if duration > 0 else None,
            "expected_rate": round(sent / span, 4) if span > 0 else None, "allowance": None, "saturated": None}
@@ -256,13 +262,15 @@ def saturation(offered, rounds, e2el_ms_mean, burstiness=1.0, tolerance=0.1):
 
 
 def cell(target, concurrency, input_len, output_len, rounds, unstable_threshold=0.2, n_boot=2000, rng_seed=0,
-         request_rate=None, burstiness=1.0, saturation_tolerance=0.1, ready_checks_per_round=0):
+         request_rate=None, burstiness=1.0, saturation_tolerance=0.1, ready_checks_per_round=0,
+         unloaded_e2el_ms=None):
     """The report's cell for one target x concurrency x length pair from its measured ``rounds``.
 
     ``rounds``: ``[{seed, rep, samples, failed, duration_s, evidence}]`` (warm-up rounds are not passed).
     A round's failures are the larger of its ``failed`` and its samples with ``ok`` false: requests the
     client reported as failed without a sample still count. ``ready_checks_per_round``: the requests the client
     sends per round outside its samples (its ready check), which the engines' phase figures count too.
+    ``unloaded_e2el_ms``: one request's latency on the idle target (the probe), for :func:`saturation`.
     Raises ValueError naming the field.
     """
     if not isinstance(target, str) or not target:
@@ -342,7 +350,7 @@ def cell(target, concurrency, input_len, output_len, rounds, unstable_threshold=
     out["request_rate"] = request_rate
     sat = saturation(request_rate or 1.0, [(rs["requests"], rs["completed"], r.get("duration_s") or 0.0)
                                            for rs, r in zip(summaries, rounds)], _mean(e2el), burstiness,
-                     saturation_tolerance)
+                     saturation_tolerance, unloaded_e2el_ms=unloaded_e2el_ms)
     out["achieved_rate"] = sat["achieved_rate"]
     if request_rate:
         out.update(expected_rate=sat["expected_rate"], saturated=sat["saturated"],

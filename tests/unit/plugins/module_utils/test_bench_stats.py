@@ -227,3 +227,23 @@ def test_compare_without_successful_requests_cannot_tell():
     dead = bs.cell("b", 1, 128, 32, [rnd(1, [sample(0, ok=False)] * 3)], n_boot=50)
     out = bs.compare(a, dead, "ttft", n_boot=50)
     assert out["verdict"] == "cannot tell" and out["b"] is None and "no successful request on B" in out["reason"]
+
+
+def test_a_cell_whose_latency_grew_with_its_queue_is_saturated_against_the_idle_latency():
+    # 5 rounds of 16 requests offered at 4/s: 0.67/s achieved while each request took 21 s on average. Against its
+    # own mean the cell allows 80 / (5 x 15 / 4 + 5 x 21) = 0.65/s and passes; against one request on the idle
+    # target (the probe, 9.7 s) it allows 1.19/s and is saturated.
+    rounds = [(16, 16, 16 / 0.67)] * 5
+    own = bs.saturation(4.0, rounds, 21000.0)
+    assert own["saturated"] is False and own["expected_rate"] == pytest.approx(80 / (18.75 + 105.0), abs=1e-3)
+    idle = bs.saturation(4.0, rounds, 21000.0, unloaded_e2el_ms=9700.0)
+    assert idle["saturated"] is True and idle["expected_rate"] == pytest.approx(80 / (18.75 + 48.5), abs=1e-3)
+    # a cell faster than the probe keeps its own latency (a slow probe does not make it look saturated)
+    fast = bs.saturation(1.0, [(16, 16, 16 / 0.67)] * 5, 7800.0, unloaded_e2el_ms=10400.0)
+    assert fast["saturated"] is False and fast["expected_rate"] == pytest.approx(80 / (75.0 + 39.0), abs=1e-3)
+    # cell() passes the probe's latency on
+    samples = [{"ok": True, "ttft_ms": 900.0, "tpot_ms": 600.0, "itl_ms": [600.0], "e2el_ms": 21000.0,
+                "output_tokens": 32, "input_tokens": 128, "error": ""}] * 16
+    rs = [{"seed": s, "rep": 0, "samples": samples, "failed": 0, "duration_s": 16 / 0.67} for s in range(1, 6)]
+    c = bs.cell("pd", 256, 128, 32, rs, n_boot=20, request_rate=4.0, unloaded_e2el_ms=9700.0)
+    assert c["saturated"] is True and c["expected_rate"] == pytest.approx(idle["expected_rate"])
