@@ -240,6 +240,12 @@ def _cell_name(c):
     return "%s C=%d %d/%d" % (c["target"], c["concurrency"], c["input_len"], c["output_len"])
 
 
+def _load(c):
+    """What a cell's load column shows: its fixed rate (``R=2/s``) or its concurrency (the cap a fixed-rate round
+    also passes to the client is not the load)."""
+    return "R=%g/s" % c["request_rate"] if c.get("request_rate") else "%s" % c.get("concurrency")
+
+
 def _some(names, n=4):
     names = list(names)
     return ", ".join(names[:n]) + (" and %d more" % (len(names) - n) if len(names) > n else "")
@@ -501,8 +507,8 @@ def markdown(report):
                   "| target | C | in/out | seed | rep | requests | failed | p95 TTFT | p95 TPOT | p95 E2EL | out tok/s |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for c, r in rows:
-            lines.append("| %s | %d | %d/%d | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-                _md(c["target"]), c["concurrency"], c["input_len"], c["output_len"], r.get("seed"), r.get("rep"),
+            lines.append("| %s | %s | %d/%d | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                _md(c["target"]), _load(c), c["input_len"], c["output_len"], r.get("seed"), r.get("rep"),
                 r.get("requests"), r.get("failed"), _f(r.get("p95_ttft_ms")), _f(r.get("p95_tpot_ms")),
                 _f(r.get("p95_e2el_ms")), _f(r.get("output_tok_s"))))
         lines.append("")
@@ -515,8 +521,8 @@ def markdown(report):
                   "|---|---|---|---|---|---|---|---|---|"]
         for c in ev:
             es = c["evidence_summary"]
-            lines.append("| %s | %d | %d/%d | %s | %s | %s | %s | %s | %s |" % (
-                _md(c["target"]), c["concurrency"], c["input_len"], c["output_len"], _bytes(es.get("kv_bytes")),
+            lines.append("| %s | %s | %d/%d | %s | %s | %s | %s | %s | %s |" % (
+                _md(c["target"]), _load(c), c["input_len"], c["output_len"], _bytes(es.get("kv_bytes")),
                 _bytes(es.get("rdma_bytes")), _bytes(es.get("tcp_bytes")), _f(es.get("rdma_to_kv"), "%.2f×"),
                 _rate(es.get("kv_rate_bytes_s")), _md(", ".join(str(v) for v in es.get("verdicts") or []) or "n/a")))
         notes = []
@@ -660,8 +666,7 @@ def _phases_markdown(cells):
                 cols.append(_f(v["mean_ms"]) + p95)
         frac = ph.get("explained_fraction")
         lines.append("| %s | %s | %d/%d | %s | %s | %s | %s |" % (
-            _md(c["target"]), c["concurrency"] if not c.get("request_rate") else "R=%g/s" % c["request_rate"],
-            c["input_len"], c["output_len"], " | ".join(cols),
+            _md(c["target"]), _load(c), c["input_len"], c["output_len"], " | ".join(cols),
             _f(ph.get("phases_total_ms")), _f(ph.get("client_e2el_ms_mean")),
             "%.0f %%" % (frac * 100) if frac is not None else "n/a"))
         for w in list(ph.get("warnings") or []) + list(ph.get("errors") or []):

@@ -455,6 +455,9 @@ def test_an_open_loop_cell_past_what_the_target_serves_is_saturated(run_module, 
     assert slow["goodput_rate"] == pytest.approx(6 / rnd["duration_s"], rel=1e-6)
     md = _bench_report.markdown(report)
     assert "## Fixed-rate ramp" in md and "| colocated | 16/4 | 1000 |" in md and "| **yes** |" in md
+    # every table names a fixed-rate cell by its rate, never by the in-flight cap its rounds pass to the client
+    assert "| colocated | R=20/s | 16/4 | 1 |" in md and "| colocated | R=1000/s | 16/4 | 1 |" in md
+    assert "| colocated | 256 |" not in md
     assert "rate_ramp.png" in [name for name, _fig in _figure_names(report)]
 
 
