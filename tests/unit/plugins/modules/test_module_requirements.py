@@ -51,8 +51,9 @@ def _imports(path):
     utils, libs = set(), set()
     for node in _top_level(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
-            if node.module == PKG:
-                utils.update(a.name for a in node.names)
+            if node.module == PKG or (node.module.startswith(PKG + ".")
+                                      and not node.module.rsplit(".", 1)[1].startswith("_")):
+                utils.update(a.name for a in node.names)  # module_utils files (flat, or a package's)
             elif node.module.startswith(PKG + "."):
                 utils.add(node.module.rsplit(".", 1)[1])
     for node in ast.walk(tree):
@@ -85,6 +86,13 @@ def _optional(tree):
     return out
 
 
+def _module_utils_file(name):
+    """The file of the module_utils ``name``, whichever package holds it."""
+    found = glob.glob(os.path.join(ROOT, "plugins", "module_utils", "**", name + ".py"), recursive=True)
+    assert len(found) == 1, (name, found)
+    return found[0]
+
+
 def _needs(module_path, optional=False):
     """Third-party libraries the module imports, itself or through module_utils (transitively); without
     ``optional``, those it can do without (imported under ``except ImportError`` with a fallback) are left out."""
@@ -94,7 +102,7 @@ def _needs(module_path, optional=False):
     while utils - seen:
         name = sorted(utils - seen)[0]
         seen.add(name)
-        more, third, opt = _imports(os.path.join(ROOT, "plugins", "module_utils", name + ".py"))
+        more, third, opt = _imports(_module_utils_file(name))
         utils |= more
         libs |= third if optional else third - opt
     return libs
