@@ -77,8 +77,8 @@ def modules():
         name = os.path.basename(path)[:-3]
         if name.startswith("_"):
             continue
-        doc, _plainexamples, returndocs, _metadata = get_docstring(path, fragment_loader,
-                                                                  collection_name="llmops.serving")
+        doc, _plainexamples, returndocs, _metadata = get_docstring(
+            path, fragment_loader, collection_name="llmops.serving")
         out[name] = {"options": _options(doc.get("options")), "returns": _returns(returndocs)}
     return out
 
