@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def main(argv=None):
     sys.path.insert(0, ROOT)
     import conftest  # noqa: F401  pylint: disable=unused-import,import-outside-toplevel
-    from ansible_collections.llmops.serving.plugins.module_utils import _bench_run  # pylint: disable=import-outside-toplevel
+    from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_run  # pylint: disable=import-outside-toplevel
 
     sys.argv = ["vllm bench serve"] + list(sys.argv[1:] if argv is None else argv)
     exec(compile(_bench_run.CLIENT_SOURCE, "vllm-bench-serve", "exec"), {"__name__": "__main__"})  # pylint: disable=exec-used

@@ -27,9 +27,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import conftest  # noqa: E402,F401  pylint: disable=unused-import
 
-from ansible_collections.llmops.serving.plugins.module_utils import (  # noqa: E402
-    _demo_model, _fingerprint, _kcache, _kcache_build, _kcache_log,
+from ansible_collections.llmops.serving.plugins.module_utils.cache import (  # noqa: E402
+    _fingerprint, _kcache, _kcache_build, _kcache_log,
 )
+from ansible_collections.llmops.serving.plugins.module_utils.engine import _demo_model  # noqa: E402
 
 INIT_RE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+)")
 COMPILE_RE = re.compile(r"torch\.compile take[s]? ([0-9.]+) ?s in total")

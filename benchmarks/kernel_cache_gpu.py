@@ -30,9 +30,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import conftest  # noqa: E402,F401  pylint: disable=unused-import
 
-from ansible_collections.llmops.serving.plugins.module_utils import (  # noqa: E402
-    _fingerprint, _kcache, _kcache_build, _preflight,
+from ansible_collections.llmops.serving.plugins.module_utils.cache import (  # noqa: E402
+    _fingerprint, _kcache, _kcache_build,
 )
+from ansible_collections.llmops.serving.plugins.module_utils.engine import _preflight  # noqa: E402
 
 KERNELS = os.path.join(ROOT, "benchmarks", "kernel_cache_triton_set.py")
 MODEL_CONFIG = {

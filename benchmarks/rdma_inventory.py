@@ -75,7 +75,8 @@ def main():
            "sysfs": sysfs_inventory(a.sysfs_root), "dev_infiniband": _ls("/dev/infiniband"),
            "nvidia_smi_topo": run(["nvidia-smi", "topo", "-m"]),
            "nvidia_smi_nics": run(["nvidia-smi", "topo", "-mp"])}
-    from ansible_collections.llmops.serving.plugins.module_utils import _preflight, _rdma
+    from ansible_collections.llmops.serving.plugins.module_utils.engine import _preflight
+    from ansible_collections.llmops.serving.plugins.module_utils.transport import _rdma
     facts = _preflight.node_facts("nvidia-smi", a.sysfs_root, ["/"])
     doc["preflight"] = {"rdma": facts["rdma"], "gpu": facts["gpu"]}
     try:

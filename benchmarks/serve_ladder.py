@@ -1,6 +1,6 @@
 """Concurrency ladder from the command line: a thin caller of the benchmark role's own code.
 
-Runs exactly what ``playbooks/benchmark.yml`` runs (``plugins/module_utils/_bench_run.py``: plan, probe, rounds
+Runs exactly what ``playbooks/benchmark.yml`` runs (``plugins/module_utils/bench/_bench_run.py``: plan, probe, rounds
 with ``vllm bench serve``; ``_bench_stats`` and ``_bench_report``: the report) without Ansible, for a developer
 at a shell. The play is the supported interface; prefer it.
 
@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import conftest  # noqa: E402,F401  pylint: disable=unused-import
 
-from ansible_collections.llmops.serving.plugins.module_utils import _bench_report, _bench_run  # noqa: E402
+from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_report, _bench_run  # noqa: E402
 
 
 def main():

@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import conftest  # noqa: E402,F401  pylint: disable=unused-import
 
-from ansible_collections.llmops.serving.plugins.module_utils._demo_model import generate_model  # noqa: E402
+from ansible_collections.llmops.serving.plugins.module_utils.engine._demo_model import generate_model  # noqa: E402
 
 ENGINES_PLAY = os.path.join(ROOT, "benchmarks", "serve_pd_ramp_engines.yml")
 COLOCATED, PREFILL, DECODE, PROXY = 18103, 18110, 18111, 18112

@@ -23,8 +23,8 @@ from ansible.module_utils.common.text.converters import to_text
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from ansible_collections.llmops.serving.plugins.module_utils import _units
-from ansible_collections.llmops.serving.plugins.module_utils._untrusted import MAX_ABS_NUMBER, UntrustedInput, loads_json
+from ansible_collections.llmops.serving.plugins.module_utils.common import _units
+from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import MAX_ABS_NUMBER, UntrustedInput, loads_json
 
 display = Display()
 

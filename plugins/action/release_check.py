@@ -5,13 +5,13 @@
 
 Runs on the controller (in AWX: the execution environment), where the collection's own files are: a module
 shipped to a host would carry only its code, not the collection's MANIFEST.json. The comparison is in
-``module_utils/_release.py``.
+``module_utils/common/_release.py``.
 """
 from __future__ import annotations
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.llmops.serving.plugins.module_utils._release import ReleaseError, compare
+from ansible_collections.llmops.serving.plugins.module_utils.common._release import ReleaseError, compare
 
 
 class ActionModule(ActionBase):

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: llmops.serving contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The engine options that the renderers of engine pods take alike (module_utils/_k8s_engine.py).
+"""The engine options that the renderers of engine pods take alike (module_utils/kube/_k8s_engine.py).
 
 ``llmops.serving.engine_pod``: O(engine), O(gpu_resource) and O(probe_period), for M(llmops.serving.engine_manifests)
 and M(llmops.serving.pd_manifests). The argument spec is ``_k8s_engine.pod_argument_spec()``; validate-modules

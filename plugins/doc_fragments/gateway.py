@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Where the AIBrix gateway is: the type and default of O(gateway_namespace) and O(gateway_name).
 
-The argument spec is ``_aibrix_route.gateway_argument_spec()`` (module_utils/_aibrix_route.py, defaults
+The argument spec is ``_aibrix_route.gateway_argument_spec()`` (module_utils/kube/_aibrix_route.py, defaults
 ``DEFAULT_GATEWAY_NAMESPACE`` and ``DEFAULT_GATEWAY_NAME``); validate-modules compares the two. Each module
 describes the options itself, in its own ``options`` (the fragment's entries merge with them): what a renderer
 attaches to the gateway differs from what a check reads of it.

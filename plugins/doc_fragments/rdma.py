@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Options that select the RDMA port counters of a snapshot and the direction its verdict counts.
 
-The argument spec is ``_rdma.snapshot_argument_spec()`` (module_utils/_rdma.py); validate-modules compares the two.
+The argument spec is ``_rdma.snapshot_argument_spec()`` (module_utils/transport/_rdma.py); validate-modules compares the two.
 
 - ``llmops.serving.rdma``: O(devices), O(ports), O(direction), for a module that snapshots the ports itself
   (``snapshot_argument_spec()``).

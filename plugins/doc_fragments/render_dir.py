@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: llmops.serving contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The output directory of the modules that render Kubernetes objects (module_utils/_render_dir.py).
+"""The output directory of the modules that render Kubernetes objects (module_utils/kube/_render_dir.py).
 
 ``llmops.serving.render_dir``: the O(render_dir) option and what check mode and diff mode do with it. Use it
 together with ``llmops.serving.attributes``.

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.llmops.serving.plugins.module_utils import _k8s_wait, _timeline
+from ansible_collections.llmops.serving.plugins.module_utils.common import _timeline
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_wait
 
 
 def k8s_cold_start(pod, probe_timeline=None):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.llmops.serving.plugins.module_utils import _timeline
+from ansible_collections.llmops.serving.plugins.module_utils.common import _timeline
 
 
 def reference_checks(references, max_tokens=16, prefix="reference"):

@@ -111,7 +111,7 @@ msg:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _bench_coldstart
+from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_coldstart
 
 
 def main():

@@ -121,7 +121,8 @@ removed:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _bench_run, _k8s_engine, _render_dir
+from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_run
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_engine, _render_dir
 
 
 class _SpecError(ValueError):

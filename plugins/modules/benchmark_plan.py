@@ -205,7 +205,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _bench_run, _http, _secrets, _units
+from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_run
+from ansible_collections.llmops.serving.plugins.module_utils.common import _http, _secrets, _units
 
 
 def main():

@@ -107,7 +107,7 @@ comparisons:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _bench_report, _bench_run
+from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_report, _bench_run
 
 
 def main():

@@ -104,7 +104,9 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _bench_run, _option_specs, _rdma, _secrets
+from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_run
+from ansible_collections.llmops.serving.plugins.module_utils.common import _option_specs, _secrets
+from ansible_collections.llmops.serving.plugins.module_utils.transport import _rdma
 
 
 def main():

@@ -97,7 +97,7 @@ bytes:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.llmops.serving.plugins.module_utils import _demo_model
+from ansible_collections.llmops.serving.plugins.module_utils.engine import _demo_model
 
 
 def main():

@@ -161,9 +161,12 @@ import importlib
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.llmops.serving.plugins.module_utils import (
-    _aibrix_route, _diagnose_k8s, _diagnose_local, _http, _k8s_client, _k8s_wait, _option_specs, _process_state)
-from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, check_value
+from ansible_collections.llmops.serving.plugins.module_utils.common import _http, _option_specs
+from ansible_collections.llmops.serving.plugins.module_utils.engine import _diagnose_local, _process_state
+from ansible_collections.llmops.serving.plugins.module_utils.kube import (
+    _aibrix_route, _diagnose_k8s, _k8s_client, _k8s_wait,
+)
+from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import UntrustedInput, check_value
 
 
 def _api_client(module):

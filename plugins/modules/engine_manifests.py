@@ -443,7 +443,7 @@ file:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _aibrix_route, _k8s_engine, _render_dir
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _aibrix_route, _k8s_engine, _render_dir
 
 # Options rendered into the containers: kept out of the target's log (no_log), returned as rendered.
 RENDERED_OPTIONS = ("engine_args", "extra_args", "command", "kernel_cache_env", "env")

@@ -149,7 +149,8 @@ timeline:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _http, _probe, _process_state
+from ansible_collections.llmops.serving.plugins.module_utils.common import _http
+from ansible_collections.llmops.serving.plugins.module_utils.engine import _probe, _process_state
 
 
 def main():

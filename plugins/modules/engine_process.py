@@ -216,7 +216,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _process, _process_command, _process_state
+from ansible_collections.llmops.serving.plugins.module_utils.engine import _process, _process_command, _process_state
 
 
 def _warn_state_file(module, st):

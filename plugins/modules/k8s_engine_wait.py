@@ -267,8 +267,9 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.llmops.serving.plugins.module_utils import _aibrix_route, _http, _k8s_client, _k8s_wait
-from ansible_collections.llmops.serving.plugins.module_utils._untrusted import UntrustedInput, check_value, loads_json
+from ansible_collections.llmops.serving.plugins.module_utils.common import _http
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _aibrix_route, _k8s_client, _k8s_wait
+from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import UntrustedInput, check_value, loads_json
 
 try:
     from kubernetes import client as k8s_client

@@ -280,7 +280,10 @@ details:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _http, _kcache, _kcache_build, _kcache_gc, _kcache_log, _option_specs
+from ansible_collections.llmops.serving.plugins.module_utils.cache import (
+    _kcache, _kcache_build, _kcache_gc, _kcache_log,
+)
+from ansible_collections.llmops.serving.plugins.module_utils.common import _http, _option_specs
 
 NEEDS_COMPONENTS = ("verify", "prebuild", "sync", "checkout")
 

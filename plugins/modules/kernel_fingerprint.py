@@ -262,7 +262,9 @@ gathered:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _fingerprint, _option_specs, _preflight
+from ansible_collections.llmops.serving.plugins.module_utils.cache import _fingerprint
+from ansible_collections.llmops.serving.plugins.module_utils.common import _option_specs
+from ansible_collections.llmops.serving.plugins.module_utils.engine import _preflight
 
 _VERSION_OPTS = dict((k, dict(type="str")) for k in _fingerprint.VERSION_KEYS)
 _PARALLEL_OPTS = dict((k, dict(type="int", default=1)) for k in _fingerprint.PARALLEL_KEYS)

@@ -375,11 +375,11 @@ kept_in_use:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _http
-from ansible_collections.llmops.serving.plugins.module_utils import _option_specs
-from ansible_collections.llmops.serving.plugins.module_utils import _paths
-from ansible_collections.llmops.serving.plugins.module_utils import _safetensors
-from ansible_collections.llmops.serving.plugins.module_utils import _stage
+from ansible_collections.llmops.serving.plugins.module_utils.common import _http
+from ansible_collections.llmops.serving.plugins.module_utils.common import _option_specs
+from ansible_collections.llmops.serving.plugins.module_utils.common import _paths
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _safetensors
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage
 
 
 def main():

@@ -129,8 +129,8 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_fanout
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_peer
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_fanout
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_peer
 
 
 def _url(address, port):

@@ -120,7 +120,7 @@ details:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _moe
+from ansible_collections.llmops.serving.plugins.module_utils.cache import _moe
 
 
 def main():

@@ -121,7 +121,8 @@ mismatches:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _http, _pd_load
+from ansible_collections.llmops.serving.plugins.module_utils.common import _http
+from ansible_collections.llmops.serving.plugins.module_utils.transport import _pd_load
 
 
 def main():

@@ -117,7 +117,8 @@ image_cuda:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _option_specs, _preflight
+from ansible_collections.llmops.serving.plugins.module_utils.common import _option_specs
+from ansible_collections.llmops.serving.plugins.module_utils.engine import _preflight
 
 
 def main():

@@ -224,7 +224,8 @@ file:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _http, _option_specs, _prom, _rdma
+from ansible_collections.llmops.serving.plugins.module_utils.common import _http, _option_specs
+from ansible_collections.llmops.serving.plugins.module_utils.transport import _prom, _rdma
 
 
 def _metrics_url(value):

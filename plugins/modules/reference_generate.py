@@ -74,7 +74,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _reference
+from ansible_collections.llmops.serving.plugins.module_utils.engine import _reference
 
 
 def main():

@@ -33,7 +33,7 @@ import threading
 
 import pytest
 
-from ansible_collections.llmops.serving.plugins.module_utils import _demo_model
+from ansible_collections.llmops.serving.plugins.module_utils.engine import _demo_model
 from ansible_collections.llmops.serving.tests.lib import awx_harness as awx
 from ansible_collections.llmops.serving.tests.lib import netns
 

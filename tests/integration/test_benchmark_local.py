@@ -13,7 +13,7 @@ import pytest
 
 from llmops_testlib import run_playbook
 
-from ansible_collections.llmops.serving.plugins.module_utils import _bench_report
+from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_report
 
 
 def _tokenizer(local_engine):

@@ -17,7 +17,7 @@ import time
 import pytest
 from llmops_testlib import ROOT, run_playbook
 
-from ansible_collections.llmops.serving.plugins.module_utils import _process, _process_state
+from ansible_collections.llmops.serving.plugins.module_utils.engine import _process, _process_state
 
 FAKE = os.path.join(ROOT, "tests", "unit", "fixtures", "diagnose", "fake_engine.py")
 

@@ -165,7 +165,7 @@ def test_every_engine_pod_lands_only_on_a_node_that_staged_the_revision(fleet):
 def test_kernel_cache_and_driver_check_use_the_images_versions_not_the_hosts(tmp_path):
     """On the Kubernetes path the fingerprint is computed from the declared image versions (no engine Python on the
     node is run: gather is off) and preflight checks the node's driver against the image's CUDA."""
-    from ansible_collections.llmops.serving.plugins.module_utils import _fingerprint
+    from ansible_collections.llmops.serving.plugins.module_utils.cache import _fingerprint
     with open(os.path.join(INVENTORY, "group_vars", "all", "main.yml")) as f:
         inv = yaml.safe_load(f)
     with open(os.path.join(INVENTORY, "group_vars", "gpu_nodes", "main.yml")) as f:

@@ -29,8 +29,8 @@ import time
 
 import pytest
 
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_marker as _marker
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_peer
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_marker as _marker
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_peer
 from ansible_collections.llmops.serving.tests.lib import netns
 from ansible_collections.llmops.serving.tests.lib import stage_synth
 

@@ -33,7 +33,7 @@ def _ansible(args, llmops_root, timeout=1200):
 
 @pytest.fixture(scope="module")
 def pd_pair(tmp_path_factory):
-    from ansible_collections.llmops.serving.plugins.module_utils._demo_model import generate_model
+    from ansible_collections.llmops.serving.plugins.module_utils.engine._demo_model import generate_model
 
     base = tmp_path_factory.mktemp("pd")
     model = generate_model(str(base / "models"), name="tiny-llama", seed=0)

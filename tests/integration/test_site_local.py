@@ -9,7 +9,7 @@ import sys
 import pytest
 from llmops_testlib import recap, run_playbook
 
-from ansible_collections.llmops.serving.plugins.module_utils import _reference
+from ansible_collections.llmops.serving.plugins.module_utils.engine import _reference
 from ansible_collections.llmops.serving.plugins.modules import engine_probe
 
 PROMPTS = ["The model is staged", "Prefill computes the prompt"]

@@ -22,8 +22,8 @@ import time
 
 import pytest
 
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_marker as _marker
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_peer
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_marker as _marker
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_peer
 from ansible_collections.llmops.serving.tests.lib import stage_synth
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -255,7 +255,7 @@ def test_a_peer_killed_mid_transfer_and_an_unreachable_host_do_not_fail_the_othe
 def test_the_piece_server_wants_the_token(tmp_path, collections, revision):
     """model_stage_peer as the role runs it: a daemon that outlives the task, 403 without the token."""
     dest = _dest(tmp_path, "n1")
-    from ansible_collections.llmops.serving.plugins.module_utils import _stage
+    from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage
     _stage.stage(revision["src"], dest, record_pieces=True, piece_size=PIECE)
     port = _free_port()
     token = "a-token-of-this-run-0123456789abcdef"

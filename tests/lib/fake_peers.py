@@ -23,8 +23,8 @@ import os
 import shutil
 import threading
 
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_marker as _marker
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_peer
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_marker as _marker
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_peer
 
 TOKEN = "fanout-test-token-0123456789abcdef"
 

@@ -59,7 +59,7 @@ import time
 import uuid
 from urllib.parse import parse_qs, urlsplit
 
-from ansible_collections.llmops.serving.plugins.module_utils import _timeline
+from ansible_collections.llmops.serving.plugins.module_utils.common import _timeline
 from ansible_collections.llmops.serving.tests.lib import aibrix_oracle
 from ansible_collections.llmops.serving.tests.lib import kube_controllers
 from ansible_collections.llmops.serving.tests.lib import kube_scheduler

@@ -89,7 +89,7 @@ from __future__ import annotations
 import copy
 import json
 
-from ansible_collections.llmops.serving.plugins.module_utils import _timeline
+from ansible_collections.llmops.serving.plugins.module_utils.common import _timeline
 from ansible_collections.llmops.serving.tests.lib import aibrix_oracle
 from ansible_collections.llmops.serving.tests.lib import kube_scheduler as ks
 

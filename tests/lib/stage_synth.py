@@ -124,10 +124,10 @@ def write_tree(root, sizes):
 
 def copier(src, partial, mode, streams, piece=None, direct_io=True, journal=None, progress=None, on_piece=None):
     """``(files, Copier)`` for every file under ``src`` into ``partial`` (verify ``mode``, fsync on)."""
-    from ansible_collections.llmops.serving.plugins.module_utils import _stage_copy
-    from ansible_collections.llmops.serving.plugins.module_utils import _stage_layout
-    from ansible_collections.llmops.serving.plugins.module_utils import _stage_progress
-    from ansible_collections.llmops.serving.plugins.module_utils import _stage_verify
+    from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_copy
+    from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_layout
+    from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_progress
+    from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_verify
     files = _stage_layout.scan_src(src)
     content = _stage_verify.verify_source(src, files, mode, os.path.join(src, "SHA256SUMS"))
     progress = progress or _stage_progress.Progress(None, partial, sum(f["size"] for f in files), len(files))

@@ -17,7 +17,8 @@ import uuid
 
 from hypothesis import given, strategies as st
 
-from ansible_collections.llmops.serving.plugins.module_utils import _bench_run, _bench_stats, _process, _process_state
+from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_run, _bench_stats
+from ansible_collections.llmops.serving.plugins.module_utils.engine import _process, _process_state
 from ansible_collections.llmops.serving.tests.property.test_untrusted_properties import (
     FILE_KINDS, SETTINGS, VALUES, json_documents, outcome, place, scratch)
 

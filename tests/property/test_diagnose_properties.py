@@ -19,7 +19,9 @@ import os
 import yaml
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
-from ansible_collections.llmops.serving.plugins.module_utils import _diagnose, _diagnose_k8s, _k8s_wait, _timeline
+from ansible_collections.llmops.serving.plugins.module_utils.common import _timeline
+from ansible_collections.llmops.serving.plugins.module_utils.engine import _diagnose
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _diagnose_k8s, _k8s_wait
 from ansible_collections.llmops.serving.tests.lib import kube_controllers as kc
 
 EXAMPLES = int(os.environ.get("LLMOPS_FUZZ_EXAMPLES", "150"))

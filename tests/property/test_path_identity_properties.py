@@ -26,7 +26,9 @@ import tempfile
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
-from ansible_collections.llmops.serving.plugins.module_utils import _kcache_gc, _paths, _stage
+from ansible_collections.llmops.serving.plugins.module_utils.cache import _kcache_gc
+from ansible_collections.llmops.serving.plugins.module_utils.common import _paths
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage
 from ansible_collections.llmops.serving.tests.lib import stage_synth as _stage_synth
 
 EXAMPLES = int(os.environ.get("LLMOPS_FUZZ_EXAMPLES", "25"))

@@ -28,9 +28,9 @@ import time
 
 from hypothesis import HealthCheck, Phase, example, given, settings, strategies as st
 
-from ansible_collections.llmops.serving.plugins.module_utils import _stage
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_fanout
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_peer
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_fanout
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_peer
 from ansible_collections.llmops.serving.tests.lib import fake_peers, stage_synth
 
 EXAMPLES = int(os.environ.get("LLMOPS_FUZZ_EXAMPLES", "25"))

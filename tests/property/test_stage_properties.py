@@ -28,7 +28,7 @@ import time
 from hypothesis import HealthCheck, Phase, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from ansible_collections.llmops.serving.plugins.module_utils import _safetensors, _stage
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _safetensors, _stage
 
 # The clean refusals: the module turns each into fail_json naming the option or file (and file=/reason=).
 CLEAN = (_stage.StageError, _safetensors.CheckpointError)
@@ -56,7 +56,7 @@ verify_modes = st.sampled_from(list(_stage.VERIFY_MODES))
 KILL_SCRIPT = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
-from ansible_collections.llmops.serving.plugins.module_utils import _stage
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage
 print("go", flush=True)
 _stage.stage(sys.argv[2], sys.argv[3], verify=sys.argv[4], progress_file=sys.argv[5], read_streams=2, fsync=False)
 """

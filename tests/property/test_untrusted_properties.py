@@ -28,8 +28,11 @@ import threading
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ansible_collections.llmops.serving.plugins.action import model_stage_follow as _follow
-from ansible_collections.llmops.serving.plugins.module_utils import (
-    _fingerprint, _moe, _rdma, _render_dir, _safetensors, _secrets, _stage_marker, _untrusted)
+from ansible_collections.llmops.serving.plugins.module_utils.cache import _fingerprint, _moe
+from ansible_collections.llmops.serving.plugins.module_utils.common import _secrets, _untrusted
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _render_dir
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _safetensors, _stage_marker
+from ansible_collections.llmops.serving.plugins.module_utils.transport import _rdma
 
 EXAMPLES = int(os.environ.get("LLMOPS_FUZZ_EXAMPLES", "25"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,

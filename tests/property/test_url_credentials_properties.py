@@ -20,7 +20,7 @@ from urllib.parse import quote, urlsplit
 from ansible.module_utils.common.parameters import remove_values
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
-from ansible_collections.llmops.serving.plugins.module_utils import _http
+from ansible_collections.llmops.serving.plugins.module_utils.common import _http
 
 EXAMPLES = int(os.environ.get("LLMOPS_FUZZ_EXAMPLES", "150"))
 PHASES = [Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if os.environ.get("LLMOPS_FUZZ_SHRINK") else [])

@@ -34,10 +34,10 @@ def test_every_host_module_imports_from_its_own_payload():
     assert [(r["module"], r["error"]) for r in results if not r["ok"]] == [] and rc == 0
     # the payload really is what the module runs from: its module_utils are packed, not found elsewhere
     probe = next(r for r in results if r["module"] == "engine_probe")
-    assert "ansible_collections/llmops/serving/plugins/module_utils/_http.py" in probe["packed"]
+    assert "ansible_collections/llmops/serving/plugins/module_utils/common/_http.py" in probe["packed"]
 
 
 def test_a_module_util_missing_from_the_payload_is_caught():
-    rc, results = _run("engine_probe", "--drop", "ansible_collections/llmops/serving/plugins/module_utils/_http.py")
+    rc, results = _run("engine_probe", "--drop", "ansible_collections/llmops/serving/plugins/module_utils/common/_http.py")
     assert rc == 1 and not results[0]["ok"]
     assert "_http" in results[0]["error"]

@@ -580,7 +580,7 @@ def test_metrics_answers_the_counters_in_prometheus_text(proxy):
     labelled with the model (vllm-project/aibrix v0.7.0 pkg/cache/cache_metrics.go; package cache's
     getPodMetricPort falls back to defaultMetricPort without the label): a front that is scraped answers /metrics
     instead of a steady stream of 404s."""
-    from ansible_collections.llmops.serving.plugins.module_utils import _prom
+    from ansible_collections.llmops.serving.plugins.module_utils.transport import _prom
 
     port, router = proxy(request_timeout=0.5, max_body_bytes=4096)
     assert post(port, {"prompt": "a"})[0] == 200

@@ -121,7 +121,7 @@ def test_changelog_md_is_generated_from_changelog_yaml(tmp_path):
 
 # ---- one release: the collection that runs a job is the release of its playbooks -------------------------------
 
-from ansible_collections.llmops.serving.plugins.module_utils import _release  # noqa: E402
+from ansible_collections.llmops.serving.plugins.module_utils.common import _release  # noqa: E402
 from ansible_collections.llmops.serving.tests.lib import awx_harness  # noqa: E402
 
 TEMPLATE_PLAYBOOKS = sorted({t["playbook"] for t in awx_harness.load_controller()["controller_templates"]})

@@ -19,8 +19,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from ansible_collections.llmops.serving.plugins.module_utils import _k8s_engine as k8s
-from ansible_collections.llmops.serving.plugins.module_utils import _pd_manifests as pd
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_engine as k8s
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _pd_manifests as pd
 from ansible_collections.llmops.serving.tests.lib import aibrix_oracle as oracle
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -337,7 +337,7 @@ def _gateway_server(objs, gateway_default=None, seen=None):
 @pytest.mark.parametrize("kind,gateway_default", [("engine", None), ("engine", "least-request"),
                                                   ("stormservice", None), ("deployments", None)])
 def test_the_default_readiness_checks_pass_through_the_gateway(kind, gateway_default):
-    from ansible_collections.llmops.serving.plugins.module_utils import _probe
+    from ansible_collections.llmops.serving.plugins.module_utils.engine import _probe
 
     checks = ENGINE_K8S_DEFAULTS["engine_k8s_probe_checks"]
     assert ENGINE_K8S_DEFAULTS["engine_k8s_probe_target"] == "aibrix_gateway"
@@ -365,7 +365,7 @@ def test_the_default_readiness_checks_pass_through_the_gateway(kind, gateway_def
 
 
 def test_the_old_default_checks_fail_through_the_gateway():
-    from ansible_collections.llmops.serving.plugins.module_utils import _probe
+    from ansible_collections.llmops.serving.plugins.module_utils.engine import _probe
 
     with pytest.raises(ValueError) as e:
         _probe.validate_checks(OLD_DEFAULT_CHECKS, "aibrix_gateway")
@@ -391,7 +391,7 @@ def test_a_stormservice_answer_longer_than_original_route_is_caught_before_apply
     """The renderer and the route table agree: every StormService request rides original_route (config/gateway/
     gateway.yaml, timeout: 120s), so the profile's longest answer (131072 tokens at 65 tok/s) would be cut; the
     render warns, a cluster policy that keeps 120 s fails the render with the fix, one without a timeout passes."""
-    from ansible_collections.llmops.serving.plugins.module_utils import _aibrix_route as aroute
+    from ansible_collections.llmops.serving.plugins.module_utils.kube import _aibrix_route as aroute
 
     objs = pd_set("vllm", DOTTED, "stormservice", engine_args={"max-model-len": 131072})
     a = oracle.gateway(objs, "POST", "/v1/chat/completions", model=DOTTED)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.llmops.serving.plugins.module_utils import _kcache
+from ansible_collections.llmops.serving.plugins.module_utils.cache import _kcache
 
 MOUNT = "/cache"  # kernel_cache_mount_path in converge.yml
 

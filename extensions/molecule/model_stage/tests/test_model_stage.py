@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.llmops.serving.plugins.module_utils import _stage_marker
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_marker
 
 
 @pytest.fixture

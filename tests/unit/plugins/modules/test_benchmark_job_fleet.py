@@ -17,7 +17,7 @@ import jinja2
 import pytest
 import yaml
 
-from ansible_collections.llmops.serving.plugins.module_utils import _bench_run
+from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_run
 from ansible_collections.llmops.serving.plugins.modules import benchmark_job
 from ansible_collections.llmops.serving.tests.lib import kube_scheduler as ks
 

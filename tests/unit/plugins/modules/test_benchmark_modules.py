@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from ansible_collections.llmops.serving.plugins.module_utils import _bench_coldstart, _bench_report, _bench_run
+from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_coldstart, _bench_report, _bench_run
 from ansible_collections.llmops.serving.plugins.modules import (
     benchmark_coldstart, benchmark_job, benchmark_plan, benchmark_report, benchmark_round,
 )

@@ -18,7 +18,7 @@ import time
 import pytest
 import yaml
 
-from ansible_collections.llmops.serving.plugins.module_utils import _process, _process_state
+from ansible_collections.llmops.serving.plugins.module_utils.engine import _process, _process_state
 from ansible_collections.llmops.serving.plugins.modules import engine_diagnose
 
 FIX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "fixtures", "diagnose")

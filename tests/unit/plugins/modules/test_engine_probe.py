@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ansible_collections.llmops.serving.plugins.module_utils import _probe, _process, _process_state
+from ansible_collections.llmops.serving.plugins.module_utils.engine import _probe, _process, _process_state
 from ansible_collections.llmops.serving.plugins.modules import engine_probe
 
 

@@ -5,7 +5,8 @@ import json
 import sys
 import time
 
-from ansible_collections.llmops.serving.plugins.module_utils import _process, _process_run
+from ansible_collections.llmops.serving.plugins.module_utils.common import _process_run
+from ansible_collections.llmops.serving.plugins.module_utils.engine import _process
 from ansible_collections.llmops.serving.plugins.modules import engine_process
 
 SLEEPER = [sys.executable, "-c", "import time; print('serving', flush=True); time.sleep(120)"]

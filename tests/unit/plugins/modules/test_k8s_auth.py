@@ -20,7 +20,7 @@ import threading
 import pytest
 import yaml
 
-from ansible_collections.llmops.serving.plugins.module_utils import _k8s_client
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_client
 from ansible_collections.llmops.serving.plugins.modules import engine_diagnose, k8s_engine_wait
 
 pytest.importorskip("kubernetes")

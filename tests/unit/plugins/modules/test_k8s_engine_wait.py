@@ -7,7 +7,7 @@ import os
 import pytest
 import yaml
 
-from ansible_collections.llmops.serving.plugins.module_utils import _k8s_wait
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_wait
 from ansible_collections.llmops.serving.plugins.modules import k8s_engine_wait
 
 FIX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "fixtures", "k8s")

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from ansible_collections.llmops.serving.plugins.module_utils import _moe
+from ansible_collections.llmops.serving.plugins.module_utils.cache import _moe
 from ansible_collections.llmops.serving.plugins.modules import moe_config_check
 
 DSV3 = {  # DeepSeek-V3 / R1 (block FP8)

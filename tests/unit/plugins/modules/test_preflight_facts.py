@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ansible_collections.llmops.serving.plugins.module_utils import _preflight
+from ansible_collections.llmops.serving.plugins.module_utils.engine import _preflight
 from ansible_collections.llmops.serving.plugins.modules import preflight_facts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))

@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 import ansible_collections.llmops.serving as collection
-from ansible_collections.llmops.serving.plugins.module_utils import _http
+from ansible_collections.llmops.serving.plugins.module_utils.common import _http
 
 TREE = os.path.dirname(os.path.dirname(os.path.dirname(list(collection.__path__)[0])))
 

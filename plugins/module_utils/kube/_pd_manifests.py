@@ -1,0 +1,811 @@
+# -*- coding: utf-8 -*-
+# Copyright: llmops.serving contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""**PRIVATE** to llmops.serving: Kubernetes objects for a prefill/decode pair (xPyD) over NIXL/UCX.
+
+Each role is a full engine (TP=8 by default) built by the engine role's own rule
+(:func:`_k8s_engine.engine_argv`: ``profile``, ``engine_args``, loader strategy from ``model_source``), plus
+the P/D flags: vLLM ``--kv-transfer-config`` (NixlConnector), SGLang ``--disaggregation-mode``.
+``transport`` picks ``UCX_TLS`` and ``UCX_NET_DEVICES`` (each a per-transport value) and nothing else, so an
+RDMA rendering and a TCP rendering differ only in those two variables. UCX's tcp transport lists its
+devices from ``/sys/class/net`` (``eth0``, ``net1``: ``uct_tcp_query_devices`` in UCX
+``src/uct/tcp/tcp_iface.c``); an RDMA ``mlx5_0:1`` there leaves UCX without a network device.
+
+Workloads (``workload``):
+
+* ``stormservice``: one AIBrix StormService with roles ``prefill`` and ``decode``; the pods carry the AIBrix
+  labels and the ``model.aibrix.ai/config`` annotation with ``routingStrategy: pd`` (the gateway's ``pd``
+  router pairs them by ``roleset-name``/``role-name``; StormService gets no HTTPRoute).
+* ``deployments``: a Deployment per role and a front that pairs them behind our own ``<model>-router``
+  HTTPRoute (:mod:`_aibrix_route`): the collection's P/D proxy for vLLM (it speaks ``kv_transfer_params``), or
+  SGLang's own router (``sglang_router.launch_router --pd-disaggregation`` with Kubernetes service discovery;
+  it sends ``bootstrap_host/port/room`` to both roles). Only the front pods carry the AIBrix labels; no
+  workload carries ``model.aibrix.ai/name`` in its own metadata, so AIBrix's route controller never creates
+  a route to a Service named exactly the model (impossible for dotted names: 503).
+
+Credentials are refused in ``env``, ``kernel_cache_env``, ``engine_args`` and ``extra_args`` and in the built
+objects by the one rule in :mod:`_secrets`; a Secret is referenced through ``hf_token_secret`` or an ``env``
+entry with ``valueFrom.secretKeyRef``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _aibrix_route as aroute
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_engine as k8s_engine
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_names as names
+from ansible_collections.llmops.serving.plugins.module_utils.common import _secrets
+
+AIBRIX_NAME = aroute.AIBRIX_NAME
+AIBRIX_PORT = aroute.AIBRIX_PORT
+AIBRIX_ENGINE = aroute.AIBRIX_ENGINE
+AIBRIX_CONFIG = "model.aibrix.ai/config"
+# pkg/cache/utils.go getPodMetricPort (a pod label; 8000 when missing).
+AIBRIX_METRIC_PORT = "model.aibrix.ai/metric-port"
+# pkg/plugins/gateway/algorithms/pd/engine/sglang.go sglangBootstrapPortFor (a pod annotation; 8998 when missing).
+AIBRIX_SGLANG_BOOTSTRAP_PORT = "model.aibrix.ai/sglang-bootstrap-port"
+# sglang_router: --bootstrap-port-annotation default (router_args.py), read from prefill pods by service discovery.
+SGLANG_ROUTER_BOOTSTRAP_ANNOTATION = "sglang.ai/bootstrap-port"
+ROLE_LABEL = "llmops.serving/pd-role"
+MODEL_LABEL = "llmops.serving/pd-model"
+MANAGED_BY = "llmops.serving"
+ROLES = ("prefill", "decode")
+PROXY_PATH = "/opt/pd-proxy/pd_proxy.py"
+ROUTER_METRICS_PORT = 29000
+# The label NVIDIA's GPU operator puts on every GPU node (nvidia.com/gpu.present=true, gpu-operator
+# controllers/state_manager.go commonGPULabelKey): the P/D front requires nodes without it.
+GPU_NODE_LABEL = "nvidia.com/gpu.present"
+# sglang_router --policy choices (sgl-model-gateway/bindings/python/src/sglang_router/router_args.py).
+ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "manual")
+
+# Environment the renderer sets on every engine container; env entries cannot replace them.
+MANAGED_ENV = frozenset({"UCX_TLS", "UCX_NET_DEVICES", "POD_IP", "VLLM_NIXL_SIDE_CHANNEL_HOST",
+                         "VLLM_NIXL_SIDE_CHANNEL_PORT", "PYTHONHASHSEED", "SGLANG_DISAGGREGATION_NIXL_BACKEND",
+                         "SGLANG_HOST_IP"})
+
+# Engine flags the P/D renderer sets; engine_args/extra_args cannot set them.
+PD_FLAGS = {
+    "vllm": {"kv-transfer-config": "kv_connector / kv_buffer_device"},
+    "sglang": {"disaggregation-mode": "the role (prefill/decode)",
+               "disaggregation-transfer-backend": "sglang_transfer_backend",
+               "disaggregation-bootstrap-port": "sglang_bootstrap_port",
+               "disaggregation-ib-device": "sglang_ib_device"},
+}
+
+DEFAULT_UCX_TLS = {"rdma": "rc,ud,sm,self,cuda_copy,cuda_ipc", "tcp": "tcp,sm,self,cuda_copy,cuda_ipc"}
+# UCX_NET_DEVICES per transport: RDMA device:port names for rc/ud, the pod's netdev for tcp.
+DEFAULT_UCX_NET_DEVICES = {"rdma": "all", "tcp": "eth0"}
+DEFAULT_FRONT_RESOURCES = {
+    "proxy": {"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+    "router": {"requests": {"cpu": "2", "memory": "2Gi"}, "limits": {"memory": "8Gi"}},
+}
+
+QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_IB_PORT_DEVICE = re.compile(r"^[A-Za-z0-9_.-]+:[0-9]+$")
+_BARE_IB_DEVICE = re.compile(r"^(mlx5|mlx4|bnxt_re|irdma|efa|ionic|hfi1|qedr|rxe)_?[0-9]+$")
+
+
+class SpecError(ValueError):
+    """Bad input; the message names the field and the fix. ``secret_values``: refused credentials, never shown."""
+
+    secret_values = ()
+
+
+DEFAULTS = dict(
+    engine="vllm", transport="rdma", workload="stormservice", namespace="llm", model_name=None,
+    image=None, image_pull_policy="IfNotPresent", image_pull_secret=None, model_path=None, model_host_path=None,
+    model_source="staged_nvme", loader_threads=None, tp_size=8, gpus=8, gpu_resource="nvidia.com/gpu", port=8000,
+    profile="none", profiles={}, engine_args={}, extra_args=[], env=[], hf_token_secret=None, init=None,
+    kernel_cache_dir=None, kernel_cache_env={},
+    ucx_tls=dict(DEFAULT_UCX_TLS), ucx_net_devices=dict(DEFAULT_UCX_NET_DEVICES),
+    side_channel_port=5600, kv_connector="NixlConnector", kv_buffer_device="cuda",
+    sglang_transfer_backend="nixl", sglang_ib_device="", sglang_bootstrap_port=8998,
+    rdma_resource="rdma/rdma_shared_device_a", rdma_count=1,
+    prefill_replicas=1, decode_replicas=1,
+    prefill_node_selector={}, decode_node_selector={}, tolerations=[], pod_annotations={}, host_network=False,
+    engine_resources={}, engine_cpu_request=None, engine_memory_request=None, startup_timeout=3600, probe_period=10,
+    shm_size="64Gi", routing_strategy=None,
+    gateway_name=aroute.DEFAULT_GATEWAY_NAME, gateway_namespace=aroute.DEFAULT_GATEWAY_NAMESPACE,
+    route_request_timeout=aroute.DEFAULT_REQUEST_TIMEOUT, route_paths=list(aroute.ROUTE_PATHS), gateway_policies=None,
+    proxy_image="", proxy_port=8000, proxy_source="", proxy_replicas=1, proxy_resources=None,
+    proxy_prefill_timeout=600, proxy_decode_timeout=3600, router_image="", router_policy="",
+    prefill_nodes=None, decode_nodes=None, nccl_ib_hca="", socket_ifname="",
+    front_node_selector={}, front_avoid_node_label=GPU_NODE_LABEL,
+)
+
+
+def _error(e):
+    """A SpecError carrying the message and the refused credentials of another module's error."""
+    err = SpecError(str(e))
+    err.secret_values = getattr(e, "secret_values", ())
+    return err
+
+
+# --------------------------------------------------------------------------------------------- #
+# Validation
+# --------------------------------------------------------------------------------------------- #
+
+
+def _normal_net_devices(value):
+    """``ucx_net_devices`` as a per-transport dict; a plain string (the old form) is the RDMA value."""
+    if isinstance(value, str):
+        return dict(DEFAULT_UCX_NET_DEVICES, rdma=value)
+    if not isinstance(value, dict):
+        raise SpecError("ucx_net_devices: must be a mapping {rdma: <device:port list>, tcp: <netdev list>}")
+    return dict(DEFAULT_UCX_NET_DEVICES, **value)
+
+
+def check_net_devices(transport, devices):
+    """UCX names devices per transport: IB transports ``mlx5_0:1``, tcp the netdev (``eth0``)."""
+    items = [d.strip() for d in str(devices).split(",") if d.strip()]
+    if not items:
+        raise SpecError("ucx_net_devices.%s: empty; name the devices UCX may use, or 'all'" % transport)
+    for item in items:
+        if item == "all":
+            continue
+        if transport == "tcp" and _IB_PORT_DEVICE.match(item):
+            raise SpecError(
+                "ucx_net_devices.tcp: %r is an RDMA device:port. UCX's tcp transport lists its devices from "
+                "/sys/class/net, so with only RDMA names it has no network device and the TCP run cannot "
+                "connect; set ucx_net_devices.tcp to the pod's interface (eth0, or the Multus one such as net1)"
+                % item)
+        if transport == "rdma" and _BARE_IB_DEVICE.match(item):
+            raise SpecError(
+                "ucx_net_devices.rdma: %r has no port; UCX names RDMA devices device:port (%s:1, see "
+                "'ucx_info -d'), so the bare name matches nothing" % (item, item))
+
+
+def _check_resources(value, field, forbidden):
+    if not isinstance(value, dict) or set(value) - {"requests", "limits"}:
+        raise SpecError("%s: must be {requests: {cpu: ..., memory: ...}, limits: {...}}" % field)
+    for part, quantities in value.items():
+        if not isinstance(quantities, dict):
+            raise SpecError("%s.%s: must be a mapping of resource name to quantity" % (field, part))
+        for name, qty in quantities.items():
+            if name in forbidden:
+                raise SpecError("%s.%s: do not set %s here; %s" % (field, part, name, forbidden[name]))
+            if not QUANTITY.match(str(qty)):
+                raise SpecError("%s.%s.%s: %r is not a Kubernetes quantity such as 16, 500m or 128Gi"
+                                % (field, part, name, qty))
+
+
+def _check_int(p, field, low, high=None):
+    value = p[field]
+    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
+        raise SpecError("%s: must be an integer %s, got %r"
+                        % (field, ">= %d" % low if high is None else "in %d..%d" % (low, high), value))
+
+
+def _engine_params(p, role):
+    """The engine role's parameters for one P/D role (same profile, engine_args and loader strategy)."""
+    q = dict(k8s_engine.DEFAULTS)
+    q.update(engine=p["engine"], served_model_name=p["model_name"], model_path=p["model_path"], port=p["port"],
+             tp_size=p["tp_size"], profile=p["profile"], profiles=p["profiles"], model_source=p["model_source"],
+             loader_threads=p["loader_threads"], engine_args=dict(p["engine_args"] or {}),
+             extra_args=list(p["extra_args"] or []), command=None, namespace=p["namespace"], image=p["image"],
+             env=p["env"], kernel_cache_env=p["kernel_cache_env"], hf_token_secret=p["hf_token_secret"],
+             init=p["init"], gpu_resource=p["gpu_resource"], resources=p["engine_resources"],
+             cpu_request=p["engine_cpu_request"], memory_request=p["engine_memory_request"])
+    q["engine_args"].update(pd_flags(p, role))
+    return q
+
+
+def pd_flags(p, role):
+    """The flags that make the engine one role of the pair."""
+    if p["engine"] == "vllm":
+        return {"kv-transfer-config": {"kv_connector": p["kv_connector"], "kv_role": "kv_both",
+                                       "kv_buffer_device": p["kv_buffer_device"]}}
+    flags = {"disaggregation-mode": role,
+             "disaggregation-transfer-backend": p["sglang_transfer_backend"],
+             "disaggregation-bootstrap-port": p["sglang_bootstrap_port"],
+             "enable-metrics": True}
+    if p["sglang_ib_device"]:
+        flags["disaggregation-ib-device"] = p["sglang_ib_device"]
+    return flags
+
+
+def check_credentials(p):
+    """Refuse plain-text credentials (the engine role's rule); normalises ``p["env"]``."""
+    for field, kind in (("extra_args", list), ("engine_args", dict), ("kernel_cache_env", dict), ("env", list)):
+        if not isinstance(p[field], kind):
+            raise SpecError("%s: must be a %s" % (field, "mapping" if kind is dict else "list"))
+    if not all(isinstance(a, str) for a in p["extra_args"]):
+        raise SpecError("extra_args: must be a list of strings")
+    q = dict(engine_args=p["engine_args"], kernel_cache_env=p["kernel_cache_env"], extra_args=p["extra_args"],
+             hf_token_secret=p["hf_token_secret"], env=p["env"], command=None)
+    try:
+        k8s_engine.check_credentials(q)
+    except k8s_engine.SpecError as e:
+        raise _error(e)
+    p["env"] = q["env"]
+    rdma_env = (("NCCL_IB_HCA", "nccl_ib_hca"), ("NCCL_SOCKET_IFNAME", "socket_ifname"),
+                ("GLOO_SOCKET_IFNAME", "socket_ifname"))
+    managed = set(MANAGED_ENV) | {name for name, key in rdma_env if p.get(key)}
+    taken = sorted(managed.intersection(e["name"] for e in p["env"]))
+    if taken:
+        raise SpecError("env: %s is set by the collection (transport, NIXL side channel, advertised host and hash "
+                        "seed must match the rest of the pair); use ucx_tls, ucx_net_devices, side_channel_port, "
+                        "nccl_ib_hca, socket_ifname instead" % ", ".join(taken))
+    if p["hf_token_secret"] and "HF_TOKEN" in [e["name"] for e in p["env"]]:
+        raise SpecError("env: HF_TOKEN is rendered from hf_token_secret; drop one of the two")
+
+
+def _check_flags(p):
+    try:
+        k8s_engine.check_args(p["engine"], p["engine_args"], p["extra_args"])
+    except k8s_engine.SpecError as e:
+        raise _error(e)
+    owned = PD_FLAGS[p["engine"]]
+    for flag in p["engine_args"]:
+        if flag.lstrip("-") in owned:
+            raise SpecError("engine_args: %r is set by pd_manifests for each role; use %s"
+                            % (flag, owned[flag.lstrip("-")]))
+    for tok in p["extra_args"]:
+        name = tok[2:].split("=", 1)[0] if tok.startswith("--") else None
+        if name in owned:
+            raise SpecError("extra_args: %r is set by pd_manifests for each role; use %s" % (tok, owned[name]))
+
+
+def validate(p):
+    # Credentials first: no later message can then quote one.
+    check_credentials(p)
+    for key in ("model_name", "image", "model_path"):
+        if not p.get(key):
+            raise SpecError("%s: required" % key)
+    if p["engine"] not in ("vllm", "sglang"):
+        raise SpecError("engine: %r is not vllm or sglang" % p["engine"])
+    if p["workload"] not in ("stormservice", "deployments"):
+        raise SpecError("workload: %r is not stormservice or deployments" % p["workload"])
+    try:
+        k8s_engine.profile_entry(p["profiles"], p["profile"], p["engine"])
+        if p["init"]:
+            k8s_engine.init_flavour(p["init"])
+        k8s_engine.check_quantity("engine_cpu_request", p["engine_cpu_request"], cpu=True)
+        k8s_engine.check_quantity("engine_memory_request", p["engine_memory_request"])
+    except k8s_engine.SpecError as e:
+        raise _error(e)
+    if p["model_source"] not in k8s_engine.LOADER_THREADS:
+        raise SpecError("model_source: %r is not staged_nvme or shared_fs" % (p["model_source"],))
+    if p["transport"] not in p["ucx_tls"]:
+        raise SpecError("ucx_tls: no entry for transport %r (keys: %s); add the UCX_TLS value for it"
+                        % (p["transport"], ", ".join(sorted(p["ucx_tls"]))))
+    for transport in sorted(set(p["ucx_tls"]) & {"rdma", "tcp"}):
+        check_net_devices(transport, p["ucx_net_devices"].get(transport, ""))
+    if p["engine"] == "sglang" and p["sglang_transfer_backend"] == "mooncake" and p["transport"] == "tcp":
+        raise SpecError(
+            "transport: tcp with sglang_transfer_backend mooncake: Mooncake moves the KV over RDMA and ignores "
+            "UCX_TLS, so this would be no TCP run (AIBrix samples/disaggregation/sglang/README.md: mooncake "
+            "requires RDMA); use sglang_transfer_backend nixl for the TCP control")
+    if not names.is_label_value(p["model_name"]):
+        raise SpecError("model_name: %r is not a valid label value (at most 63 characters, alphanumerics, "
+                        "'-', '_', '.'); AIBrix matches it against the model.aibrix.ai/name label"
+                        % p["model_name"])
+    if not names.is_dns1123_label(p["namespace"]):
+        raise SpecError("namespace: %r is not a DNS-1123 label" % p["namespace"])
+    for field in ("model_path", "model_host_path", "kernel_cache_dir"):
+        if p[field] and not os.path.isabs(p[field]):
+            raise SpecError("%s: %r must be an absolute path" % (field, p[field]))
+    for field, low, high in (("tp_size", 1, None), ("gpus", 1, None), ("port", 1, 65535),
+                             ("side_channel_port", 1, 65535), ("sglang_bootstrap_port", 1, 65535),
+                             ("proxy_port", 1, 65535), ("prefill_replicas", 1, None), ("decode_replicas", 1, None),
+                             ("proxy_replicas", 1, None), ("startup_timeout", 60, None), ("probe_period", 1, None),
+                             ("rdma_count", 1, None), ("proxy_prefill_timeout", 1, None),
+                             ("proxy_decode_timeout", 1, None)):
+        _check_int(p, field, low, high)
+    if p["gpus"] < p["tp_size"]:
+        raise SpecError("gpus: %d GPUs cannot hold tensor parallel size %d; set gpus >= tp_size"
+                        % (p["gpus"], p["tp_size"]))
+    if p["workload"] == "deployments" and p["engine"] == "vllm" and not p["proxy_source"]:
+        raise SpecError("proxy_source: the P/D proxy source is required for workload deployments with vLLM")
+    if p["workload"] == "deployments" and p["engine"] == "vllm" and not p["proxy_image"]:
+        raise SpecError("proxy_image: required for workload deployments with vLLM, and a site choice: an image with "
+                        "Python 3.9+ from your registry, pinned by digest (for example a mirror of python:3.11-slim); "
+                        "the proxy runs pd_proxy.py from a ConfigMap and needs nothing else")
+    if not isinstance(p["front_node_selector"], dict):
+        raise SpecError("front_node_selector: must be a mapping of node label to value (the front's non-GPU nodes)")
+    if p["front_avoid_node_label"] and not isinstance(p["front_avoid_node_label"], str):
+        raise SpecError("front_avoid_node_label: must be a node label key such as nvidia.com/gpu.present")
+    for role in ROLES:
+        try:
+            p["%s_nodes" % role] = k8s_engine.check_staged_nodes(
+                p["%s_nodes" % role], p["%s_replicas" % role] if p["model_source"] == "staged_nvme" else 0,
+                field="%s_nodes" % role, what="%s_replicas" % role, hint="lower %s_replicas" % role)
+        except k8s_engine.SpecError as e:
+            raise _error(e)
+    both = sorted(set(p["prefill_nodes"] or []) & set(p["decode_nodes"] or []))
+    if both:
+        raise SpecError("prefill_nodes, decode_nodes: %s are in both; a node serves one role (prefill and decode "
+                        "pods each take a whole GPU node), so put each host in one group" % ", ".join(both))
+    try:
+        p["rdma"] = k8s_engine.check_rdma(dict(
+            resource=p["rdma_resource"] or "", count=p["rdma_count"], host_network=p["host_network"],
+            nccl_ib_hca=p["nccl_ib_hca"], socket_ifname=p["socket_ifname"]))
+    except k8s_engine.SpecError as e:
+        raise _error(e)
+    ports = [p["port"], p["side_channel_port"]] + ([p["sglang_bootstrap_port"]] if p["engine"] == "sglang" else [])
+    if len(set(ports)) != len(ports):
+        raise SpecError("side_channel_port: %d collides with another port of the pod (%s); pick a free port"
+                        % (p["side_channel_port"], ports))
+    if p["engine"] == "vllm" and p["kv_buffer_device"] not in ("cuda", "cpu"):
+        raise SpecError("kv_buffer_device: %r is not cuda or cpu" % p["kv_buffer_device"])
+    if p["routing_strategy"] == "pd" and p["workload"] == "deployments":
+        raise SpecError(
+            "routing_strategy: pd pairs StormService pods by roleset-name/role-name, which workload deployments "
+            "does not have (its front pairs the roles); leave routing_strategy unset (the gateway then follows "
+            "the <model>-router HTTPRoute) or use workload stormservice")
+    if p["router_policy"] and p["router_policy"] not in ROUTER_POLICIES:
+        raise SpecError("router_policy: %r is not one of SGLang's router policies (%s)"
+                        % (p["router_policy"], ", ".join(ROUTER_POLICIES)))
+    if p["shm_size"] and not QUANTITY.match(str(p["shm_size"])):
+        raise SpecError("shm_size: %r is not a Kubernetes quantity such as 64Gi" % (p["shm_size"],))
+    if p["hf_token_secret"] and not (isinstance(p["hf_token_secret"], dict) and p["hf_token_secret"].get("name")):
+        raise SpecError("hf_token_secret: must be {name: <Secret>, key: <key>} naming an existing Secret")
+    if p["image_pull_secret"] and not names.is_dns1123_subdomain(p["image_pull_secret"]):
+        raise SpecError("image_pull_secret: %r is not a Secret name" % (p["image_pull_secret"],))
+    if not isinstance(p["pod_annotations"], dict) or not all(isinstance(v, str) for v in p["pod_annotations"].values()):
+        raise SpecError("pod_annotations: must be a mapping of annotation name to string value "
+                        "(e.g. k8s.v1.cni.cncf.io/networks: rdma-net)")
+    for key in p["pod_annotations"]:
+        if key.startswith("model.aibrix.ai/") or key == SGLANG_ROUTER_BOOTSTRAP_ANNOTATION:
+            raise SpecError("pod_annotations: %r is set by the collection (routing strategy, bootstrap port)" % key)
+    forbidden = {p["gpu_resource"]: "gpus sets it", p["rdma_resource"] or "-": "rdma_resource/rdma_count set it"}
+    _check_resources(p["engine_resources"], "engine_resources", forbidden)
+    _check_resources(p["proxy_resources"], "proxy_resources", {})
+    try:
+        k8s_engine.check_tolerations(p["tolerations"])
+    except k8s_engine.SpecError as e:
+        raise _error(e)
+    for role in ROLES:
+        selector = p["%s_node_selector" % role]
+        if not isinstance(selector, dict):
+            raise SpecError("%s_node_selector: must be a mapping of node label to value" % role)
+    _check_flags(p)
+
+
+def base_name(model_name):
+    """DNS-1035 object name for the model (Service names are the strictest)."""
+    return names.dns1035_name(model_name)
+
+
+# --------------------------------------------------------------------------------------------- #
+# Engine pods
+# --------------------------------------------------------------------------------------------- #
+
+
+def engine_command(p, role):
+    """``(command, args, final_flags)`` of one role, by the engine role's own rule plus the P/D flags."""
+    try:
+        return k8s_engine.engine_argv(_engine_params(p, role))
+    except k8s_engine.SpecError as e:
+        raise _error(e)
+
+
+def engine_argv(p, role):
+    command, args, _final = engine_command(p, role)
+    return command + args
+
+
+def engine_env(p):
+    field_ip = {"fieldRef": {"fieldPath": "status.podIP"}}
+    env = [
+        {"name": "UCX_TLS", "value": p["ucx_tls"][p["transport"]]},
+        {"name": "UCX_NET_DEVICES", "value": p["ucx_net_devices"][p["transport"]]},
+        {"name": "POD_IP", "valueFrom": dict(field_ip)},
+    ]
+    if p["engine"] == "vllm":
+        env += [
+            {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": dict(field_ip)},
+            {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(p["side_channel_port"])},
+            {"name": "PYTHONHASHSEED", "value": "1047"},
+        ]
+    else:
+        # The address SGLang's KV managers advertise to the other role (get_local_ip_auto in
+        # python/sglang/srt/utils/common.py reads SGLANG_HOST_IP first, else guesses from the default route).
+        env.append({"name": "SGLANG_HOST_IP", "valueFrom": dict(field_ip)})
+        if p["sglang_transfer_backend"] == "nixl":
+            env.append({"name": "SGLANG_DISAGGREGATION_NIXL_BACKEND", "value": "UCX"})
+    user = [dict(e) for e in p["env"]]
+    user_names = {e["name"] for e in user}
+    env += [{"name": k, "value": k8s_engine._fmt(v)} for k, v in sorted(p["kernel_cache_env"].items())  # pylint: disable=protected-access
+            if k not in user_names]
+    if p["hf_token_secret"]:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": p["hf_token_secret"]["name"], "key": p["hf_token_secret"].get("key") or "token"}}})
+    return env + user
+
+
+def _resources(p):
+    """The engine role's rule (GPUs exactly, CPU and memory requested per GPU unless given); the RDMA device is
+    added by :func:`_k8s_engine.apply_rdma` with the other RDMA knobs."""
+    return k8s_engine.container_resources(_engine_params(p, "prefill"), p["gpus"])
+
+
+def _front_pod(p, spec):
+    """The front's pod (proxy or router): on CPU nodes only.
+
+    It gets neither the engines' tolerations (those admit it to tainted GPU nodes) nor their node selectors; it
+    requires nodes without ``front_avoid_node_label`` (a GPU node label) and, when given, ``front_node_selector``.
+    A front on a GPU node would take CPU and memory the engine requested there, or a node a GPU pod needs.
+    """
+    if p["front_node_selector"]:
+        spec["nodeSelector"] = dict(p["front_node_selector"])
+    if p["front_avoid_node_label"]:
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": p["front_avoid_node_label"], "operator": "DoesNotExist"}]}]}}}
+    if p["image_pull_secret"]:
+        spec["imagePullSecrets"] = [{"name": p["image_pull_secret"]}]
+    return spec
+
+
+def pod_spec(p, role):
+    ports = [{"name": "http", "containerPort": p["port"], "protocol": "TCP"}]
+    if p["engine"] == "vllm":
+        ports.append({"name": "nixl", "containerPort": p["side_channel_port"], "protocol": "TCP"})
+    elif role == "prefill":
+        ports.append({"name": "bootstrap", "containerPort": p["sglang_bootstrap_port"], "protocol": "TCP"})
+    command, args, _final = engine_command(p, role)
+    command = k8s_engine.container_command(_engine_params(p, role), command)
+    startup, readiness, liveness = k8s_engine.probes(p["startup_timeout"], p["probe_period"], p["engine"])
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"},
+              {"name": "model", "mountPath": p["model_path"], "readOnly": True}]
+    shm = {"medium": "Memory"}
+    if p["shm_size"]:
+        shm["sizeLimit"] = p["shm_size"]
+    volumes = [{"name": "dshm", "emptyDir": shm},
+               {"name": "model", "hostPath": {"path": p["model_host_path"] or p["model_path"], "type": "Directory"}}]
+    if p["kernel_cache_dir"]:
+        volumes.append({"name": "kernel-cache", "hostPath": {"path": p["kernel_cache_dir"], "type": "Directory"}})
+        mounts.append({"name": "kernel-cache", "mountPath": p["kernel_cache_dir"]})
+    container = {
+        "name": "engine",
+        "image": p["image"],
+        "imagePullPolicy": p["image_pull_policy"],
+        "command": command,
+        "args": args,
+        "env": engine_env(p),
+        "ports": ports,
+        "resources": _resources(p),
+        "volumeMounts": mounts,
+        "startupProbe": startup,
+        "readinessProbe": readiness,
+        "livenessProbe": liveness,
+    }
+    # Prefill and decode must land on different nodes: the KV has to cross the network.
+    other = "decode" if role == "prefill" else "prefill"
+    affinity = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        "labelSelector": {"matchLabels": {MODEL_LABEL: p["model_name"], ROLE_LABEL: other}},
+        "topologyKey": "kubernetes.io/hostname"}]}}
+    # Each role only on the nodes of its group that staged the revision (the hostPath exists there).
+    affinity = k8s_engine.pin_to_nodes(affinity, p["%s_nodes" % role])
+    spec = k8s_engine.engine_pod_spec(container, volumes, init=p["init"],
+                                      node_selector=p["%s_node_selector" % role], affinity=affinity,
+                                      tolerations=p["tolerations"], image_pull_secret=p["image_pull_secret"])
+    # The same RDMA knobs as a multi-node engine (device resource, IPC_LOCK, hostNetwork, NCCL/Gloo interfaces);
+    # the P/D roles' Multus networks come with pod_annotations.
+    k8s_engine.apply_rdma(spec, {}, p["rdma"])
+    return spec
+
+
+def _labels(p, role=None):
+    labels = {MODEL_LABEL: p["model_name"], "app.kubernetes.io/managed-by": MANAGED_BY}
+    if role:
+        labels[ROLE_LABEL] = role
+    return labels
+
+
+def _aibrix_pod_labels(p, port, metric_port):
+    """AIBrix's pod labels; ``model.aibrix.ai/metric-port`` only where ``/metrics`` answers on ``metric_port``.
+
+    The gateway scrapes ``http://<podIP>:<metric-port>/metrics`` of every Ready pod of the model
+    (pkg/cache/cache_metrics.go, vllm-project/aibrix v0.7.0); advertising a port without /metrics gives a steady
+    404 stream. The engines serve /metrics on their HTTP port, SGLang's router on its Prometheus port; the P/D
+    proxy serves none, so it advertises none.
+    """
+    labels = aroute.pod_labels(p["model_name"], port, p["engine"])
+    if metric_port:
+        labels[AIBRIX_METRIC_PORT] = str(metric_port)
+    return labels
+
+
+def _meta(name, p, labels=None, annotations=None):
+    meta = {"name": name, "namespace": p["namespace"], "labels": labels or {}}
+    if annotations:
+        meta["annotations"] = annotations
+    return meta
+
+
+def _aibrix_config(strategy):
+    return json.dumps({"defaultProfile": "default", "profiles": {"default": {"routingStrategy": strategy}}},
+                      separators=(",", ":"), sort_keys=True)
+
+
+def _engine_annotations(p, role, workload):
+    ann = dict(p["pod_annotations"])
+    if p["engine"] == "sglang" and role == "prefill":
+        if workload == "stormservice":
+            ann[AIBRIX_SGLANG_BOOTSTRAP_PORT] = str(p["sglang_bootstrap_port"])
+        else:
+            ann[SGLANG_ROUTER_BOOTSTRAP_ANNOTATION] = str(p["sglang_bootstrap_port"])
+    return ann
+
+
+def storm_service(p):
+    name = base_name(p["model_name"])
+    roles = []
+    for role in ROLES:
+        labels = dict(_labels(p, role), **_aibrix_pod_labels(p, p["port"], p["port"]))
+        annotations = _engine_annotations(p, role, "stormservice")
+        annotations[AIBRIX_CONFIG] = _aibrix_config(p["routing_strategy"])
+        roles.append({
+            "name": role,
+            "replicas": p["%s_replicas" % role],
+            "stateful": True,
+            "template": {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec(p, role)},
+        })
+    return {
+        "apiVersion": "orchestration.aibrix.ai/v1alpha1",
+        "kind": "StormService",
+        # No model.aibrix.ai/name here: a route controller watching StormServices would route to a Service
+        # named exactly the model (AIBrix issue #1321).
+        "metadata": _meta(name, p, aroute.workload_labels(_labels(p))),
+        "spec": {
+            "replicas": 1,
+            "stateful": True,
+            "updateStrategy": {"type": "InPlaceUpdate"},
+            "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
+            "template": {
+                "metadata": {"labels": {"app.kubernetes.io/name": name}},
+                "spec": {"roles": roles},
+            },
+        },
+    }
+
+
+# --------------------------------------------------------------------------------------------- #
+# Deployments with a front
+# --------------------------------------------------------------------------------------------- #
+
+
+def _deployment(name, p, labels, pod, replicas=1, annotations=None, rolling=None, progress_deadline=None):
+    selector = {"app.kubernetes.io/name": name}
+    template_meta = {"labels": dict(labels, **selector)}
+    if annotations:
+        template_meta["annotations"] = annotations
+    spec = {
+        "replicas": replicas,
+        "selector": {"matchLabels": selector},
+        "template": {"metadata": template_meta, "spec": pod},
+    }
+    if rolling:
+        spec["strategy"] = {"type": "RollingUpdate", "rollingUpdate": dict(rolling)}
+    if progress_deadline:
+        spec["progressDeadlineSeconds"] = progress_deadline
+    # The Deployment's own metadata never carries model.aibrix.ai/name (AIBrix's route controller reads it there).
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": _meta(name, p, aroute.workload_labels(labels)), "spec": spec}
+
+
+def _service(name, p, selector, port, extra_ports=()):
+    ports = [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]
+    ports += [dict(x) for x in extra_ports]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(name, p, {"app.kubernetes.io/managed-by": MANAGED_BY, MODEL_LABEL: p["model_name"]}),
+        "spec": {"type": "ClusterIP", "selector": selector, "ports": ports},
+    }
+
+
+def _front_resources(p, kind):
+    return dict(p["proxy_resources"]) if p["proxy_resources"] else json.loads(json.dumps(DEFAULT_FRONT_RESOURCES[kind]))
+
+
+def _proxy(p, base, urls):
+    proxy = names.dns1035_name("%s-pd-proxy" % base)
+    config = {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": _meta(proxy, p, {"app.kubernetes.io/managed-by": MANAGED_BY}),
+        "data": {"pd_proxy.py": p["proxy_source"]},
+    }
+    args = ["--host", "0.0.0.0", "--port", str(p["proxy_port"])]
+    for role in ROLES:
+        args += ["--%s" % role, urls[role]]
+    # vLLM returns its side-channel host (the pod IP) in kv_transfer_params, so the engines can sit behind
+    # Services and no remote_host rewrite is needed. A 128K-token prefill takes minutes, not 30 s.
+    args += ["--prefill-timeout", str(p["proxy_prefill_timeout"]), "--decode-timeout", str(p["proxy_decode_timeout"])]
+    pod = _front_pod(p, {
+        "containers": [{
+            "name": "pd-proxy",
+            "image": p["proxy_image"],
+            "command": ["python3", PROXY_PATH],
+            "args": args,
+            "ports": [{"name": "http", "containerPort": p["proxy_port"], "protocol": "TCP"}],
+            "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10,
+                               "timeoutSeconds": 10, "failureThreshold": 3},
+            "livenessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 30, "timeoutSeconds": 5,
+                              "failureThreshold": 5},
+            "volumeMounts": [{"name": "proxy", "mountPath": "/opt/pd-proxy", "readOnly": True}],
+            "resources": _front_resources(p, "proxy"),
+        }],
+        "volumes": [{"name": "proxy", "configMap": {"name": proxy}}],
+        "enableServiceLinks": False,
+    })
+    return proxy, [config], pod, {}
+
+
+def router_args(p):
+    """SGLang's router in P/D mode, discovering the role pods by label (pod IPs, bootstrap port annotation)."""
+    selector = "%s=%s" % (MODEL_LABEL, p["model_name"])
+    args = ["-m", "sglang_router.launch_router", "--pd-disaggregation",
+            "--host", "0.0.0.0", "--port", str(p["proxy_port"]),
+            "--service-discovery", "--service-discovery-namespace", p["namespace"],
+            "--service-discovery-port", str(p["port"]),
+            "--prefill-selector", selector, "%s=prefill" % ROLE_LABEL,
+            "--decode-selector", selector, "%s=decode" % ROLE_LABEL,
+            "--bootstrap-port-annotation", SGLANG_ROUTER_BOOTSTRAP_ANNOTATION,
+            "--request-timeout-secs", str(p["proxy_decode_timeout"]),
+            "--worker-startup-timeout-secs", str(p["startup_timeout"]),
+            "--prometheus-host", "0.0.0.0", "--prometheus-port", str(ROUTER_METRICS_PORT)]
+    if p["router_policy"]:
+        args += ["--policy", p["router_policy"]]
+    return args
+
+
+def _router(p, base):
+    router = names.dns1035_name("%s-sglang-router" % base)
+    labels = {"app.kubernetes.io/managed-by": MANAGED_BY, MODEL_LABEL: p["model_name"]}
+    # Service discovery lists and watches pods (sgl_model_gateway.md: "RBAC must allow get, list, and watch on pods").
+    rbac = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(router, p, dict(labels))},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(router, p, dict(labels)),
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _meta(router, p, dict(labels)),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": router},
+         "subjects": [{"kind": "ServiceAccount", "name": router, "namespace": p["namespace"]}]},
+    ]
+    pod = _front_pod(p, {
+        "serviceAccountName": router,
+        "containers": [{
+            "name": "sglang-router",
+            "image": p["router_image"] or p["image"],
+            "imagePullPolicy": p["image_pull_policy"],
+            "command": ["python3"],
+            "args": router_args(p),
+            "ports": [{"name": "http", "containerPort": p["proxy_port"], "protocol": "TCP"},
+                      {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"}],
+            # /readiness answers 200 once a healthy worker is registered, /liveness always (sgl_model_gateway.md).
+            "readinessProbe": {"httpGet": {"path": "/readiness", "port": "http"}, "periodSeconds": 10,
+                               "timeoutSeconds": 5, "failureThreshold": 3},
+            "livenessProbe": {"httpGet": {"path": "/liveness", "port": "http"}, "periodSeconds": 30,
+                              "timeoutSeconds": 5, "failureThreshold": 5},
+            "resources": _front_resources(p, "router"),
+        }],
+        "enableServiceLinks": False,
+    })
+    return router, rbac, pod, {"metric_port": ROUTER_METRICS_PORT}
+
+
+def deployments(p):
+    base = base_name(p["model_name"])
+    objs, urls = [], {}
+    for role in ROLES:
+        name = names.dns1035_name("%s-%s" % (base, role))
+        objs.append(_deployment(name, p, _labels(p, role), pod_spec(p, role), replicas=p["%s_replicas" % role],
+                                annotations=_engine_annotations(p, role, "deployments"),
+                                # one GPU node at a time: a surge pod could never schedule beside a TP=8 pod
+                                rolling={"maxSurge": 0, "maxUnavailable": 1},
+                                # the engine role's rule: a cold start within the startup window is progress
+                                progress_deadline=k8s_engine.progress_deadline(p["startup_timeout"])))
+        if p["engine"] == "vllm":
+            objs.append(_service(name, p, {"app.kubernetes.io/name": name}, p["port"]))
+        urls[role] = "http://%s.%s.svc:%d" % (name, p["namespace"], p["port"])
+    if p["engine"] == "vllm":
+        front, extra, pod, info = _proxy(p, base, urls)
+    else:
+        front, extra, pod, info = _router(p, base)
+    objs.extend(extra)
+    front_labels = dict(_labels(p, "front"), **_aibrix_pod_labels(p, p["proxy_port"], info.get("metric_port")))
+    annotations = {AIBRIX_CONFIG: _aibrix_config(p["routing_strategy"])} if p["routing_strategy"] else None
+    objs.append(_deployment(front, p, front_labels, pod, replicas=p["proxy_replicas"], annotations=annotations))
+    # The front's Service has the model's DNS-1035 name; our own <model>-router HTTPRoute points at it.
+    objs.append(_service(base, p, {"app.kubernetes.io/name": front}, p["proxy_port"]))
+    try:
+        routed = aroute.route_objects(
+            p["model_name"], base, p["namespace"], p["proxy_port"], gateway_name=p["gateway_name"],
+            gateway_namespace=p["gateway_namespace"], request_timeout=p["route_request_timeout"],
+            paths=p["route_paths"], labels={"app.kubernetes.io/managed-by": MANAGED_BY, MODEL_LABEL: p["model_name"]})
+    except aroute.RouteError as e:
+        raise SpecError(str(e))
+    # Apply order: each role, then the front (what it mounts or runs as first), its Service, the grant and the
+    # route to that Service.
+    objs.extend(routed["objects"])
+    return objs, routed
+
+
+def _normalise(params):
+    p = dict(DEFAULTS)
+    p.update({k: v for k, v in params.items() if v is not None})
+    p["ucx_net_devices"] = _normal_net_devices(p["ucx_net_devices"])
+    p["engine_args"] = p["engine_args"] if p["engine_args"] is not None else {}
+    p["engine_resources"] = p["engine_resources"] or {}
+    p["proxy_resources"] = p["proxy_resources"] or {}
+    if p["routing_strategy"] is None and p["workload"] == "stormservice":
+        p["routing_strategy"] = "pd"
+    p["router_policy"] = p["router_policy"] or ""
+    return p
+
+
+def render(params):
+    """Validate ``params`` (keys of :data:`DEFAULTS`) and return the objects and derived facts."""
+    p = _normalise(params)
+    validate(p)
+    try:
+        _pairs, min_version = k8s_engine.profile_entry(p["profiles"], p["profile"], p["engine"])
+        warnings = k8s_engine.check_image(p["engine"], p["image"], min_version, p["profile"])
+    except k8s_engine.SpecError as e:
+        raise _error(e)
+    route = dict(route_name=None, reference_grant_name=None, warnings=[])
+    if p["workload"] == "stormservice":
+        objects = [storm_service(p)]
+        if p["routing_strategy"] != "pd":
+            warnings.append(
+                "routing_strategy=%s: AIBrix's gateway pairs StormService prefill/decode pods only with the pd "
+                "strategy; with another one it sends whole requests to single pods" % p["routing_strategy"])
+    else:
+        objects, route = deployments(p)
+        warnings.extend(route["warnings"])
+    problems = aroute.workload_problems(objects)
+    if problems:
+        raise SpecError("; ".join(problems))
+    net = _secrets.Scan(env_field="env")
+    net.objects(objects)
+    net.refuse(SpecError)
+    _command, _args, final = engine_command(p, "decode")
+    if p["routing_strategy"]:  # every request takes AIBrix's original_route and its timeout, not the HTTPRoute's
+        try:
+            error, note = aroute.original_route_findings(final, p["route_request_timeout"], p["gateway_policies"])
+        except aroute.RouteError as e:
+            raise SpecError("gateway_policies: %s" % e)
+        if error:
+            raise SpecError("gateway_policies: " + error)
+        warnings.extend([note] if note else [])
+    try:
+        reads = k8s_engine.read_concurrency(p["engine"], p["model_source"], p["prefill_replicas"] + p["decode_replicas"],
+                                            p["tp_size"], final)
+    except k8s_engine.SpecError as e:
+        raise _error(e)
+    startup, _readiness, _liveness = k8s_engine.probes(p["startup_timeout"], p["probe_period"], p["engine"])
+    base = base_name(p["model_name"])
+    selectors = {role: _labels(p, role) for role in ROLES}
+    containers = {role: "engine" for role in ROLES}
+    if p["workload"] == "deployments":
+        selectors["front"] = _labels(p, "front")
+        containers["front"] = "pd-proxy" if p["engine"] == "vllm" else "sglang-router"
+        workloads = {role: dict(kind="Deployment", name=names.dns1035_name("%s-%s" % (base, role))) for role in ROLES}
+        workloads["front"] = dict(kind="Deployment", name=names.dns1035_name(
+            "%s-%s" % (base, "pd-proxy" if p["engine"] == "vllm" else "sglang-router")))
+    else:
+        workloads = {role: dict(kind="StormService", name=base) for role in ROLES}
+    return dict(
+        pod_selectors=selectors,
+        containers=containers,
+        workloads=workloads,
+        replicas=dict(prefill=p["prefill_replicas"], decode=p["decode_replicas"],
+                      front=p["proxy_replicas"] if p["workload"] == "deployments" else 0),
+        nodes=dict(prefill=p["prefill_nodes"], decode=p["decode_nodes"]),
+        objects=objects,
+        warnings=warnings,
+        service_name=base_name(p["model_name"]) if p["workload"] == "deployments" else None,
+        route_name=route["route_name"],
+        reference_grant_name=route["reference_grant_name"],
+        read_concurrency=reads,
+        startup_window_seconds=startup["periodSeconds"] * startup["failureThreshold"],
+        progress_deadline_seconds=k8s_engine.progress_deadline(p["startup_timeout"]),
+    )
+
+
+def build(params):
+    """The rendered objects only (see :func:`render`)."""
+    return render(params)["objects"]

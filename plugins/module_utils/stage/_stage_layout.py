@@ -1,0 +1,233 @@
+# -*- coding: utf-8 -*-
+# Copyright: llmops.serving contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""**PRIVATE** to llmops.serving: where model_stage reads and writes, refused before anything changes when
+those places overlap.
+
+The rule: ``src`` is only ever read. model_stage writes or deletes ``dest``, ``<dest>.partial``,
+``<dest>.lock``, ``<dest>.removing-*``, the progress file and the fleet lease directory, and none of them may be
+``src``, inside it or contain it, after resolving symlinks (``_paths.overlaps`` / ``_paths.is_within``). The
+checksums manifest is read and must not lie inside what a run replaces (``dest``, ``<dest>.partial``).
+
+``dest`` itself must not be a symlink: publishing replaces a real directory, and writing through a link would
+change the revision the link points to. Its parent is resolved, so two spellings of one ``dest`` (a symlinked
+root) share one lock and one partial dir.
+
+The source listing (:func:`scan_src`) copies regular files. A file symlink is followed only when its target is
+inside ``src``; a symlink leaving ``src``, a directory symlink (never followed: it could leave ``src`` or loop),
+a dangling link, a FIFO, socket or device, an unreadable directory and a name model_stage reserves for its own
+files (``_stage_marker.reserved``) are refused with the path and the fix, so a listing is never silently
+incomplete.
+
+Deleting there goes through :func:`remove_tree`: the tree first vanishes from its name in one ``rename`` (to
+``<name>.removing-<random>``, which no listing or prune counts as a revision), then the renamed tree is deleted,
+so no reader ever sees a half-deleted revision under its name.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import uuid
+
+from ansible_collections.llmops.serving.plugins.module_utils.common import _paths
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_marker
+from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_marker import StageError
+
+PARTIAL_SUFFIX = ".partial"
+LOCK_SUFFIX = ".lock"
+REMOVING_INFIX = ".removing-"
+
+
+class Layout(object):
+    """The paths of one staging target; ``dest`` as given, ``real`` with its parent resolved."""
+
+    def __init__(self, dest):
+        self.dest = os.path.abspath(dest)
+        # the name as given and its parent resolved as the kernel resolves it: "root/link/../rev" is the
+        # revision beside link's target, not "root/rev" (what a lexical normalisation would say)
+        given = dest.rstrip("/") or dest
+        name = os.path.basename(given)
+        if not name or name in (".", ".."):
+            raise StageError("dest: %s does not name a directory; use <root>/<name>/<revision>" % dest)
+        self.parent = os.path.realpath(os.path.dirname(given) or ".")
+        if os.path.realpath(os.path.dirname(self.dest)) != self.parent:
+            self.dest = os.path.join(self.parent, name)  # never show a spelling that names another directory
+        self.real = os.path.join(self.parent, name)
+        self.partial = self.real + PARTIAL_SUFFIX
+        self.lock = self.real + LOCK_SUFFIX
+        self.name = name
+
+    def check_not_links(self):
+        """``dest`` and ``<dest>.partial`` are real directories or absent (checked again under the lock)."""
+        for what, path in (("dest", self.real), ("dest", self.partial)):
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                raise StageError(
+                    "dest: %s is a symlink (to %s); model_stage publishes a real directory there and never writes "
+                    "through a link, which would change the revision it points to; stage to the real revision "
+                    "directory and point the link at it afterwards" % (path, os.path.realpath(path)))
+            if not stat.S_ISDIR(st.st_mode):
+                raise StageError("%s: %s exists and is not a directory; remove it or choose another dest"
+                                 % (what, path))
+
+
+def resolve(src, dest):
+    """Check ``src`` and ``dest`` against each other; returns ``(src_real, Layout)``."""
+    src_abs = os.path.abspath(src)
+    if not os.path.isdir(src_abs):
+        raise StageError("src: %s is not a directory; point src at the revision directory on the shared "
+                         "filesystem" % src_abs)
+    src_real = os.path.realpath(src_abs)
+    lay = Layout(dest)
+    shown = "" if src_real == src_abs else " (%s after resolving symlinks)" % src_real
+    if _paths.overlaps(lay.real, src_real):
+        raise StageError("dest: %s overlaps src %s%s; src is only read, so stage to a directory outside src and "
+                         "keep src outside dest" % (lay.dest, src_abs, shown))
+    for what, path in (("build directory", lay.partial), ("lock file", lay.lock)):
+        if _paths.overlaps(path, src_real):
+            raise StageError("src: %s%s is (or is inside) %s, the %s model_stage writes and deletes for dest %s; "
+                             "move the revision or choose another dest" % (src_abs, shown, path, what, lay.dest))
+    if _paths.same_path(os.path.dirname(src_real), lay.parent) and os.path.basename(src_real).startswith(lay.name + REMOVING_INFIX):
+        raise StageError("src: %s is named like a revision being deleted next to dest %s; rename it or choose "
+                         "another dest" % (src_abs, lay.dest))
+    lay.check_not_links()
+    return src_real, lay
+
+
+def check_side_paths(src_real, lay, progress_file=None, checksums=None, fleet_slots_dir=None):
+    """The progress file, the checksums manifest and the lease directory stay out of src and dest."""
+    replaced = ((lay.real, "dest"), (lay.partial, "dest's build directory"))
+    if progress_file:
+        p = os.path.abspath(progress_file)
+        if _paths.is_within(p, src_real):
+            raise StageError("progress_file: %s is inside src %s, which is only read; put the progress file "
+                             "outside the revision (e.g. /var/tmp/llmops/)" % (p, src_real))
+        for root, what in replaced:
+            if _paths.is_within(p, root):
+                raise StageError("progress_file: %s is inside %s %s, which staging replaces; put it outside the "
+                                 "revision (e.g. /var/tmp/llmops/)" % (p, what, root))
+        if _paths.same_path(p, lay.lock):
+            raise StageError("progress_file: %s is dest's lock file; choose another path" % p)
+        if checksums and _paths.same_path(p, checksums):
+            raise StageError("progress_file: %s is the checksums manifest; choose another path" % p)
+    if checksums:
+        c = os.path.abspath(checksums)
+        for root, what in replaced:
+            if _paths.is_within(c, root):
+                raise StageError("checksums: %s is inside %s %s, which staging replaces; keep the manifest in src "
+                                 "or next to it" % (c, what, root))
+    if fleet_slots_dir:
+        d = os.path.abspath(fleet_slots_dir)
+        if _paths.overlaps(d, src_real):
+            raise StageError("fleet_slots_dir: %s overlaps src %s, which is only read, and leases are written "
+                             "there; use a directory outside the revision (e.g. <shared>/.llmops/stage-slots)"
+                             % (d, src_real))
+        for root, what in replaced:
+            if _paths.overlaps(d, root):
+                raise StageError("fleet_slots_dir: %s overlaps %s %s; use a directory outside the revision"
+                                 % (d, what, root))
+
+
+def scan_src(root):
+    """Regular files under ``root`` (a real path): list of dicts sorted by path (see the module docstring)."""
+    files = []
+
+    def walk_error(err):
+        raise StageError("src: cannot list %s: %s; make the revision readable" % (err.filename, err.strerror))
+
+    prefix = root.rstrip("/") + "/"
+    for dirpath, dirnames, filenames in os.walk(root, onerror=walk_error):
+        dirnames.sort()
+        for d in dirnames:
+            full = os.path.join(dirpath, d)
+            _check_name(full[len(prefix):], full)
+            if os.path.islink(full):
+                raise StageError("src: %s is a symlink to a directory (%s); model_stage does not follow directory "
+                                 "links (one could leave src or loop), so the revision would be incomplete; "
+                                 "replace the link with the directory it names" % (full, os.path.realpath(full)))
+        for fn in sorted(filenames):
+            full = os.path.join(dirpath, fn)
+            rel = full[len(prefix):]
+            _check_name(rel, full)
+            try:
+                st = os.lstat(full)
+            except FileNotFoundError:
+                raise StageError("src: %s vanished while listing; src must be an immutable revision directory"
+                                 % full)
+            if stat.S_ISLNK(st.st_mode):
+                target = os.path.realpath(full)
+                if not _paths.is_within(target, root):
+                    raise StageError("src: %s is a symlink that leaves src (to %s); model_stage copies only what "
+                                     "is inside the revision; replace the link with the file itself" % (full, target))
+                try:
+                    st = os.stat(full)
+                except OSError:
+                    raise StageError("src: %s is a dangling symlink; fix or remove it" % full)
+            if not stat.S_ISREG(st.st_mode):
+                raise StageError("src: %s is %s, not a regular file; a revision holds regular files only, remove it"
+                                 % (full, _kind(st.st_mode)))
+            files.append({"path": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                          "ctime_ns": st.st_ctime_ns, "dev": st.st_dev, "ino": st.st_ino,
+                          "mode": st.st_mode & 0o777})
+    return files
+
+
+def _check_name(rel, full):
+    why = _stage_marker.reserved(rel)
+    if why:
+        raise StageError("src: %s has a name model_stage reserves (%s); rename it in the revision, or stage from "
+                         "the original revision rather than from a staged copy" % (full, why))
+
+
+def _kind(mode):
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return "a special file"
+
+
+def walk_leaves(root):
+    """``(full path, relative path, is_dir_link)`` of everything under ``root`` that is not a directory, in
+    ``os.walk`` order; a directory symlink is listed and never entered (it could leave ``root`` or loop)."""
+    prefix = root.rstrip("/") + "/"
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in list(dirnames):
+            full = os.path.join(dirpath, d)
+            if os.path.islink(full):
+                dirnames.remove(d)
+                yield full, full[len(prefix):], True
+        for fn in filenames:
+            full = os.path.join(dirpath, fn)
+            yield full, full[len(prefix):], False
+
+
+def try_unlink(path):
+    """Unlink ``path``; best effort (absent or undeletable is left as it is)."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def remove_tree(path):
+    """Make ``path`` vanish in one rename, then delete the renamed tree."""
+    grave = "%s%s%s" % (path, REMOVING_INFIX, uuid.uuid4().hex[:8])
+    os.rename(path, grave)
+    shutil.rmtree(grave, ignore_errors=True)
+
+
+def remove_partial(path):
+    """Delete a build directory (or whatever sits at its name, never following a symlink)."""
+    if os.path.islink(path) or os.path.isfile(path):
+        try_unlink(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,738 @@
+# -*- coding: utf-8 -*-
+# Copyright: llmops.serving contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""**PRIVATE** to llmops.serving: what a node serves to its peers during a fan-out, and the server doing it.
+
+A node serves, read-only, the pieces of a staged revision it holds *verified*:
+
+* the files of its published marker (``<dest>/.llmops-staged.json``) that carry piece digests at this run's
+  piece size and whose copy is intact (``FileRecord.damage``), from ``<dest>/<file>``;
+* while it is itself staging, the pieces listed in the board ``<dest>.partial/.llmops-staged.pieces.json``,
+  which the staging run (:class:`Board`) rewrites as pieces are verified and written: a file still being
+  received is served from ``<file>.llmops-part``, only in the pieces the board marks held; a completed file from
+  its final name in ``<dest>.partial``. So a node hands a piece on as soon as it has verified it (pipelining).
+
+:class:`PeerServer` (stdlib ``http.server``, one thread per connection) answers, for each revision ``R`` it was
+given (``/r/<name>/<revision>``):
+
+* ``GET R/pieces``: ``piece_size``, ``state`` (``idle``, ``copying``, ``failed``, ``done``, ``complete``),
+  ``board_age`` (seconds since the staging run last rewrote its board), ``load`` (transfers in flight) and per
+  file ``size``, ``src`` (the source file's ino, mtime_ns, ctime_ns), ``header_sha256``, ``sha256``, ``have``
+  (one ``0``/``1`` per piece) and, once this server has sent any of its pieces, ``sent`` (per piece, how many
+  transfers of it this server started, ``0``-``9``): a receiver asks a seed first for the pieces nobody got from it
+  yet, so a seed's uplink carries each piece about once and the receivers trade the rest;
+* ``GET R/digests?file=<path>``: the digests of that file's held pieces (``null`` for the others);
+* ``GET R/files/<path>`` with one ``Range: bytes=a-b``: those bytes (206), only when every piece they touch is
+  held; otherwise 404 (not held) or 416 (bad range).
+
+Every request needs ``Authorization: Bearer <token>``, the per-run token; its sha256 is compared in constant time
+with the digest the server was given (the controller gives servers only the digest: the token itself is in no
+memory, file, argument or environment of the daemon), and anything else gets 403 and the connection closed.
+
+The network cannot starve it: at most ``MAX_UNAUTHENTICATED`` connections that have not shown the token are
+kept (one more closes the oldest of them), each must send its request line and headers within
+``HEADER_DEADLINE`` seconds, a kept-alive connection waits at most ``IDLE_TIMEOUT`` for its next request, and at
+most ``MAX_CONNECTIONS`` connections with the token are served (more get 503). So peers with the token are
+served while any number of idle or byte-a-second connections are open. A path is served
+only when it is listed (published marker or board), passes ``_paths`` (relative, no ``..``, no symlink on the
+way) and opens as a regular file without following a symlink. Errors name the path, never a header value.
+
+:func:`start` runs the server as a daemon (double fork, ``setsid``, stdio on ``/dev/null``) that holds a
+``flock`` on its pid file for its whole life and exits on SIGTERM or after ``lifetime`` seconds; :func:`stop`
+ends it, identified by that lock.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import hmac
+import json
+import os
+import select
+import signal
+import socket
+import stat
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from ansible_collections.llmops.serving.plugins.module_utils.common import _fsutil
+from ansible_collections.llmops.serving.plugins.module_utils.common import _paths
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_layout
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_marker as _marker
+
+BOARD = ".llmops-staged.pieces.json"
+BOARD_FORMAT = 1
+BOARD_HEARTBEAT = 2.0      # a staging run rewrites its board at least this often
+SEND_CHUNK = 8 * 1024 * 1024
+MAX_BOARD_BYTES = 64 * 1024 * 1024
+#: Connections that have shown the token, served at once (a receiver holds about ``2 * read_streams + 1`` to
+#: each peer); one more that shows it gets 503 and is closed.
+MAX_CONNECTIONS = 1024
+#: Connections that have not shown the token yet: past this, the oldest of them is closed when one more comes, so
+#: idle or slow connections from anybody never keep a peer with the token out.
+MAX_UNAUTHENTICATED = 64
+#: Seconds a connection has to send its first request line and headers in full (slow senders are cut off).
+HEADER_DEADLINE = 10.0
+#: Seconds a kept-alive connection may wait for its next request (receivers poll several times a second).
+IDLE_TIMEOUT = 60.0
+#: How often the deadlines are checked (seconds).
+REAP_INTERVAL = 0.25
+
+
+class PeerError(Exception):
+    """The server could not be started or stopped; ``str()`` names the option and the fix."""
+
+
+def token_digest(token):
+    return hashlib.sha256(token.encode("utf-8")).digest()
+
+
+def revision_id(name, revision):
+    return "%s/%s" % (name, revision)
+
+
+# ---- the board: what a staging run holds verified --------------------------------------------------
+class Board(object):
+    """The board of a staging run in ``partial``: files, their trusted piece digests and which pieces are held.
+
+    ``add`` registers a file (identity and digests known so far), ``held`` marks one piece verified and written,
+    ``done`` a file complete under its final name. The file is rewritten at most every ``interval`` seconds by a
+    background thread (and at least every ``BOARD_HEARTBEAT``), so peers see progress within a fraction of a
+    second; ``close`` writes the final state and stops the thread.
+    """
+
+    def __init__(self, partial, piece_size, interval=0.2):
+        self.path = os.path.join(partial, BOARD)
+        self.piece_size = piece_size
+        self.interval = interval
+        self.state = "copying"
+        self.files = {}
+        self._lock = threading.Lock()
+        self._dirty = threading.Event()
+        self._stop = threading.Event()
+        self._thread = None
+
+    def add(self, rel, f, header_sha256, sha256, digests=None, held=False, done=False):
+        n = _marker.piece_count(f["size"], self.piece_size)
+        digests = list(digests) if digests is not None else [None] * n
+        with self._lock:
+            self.files[rel] = {"size": f["size"], "src": [f["ino"], f["mtime_ns"], f["ctime_ns"]],
+                               "header_sha256": header_sha256, "sha256": sha256, "digests": digests,
+                               "have": [bool(held and d) for d in digests], "done": bool(done)}
+        self._dirty.set()
+
+    def held(self, rel, index, digest):
+        with self._lock:
+            e = self.files[rel]
+            e["digests"][index] = digest
+            e["have"][index] = True
+        self._dirty.set()
+
+    def done(self, rel):
+        with self._lock:
+            self.files[rel]["done"] = True
+        self._dirty.set()
+
+    def doc(self):
+        with self._lock:
+            files = {}
+            for rel, e in self.files.items():
+                files[rel] = {"size": e["size"], "src": e["src"], "header_sha256": e["header_sha256"],
+                              "sha256": e["sha256"], "done": e["done"],
+                              "digests": [d if h else None for d, h in zip(e["digests"], e["have"])]}
+            return {"format": BOARD_FORMAT, "piece_size": self.piece_size, "state": self.state, "pid": os.getpid(),
+                    "updated": time.time(), "files": files}
+
+    def write(self):
+        try:
+            _fsutil.atomic_write_json(self.path, self.doc(), mode=0o644, fsync=False, sort_keys=True)
+        except OSError:
+            pass  # serving onward is best effort; the copy itself never fails over the board
+
+    def start(self):
+        self.write()
+        self._thread = threading.Thread(target=self._loop, name="stage-board", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self):
+        last = time.monotonic()
+        while not self._stop.is_set():
+            self._dirty.wait(BOARD_HEARTBEAT)
+            if self._stop.is_set():
+                break
+            wait = self.interval - (time.monotonic() - last)
+            if wait > 0:
+                self._stop.wait(wait)
+            self._dirty.clear()
+            self.write()
+            last = time.monotonic()
+
+    def close(self, state):
+        self.state = state
+        self._stop.set()
+        self._dirty.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+        self.write()
+
+    def remove(self):
+        _stage_layout.try_unlink(self.path)
+
+
+def _hex_or_none(v):
+    return v if isinstance(v, str) and len(v) == 64 and set(v) <= _marker._HEX else None
+
+
+def read_board(partial, piece_size):
+    """``(doc, mtime)`` of the board in ``partial`` at ``piece_size``; ``(None, None)`` when absent or not one."""
+    path = os.path.join(partial, BOARD)
+    try:
+        doc = _marker._read_json_file(path, MAX_BOARD_BYTES)
+        mtime = os.lstat(path).st_mtime
+    except (_marker.RecordError, OSError):
+        return None, None
+    if not isinstance(doc, dict) or doc.get("format") != BOARD_FORMAT or doc.get("piece_size") != piece_size:
+        return None, None
+    files = doc.get("files")
+    if not isinstance(files, dict):
+        return None, None
+    clean = {}
+    for rel, e in files.items():
+        try:
+            _paths.split_relative(rel, "board")
+        except _paths.PathEscape:
+            continue
+        if not isinstance(e, dict) or not isinstance(e.get("size"), int) or not isinstance(e.get("digests"), list):
+            continue
+        if len(e["digests"]) != _marker.piece_count(e["size"], piece_size):
+            continue
+        src = e.get("src")
+        clean[rel] = {"size": e["size"], "src": src if isinstance(src, list) and len(src) == 3 else None,
+                      "header_sha256": _hex_or_none(e.get("header_sha256")), "sha256": _hex_or_none(e.get("sha256")),
+                      "digests": [_hex_or_none(d) for d in e["digests"]], "done": e.get("done") is True,
+                      "where": "partial"}
+    doc["files"] = clean
+    return doc, mtime
+
+
+# ---- what one revision offers ----------------------------------------------------------------------
+class Offer(object):
+    """The verified pieces one node holds of one revision (published marker and board), cached briefly."""
+
+    def __init__(self, dest, piece_size, ttl=0.2):
+        self.lay = _stage_layout.Layout(dest)
+        self.piece_size = piece_size
+        self.ttl = ttl
+        self._lock = threading.Lock()
+        self._at = None
+        self._snap = None
+        self._marker_key = None
+        self._marker = None
+        self._sent = {}   # rel -> bytearray: transfers of each piece this server started (up to 9)
+
+    def snapshot(self):
+        with self._lock:
+            now = time.monotonic()
+            if self._snap is None or now - self._at > self.ttl:
+                self._snap = self._build()
+                self._at = now
+            return self._snap
+
+    def _build(self):
+        files, state, age = {}, "idle", None
+        ms = self._read_marker()
+        if ms is not None and ms.kind == "ok" and not os.path.islink(self.lay.real):
+            state = "complete"
+            for r in ms.marker.records:
+                if r.has_pieces(self.piece_size) and r.damage(self.lay.real) is None:
+                    files[r.path] = {"size": r.size, "src": list(r.src[1:]), "header_sha256": r.header_sha256,
+                                     "sha256": r.sha256, "digests": list(r.pieces), "done": True, "where": "dest"}
+        if not os.path.islink(self.lay.partial):
+            board, mtime = read_board(self.lay.partial, self.piece_size)
+            if board is not None:
+                state = board.get("state") if board.get("state") in ("copying", "failed", "done") else "copying"
+                age = max(0.0, time.time() - mtime)
+                files.update(board["files"])
+        return {"state": state, "board_age": age, "files": files}
+
+    def _read_marker(self):
+        """The published marker, parsed again only when its file changed (the copies are checked every time)."""
+        try:
+            st = os.lstat(os.path.join(self.lay.real, _marker.MARKER))
+            key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        except OSError:
+            self._marker_key = self._marker = None
+            return None
+        if key != self._marker_key:
+            self._marker = _marker.read_marker(self.lay.real)
+            self._marker_key = key
+        return self._marker
+
+    def public(self, load):
+        snap = self.snapshot()
+        files = {}
+        with self._lock:
+            sent = dict((rel, bytes(c)) for rel, c in self._sent.items())
+        for rel, e in snap["files"].items():
+            files[rel] = {"size": e["size"], "src": e["src"], "header_sha256": e["header_sha256"],
+                          "sha256": e["sha256"], "have": "".join("1" if d else "0" for d in e["digests"])}
+            if rel in sent and len(sent[rel]) == len(e["digests"]):
+                files[rel]["sent"] = "".join(str(c) for c in sent[rel])
+        return {"piece_size": self.piece_size, "state": snap["state"], "board_age": snap["board_age"],
+                "load": load, "files": files}
+
+    def open_range(self, rel, first, last):
+        """An open descriptor of ``rel`` for bytes ``first..last`` (inclusive), counted as one transfer of each
+        piece they touch (``sent``); raises ``LookupError`` (not held) or ``ValueError`` (bad range)."""
+        e = self.snapshot()["files"].get(rel)
+        if e is None:
+            raise LookupError("not listed")
+        if first > last or last >= e["size"]:
+            raise ValueError("range outside the file")
+        pieces = range(first // self.piece_size, last // self.piece_size + 1)
+        for i in pieces:
+            if not e["digests"][i]:
+                raise LookupError("piece %d not held" % i)
+        if e["where"] == "dest":
+            names = [(self.lay.real, rel)]
+        elif e["done"]:
+            names = [(self.lay.partial, rel)]
+        else:  # completed since the board was read: the final name
+            names = [(self.lay.partial, rel + _marker.PART_SUFFIX), (self.lay.partial, rel)]
+        for root, name in names:
+            try:
+                path = _paths.contained(root, name, "file")
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+            except (OSError, _paths.PathEscape):
+                continue
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_size >= last + 1:
+                with self._lock:
+                    counts = self._sent.setdefault(rel, bytearray(len(e["digests"])))
+                    for i in pieces:
+                        counts[i] = min(9, counts[i] + 1)
+                return fd
+            os.close(fd)
+        raise LookupError("not on disk")
+
+
+# ---- the HTTP server --------------------------------------------------------------------------------
+class PeerServer(ThreadingHTTPServer):
+    """Serves ``offers`` (``{"<name>/<revision>": Offer}``) to holders of the token (see the module docstring)."""
+
+    daemon_threads = True
+    block_on_close = False
+    allow_reuse_address = True
+    request_queue_size = 1024
+
+    def __init__(self, address, port, token_sha256, offers, max_connections=MAX_CONNECTIONS,
+                 max_unauthenticated=MAX_UNAUTHENTICATED, header_deadline=HEADER_DEADLINE, idle_timeout=IDLE_TIMEOUT):
+        if not (isinstance(token_sha256, bytes) and len(token_sha256) == 32):
+            raise PeerError("token_sha256: must be the 32-byte sha256 digest of the run's token")
+        self.token_sha256 = token_sha256
+        self.offers = offers
+        self.max_connections = max_connections
+        self.max_unauthenticated = max_unauthenticated
+        self.header_deadline = header_deadline
+        self.idle_timeout = idle_timeout
+        self.active = 0
+        self.requests = 0
+        self.denied = 0
+        self.evicted = 0      # connections closed before they showed the token (deadline or crowding)
+        self.refused = 0      # connections with the token turned away at the cap (503)
+        self._count_lock = threading.Lock()
+        self._conns = {}      # socket -> _Conn
+        self._reaper_stop = threading.Event()
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        self.address_family = family
+        ThreadingHTTPServer.__init__(self, (address, port), _Handler)
+        self._reaper = threading.Thread(target=self._reap, name="stage-peer-reaper", daemon=True)
+        self._reaper.start()
+
+    def count(self, delta):
+        with self._count_lock:
+            self.active += delta
+
+    # ---- connections: caps and deadlines ------------------------------------------------------------
+    def process_request(self, request, client_address):
+        now = time.monotonic()
+        with self._count_lock:
+            waiting = [c for c in self._conns.values() if not c.authed and not c.killed]
+            while len(waiting) >= self.max_unauthenticated:
+                oldest = min(waiting, key=lambda c: c.opened)
+                waiting.remove(oldest)
+                oldest.kill()
+                self.evicted += 1
+            self._conns[request] = _Conn(request, now, now + self.header_deadline)
+        try:
+            ThreadingHTTPServer.process_request(self, request, client_address)
+        except RuntimeError:  # no thread could be started: this connection is not served
+            with self._count_lock:
+                self._conns.pop(request, None)
+            self.shutdown_request(request)
+
+    def process_request_thread(self, request, client_address):
+        try:
+            ThreadingHTTPServer.process_request_thread(self, request, client_address)
+        finally:
+            with self._count_lock:
+                self._conns.pop(request, None)
+
+    def phase(self, sock, phase):
+        """``head``: waiting for a request (first one: ``header_deadline``, later ones ``idle_timeout``);
+        ``busy``: answering one (no deadline here: a stalled receiver is the handler's send timeout)."""
+        with self._count_lock:
+            c = self._conns.get(sock)
+            if c is None:
+                return
+            if phase == "busy":
+                c.deadline = None
+            else:
+                c.deadline = time.monotonic() + (self.idle_timeout if c.served else self.header_deadline)
+                c.served = True
+
+    def admit(self, sock):
+        """The connection showed the token: it no longer counts against ``max_unauthenticated``. False when
+        ``max_connections`` are already served."""
+        with self._count_lock:
+            c = self._conns.get(sock)
+            if c is None or c.authed:
+                return True
+            if sum(1 for x in self._conns.values() if x.authed and not x.killed) >= self.max_connections:
+                self.refused += 1
+                return False
+            c.authed = True
+            return True
+
+    def connections(self):
+        """``(with the token, without it yet)``: connections open now."""
+        with self._count_lock:
+            live = [c for c in self._conns.values() if not c.killed]
+        return sum(1 for c in live if c.authed), sum(1 for c in live if not c.authed)
+
+    def _reap(self):
+        while not self._reaper_stop.wait(REAP_INTERVAL):
+            now = time.monotonic()
+            with self._count_lock:
+                for c in list(self._conns.values()):
+                    if not c.killed and c.deadline is not None and now > c.deadline:
+                        c.kill()
+                        if not c.authed:
+                            self.evicted += 1
+
+    def server_close(self):
+        self._reaper_stop.set()
+        with self._count_lock:
+            for c in list(self._conns.values()):
+                c.kill()
+        ThreadingHTTPServer.server_close(self)
+
+
+class _Conn(object):
+    """One client connection as the server tracks it."""
+
+    __slots__ = ("sock", "opened", "deadline", "authed", "served", "killed")
+
+    def __init__(self, sock, opened, deadline):
+        self.sock = sock
+        self.opened = opened
+        self.deadline = deadline
+        self.authed = False
+        self.served = False
+        self.killed = False
+
+    def kill(self):
+        """Close the connection under its handler: a read blocked on it returns at once."""
+        self.killed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "llmops-stage-peer"
+    sys_version = ""
+    timeout = 60
+
+    def log_message(self, *args):  # requests are not logged (nothing a peer sends ends up anywhere)
+        return
+
+    def handle_one_request(self):
+        self.server.phase(self.connection, "head")
+        BaseHTTPRequestHandler.handle_one_request(self)
+
+    def _send_json(self, code, doc):
+        body = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _authorized(self):
+        value = self.headers.get("Authorization", "")
+        given = value[7:].strip() if value[:7].lower() == "bearer " else ""
+        ok = hmac.compare_digest(token_digest(given), self.server.token_sha256)
+        if not ok:
+            with self.server._count_lock:
+                self.server.denied += 1
+        return ok and bool(given)
+
+    def do_GET(self):
+        self.server.phase(self.connection, "busy")
+        with self.server._count_lock:
+            self.server.requests += 1
+        if not self._authorized():
+            self.close_connection = True
+            return self._send_json(403, {"error": "forbidden: send the run's token as 'Authorization: Bearer'"})
+        if not self.server.admit(self.connection):
+            self.close_connection = True
+            return self._send_json(503, {"error": "busy: %d peers are served; try again" % self.server.max_connections})
+        url = urlsplit(self.path)
+        path = unquote(url.path)
+        if path == "/healthz":
+            return self._send_json(200, {"ok": True, "revisions": sorted(self.server.offers)})
+        parts = path.split("/", 5)
+        # /r/<name>/<revision>/<what>[/<file>]
+        if len(parts) < 5 or parts[0] != "" or parts[1] != "r":
+            return self._send_json(404, {"error": "unknown path"})
+        offer = self.server.offers.get(revision_id(parts[2], parts[3]))
+        if offer is None:
+            return self._send_json(404, {"error": "revision not served here"})
+        what = parts[4]
+        if what == "pieces" and len(parts) == 5:
+            return self._send_json(200, offer.public(self.server.active))
+        if what == "digests" and len(parts) == 5:
+            rel = (parse_qs(url.query).get("file") or [""])[0]
+            e = offer.snapshot()["files"].get(rel)
+            if e is None:
+                return self._send_json(404, {"error": "file not listed"})
+            return self._send_json(200, {"file": rel, "digests": e["digests"]})
+        if what == "files" and len(parts) == 6:
+            return self._send_file(offer, parts[5])
+        return self._send_json(404, {"error": "unknown path"})
+
+    def do_HEAD(self):
+        self.server.phase(self.connection, "busy")
+        self.close_connection = True
+        self._send_json(405, {"error": "only GET"})
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD
+
+    def _send_file(self, offer, rel):
+        try:
+            _paths.split_relative(rel, "file")
+        except _paths.PathEscape:
+            return self._send_json(404, {"error": "file not listed"})
+        rng = self.headers.get("Range", "")
+        try:
+            unit, _eq, spec = rng.partition("=")
+            a, _dash, b = spec.strip().partition("-")
+            if unit.strip() != "bytes" or "," in spec:
+                raise ValueError
+            first, last = int(a), int(b)
+        except ValueError:
+            return self._send_json(416, {"error": "send one 'Range: bytes=first-last'"})
+        try:
+            fd = offer.open_range(rel, first, last)
+        except LookupError as e:
+            return self._send_json(404, {"error": "%s: %s" % (rel, e)})
+        except ValueError as e:
+            return self._send_json(416, {"error": "%s: %s" % (rel, e)})
+        self.server.count(1)
+        try:
+            n = last - first + 1
+            self.send_response(206)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(n))
+            self.send_header("Content-Range", "bytes %d-%d/%d" % (first, last, os.fstat(fd).st_size))
+            self.end_headers()
+            self.wfile.flush()
+            offset, end = first, last + 1
+            while offset < end:
+                try:
+                    sent = os.sendfile(self.connection.fileno(), fd, offset, min(SEND_CHUNK, end - offset))
+                except BlockingIOError:
+                    # the handler's timeout makes the socket non-blocking underneath: a full send buffer (a
+                    # receiver on a slower link) means wait until it drains, not that the receiver went away
+                    if not select.select([], [self.connection], [], self.timeout)[1]:
+                        raise socket.timeout("send timed out")
+                    continue
+                if sent <= 0:
+                    break
+                offset += sent
+        except OSError:
+            self.close_connection = True  # the receiver went away
+        finally:
+            os.close(fd)
+            self.server.count(-1)
+
+
+# ---- the daemon -------------------------------------------------------------------------------------
+def pid_path(state_dir, address, port):
+    return os.path.join(state_dir, "peer-%s-%d.pid" % (address.replace(":", "_"), port))
+
+
+def config_digest(address, port, token_sha256, revisions, piece_size):
+    doc = {"address": address, "port": port, "token": token_sha256.hex(), "piece_size": piece_size,
+           "revisions": sorted(revisions.items())}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def running(state_dir, address, port):
+    """The pid file's record of the live server for ``address:port`` (its lock is held), else None."""
+    path = pid_path(state_dir, address, port)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None  # nobody holds it: the server is gone
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            doc = json.loads(f.read(65536).decode("utf-8") or "{}")
+        return doc if isinstance(doc, dict) and isinstance(doc.get("pid"), int) else None
+    except ValueError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def parse_token_sha256(value):
+    """The 32-byte digest from ``token_sha256`` (64 hex digits) or :class:`PeerError` naming the option."""
+    if not isinstance(value, str) or len(value.strip()) != 64 or not set(value.strip().lower()) <= set("0123456789abcdef"):
+        raise PeerError("token_sha256: must be the sha256 of the run's token as 64 hex digits (the role passes "
+                        "model_stage_fanout_token | hash('sha256')); the token itself never goes to the server")
+    return bytes.fromhex(value.strip().lower())
+
+
+def start(state_dir, address, port, token_sha256, revisions, piece_size, lifetime, timeout=15.0):
+    """Start the server daemon (replacing one on ``address:port`` with another configuration).
+
+    ``token_sha256``: the 32-byte sha256 of the run's token (the server never sees the token itself).
+    ``revisions``: ``{"<name>/<revision>": dest}``. Returns ``(changed, record)``.
+    """
+    tsha = token_sha256
+    digest = config_digest(address, port, tsha, revisions, piece_size)
+    cur = running(state_dir, address, port)
+    if cur is not None and cur.get("config") == digest:
+        return False, cur
+    if cur is not None:
+        stop(state_dir, address, port)
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    offers = dict((rid, Offer(dest, piece_size)) for rid, dest in revisions.items())
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 1
+        try:
+            os.close(r)
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            os.chdir("/")  # the task's temporary directory goes away
+            _daemon(state_dir, address, port, tsha, offers, digest, lifetime, w)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    os.waitpid(pid, 0)
+    data = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _w, _x = select.select([r], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        data += chunk
+    os.close(r)
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except ValueError:
+        raise PeerError("the peer server on %s:%d did not report within %g s" % (address, port, timeout))
+    if doc.get("error"):
+        raise PeerError(doc["error"])
+    return True, doc
+
+
+def _daemon(state_dir, address, port, tsha, offers, digest, lifetime, w):  # pragma: no cover - child
+    def report(doc):
+        os.write(w, json.dumps(doc).encode("utf-8"))
+        os.close(w)
+
+    try:
+        server = PeerServer(address, port, tsha, offers)
+    except OSError as e:
+        hint = ("another process listens there; stop it or choose another port"
+                if e.errno == errno.EADDRINUSE else "use an address of this node")
+        report({"error": "address/port: cannot listen on %s:%d (%s); %s" % (address, port, e.strerror, hint)})
+        return
+    path = pid_path(state_dir, address, port)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    rec = {"pid": os.getpid(), "address": address, "port": server.server_address[1], "config": digest,
+           "started": time.time()}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(rec).encode("utf-8"), 0)
+    null = os.open(os.devnull, os.O_RDWR)
+    for std in (0, 1, 2):
+        os.dup2(null, std)
+    os.close(null)
+
+    def shut(*_args):
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, shut)
+    signal.signal(signal.SIGINT, shut)
+    if lifetime:
+        timer = threading.Timer(lifetime, shut)
+        timer.daemon = True
+        timer.start()
+    report(rec)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        server.server_close()
+        try:
+            mine, there = os.fstat(fd), os.lstat(path)
+            if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+                os.unlink(path)
+        except OSError:
+            pass
+        os.close(fd)
+
+
+def stop(state_dir, address, port, timeout=10.0):
+    """Stop the server on ``address:port``; returns the record of the one stopped, or None."""
+    cur = running(state_dir, address, port)
+    if cur is None:
+        _stage_layout.try_unlink(pid_path(state_dir, address, port))
+        return None
+    pid = cur["pid"]
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return cur
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if running(state_dir, address, port) is None:
+            return cur
+        time.sleep(0.05)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return cur

@@ -1,0 +1,170 @@
+"""_http against a real loopback server: JSON GET/POST, timeouts, answers that are not JSON or break off, error
+statuses, and URLs whose credentials and query string never reach an error message."""
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from ansible_collections.llmops.serving.plugins.module_utils.common import _http
+
+SECRET = "hunter2-SECRET-TOKEN"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    seen = []
+
+    def log_message(self, *a):
+        pass
+
+    def _send(self, status, data, ctype="application/json", extra=None):
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):  # noqa: N802 - http.server API
+        if self.path == "/v1/models":
+            return self._send(200, json.dumps({"data": [{"id": "glm"}]}).encode(), extra={"X-Route": "pod-a"})
+        if self.path == "/metrics":
+            return self._send(200, b"vllm:num_requests_running 0\n", "text/plain")
+        if self.path == "/slow":
+            time.sleep(2)
+            return self._send(200, b"{}")
+        if self.path == "/loading":
+            return self._send(503, b'{"error": "model is loading"}')
+        if self.path == "/broken":
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            self.wfile.write(b'{"choices": [')
+            self.close_connection = True
+            return None
+        return self._send(404, b'{"error": "no such route"}')
+
+    def do_POST(self):  # noqa: N802 - http.server API
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.seen.append((self.path, self.headers.get("Content-Type"), self.headers.get("Authorization"), body))
+        doc = json.loads(body)
+        return self._send(200, json.dumps({"echo": doc, "n": len(doc)}).encode())
+
+
+@pytest.fixture
+def server():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    srv.daemon_threads = True
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    _Handler.seen = []
+    yield "http://127.0.0.1:%d" % srv.server_address[1]
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_get_json_and_headers(server):
+    assert _http.get_json(server + "/v1/models") == {"data": [{"id": "glm"}]}
+    resp = _http.request("GET", server + "/v1/models")
+    assert resp.status == 200 and resp.headers["x-route"] == "pod-a"
+    assert _http.get_text(server + "/metrics") == "vllm:num_requests_running 0\n"
+
+
+def test_post_json_sends_json_with_its_content_type(server):
+    out = _http.post_json(server + "/v1/completions", {"prompt": "héllo", "max_tokens": 4},
+                          headers={"Authorization": "Bearer t"})
+    assert out == {"echo": {"prompt": "héllo", "max_tokens": 4}, "n": 2}
+    path, ctype, auth, raw = _Handler.seen[-1]
+    assert (path, ctype, auth) == ("/v1/completions", "application/json", "Bearer t")
+    assert json.loads(raw) == {"prompt": "héllo", "max_tokens": 4}
+
+
+def test_timeout_is_a_timed_out_error_without_status(server):
+    t0 = time.monotonic()
+    with pytest.raises(_http.HttpError) as e:
+        _http.get_json(server + "/slow", timeout=0.3)
+    assert time.monotonic() - t0 < 1.5
+    assert e.value.status is None and e.value.timed_out and not e.value.refused
+    assert "no answer within 0.3s" in str(e.value) and str(e.value).startswith("GET %s/slow failed" % server)
+
+
+def test_an_answer_that_is_not_json_names_status_and_shows_its_start(server):
+    with pytest.raises(_http.HttpError) as e:
+        _http.get_json(server + "/metrics")
+    assert e.value.status == 200
+    assert "is not JSON" in str(e.value) and "vllm:num_requests_running" in str(e.value)
+
+
+def test_error_status_keeps_the_answer(server):
+    with pytest.raises(_http.HttpError) as e:
+        _http.get_json(server + "/loading")
+    err = e.value
+    assert err.status == 503 and err.body == '{"error": "model is loading"}'
+    assert str(err) == 'GET %s/loading failed: HTTP Error 503: Service Unavailable: {"error": "model is loading"}' % server
+
+
+def test_an_answer_that_breaks_off_is_no_answer(server):
+    with pytest.raises(_http.HttpError) as e:
+        _http.get_json(server + "/broken", timeout=5)
+    assert e.value.status is None and "broke off" in str(e.value)
+
+
+def test_connection_refused_is_no_answer(free_port):
+    with pytest.raises(_http.HttpError) as e:
+        _http.get_json("http://127.0.0.1:%d/health" % free_port(), timeout=2)
+    assert e.value.status is None and e.value.refused and not e.value.timed_out
+    assert "refused" in str(e.value).lower()
+
+
+@pytest.mark.parametrize("path", ["/nope", "/loading"])
+def test_credentials_and_query_never_reach_the_message(server, path):
+    port = int(server.rsplit(":", 1)[1])
+    url = "http://scrape:%s@127.0.0.1:%d%s?token=%s" % (SECRET, port, path, SECRET)
+    with pytest.raises(_http.HttpError) as e:
+        _http.get_text(url)
+    assert e.value.url == "http://***@127.0.0.1:%d%s?***" % (port, path)
+    assert str(e.value).startswith("GET http://***@127.0.0.1:%d%s?*** failed: HTTP Error" % (port, path))
+    assert SECRET not in str(e.value) and SECRET not in e.value.reason and SECRET not in repr(e.value.args)
+
+
+def test_unreachable_url_with_credentials_is_redacted(free_port):
+    url = "http://admin:%s@127.0.0.1:%d/metrics?key=%s" % (SECRET, free_port(), SECRET)
+    with pytest.raises(_http.HttpError) as e:
+        _http.get_text(url, timeout=2)
+    assert SECRET not in str(e.value) and "***@127.0.0.1" in str(e.value)
+
+
+def test_redact_removes_url_credentials_and_query_values_from_any_text():
+    url = "https://u:%s@metrics.example:9400/m?a=1&token=%s#frag" % (SECRET, SECRET)
+    text = "nonnumeric port: '%s@metrics.example:9400' while opening %s" % (SECRET, url)
+    out = _http.redact(text, url)
+    assert SECRET not in out
+    assert "https://***@metrics.example:9400/m?***" in out
+    assert _http.shown_url("http://[::1]:8000/x") == "http://[::1]:8000/x"
+    assert _http.shown_url("http://[::1") == "the URL given"
+
+
+def test_an_injected_opener_is_called_like_open_url():
+    seen = {}
+
+    def opener(url, **kw):
+        seen.update(kw, url=url)
+        return io.BytesIO(b'{"ok": true}')
+
+    assert _http.post_json("http://10.0.0.9:8000/v1/x", {"a": 1}, timeout=7, opener=opener) == {"ok": True}
+    assert seen["url"] == "http://10.0.0.9:8000/v1/x" and seen["method"] == "POST" and seen["timeout"] == 7
+    assert json.loads(seen["data"]) == {"a": 1} and seen["headers"]["Content-Type"] == "application/json"
+
+
+def test_probe_retries_an_answer_that_breaks_off(server):
+    """An engine dying mid-answer is transient for engine_probe (retried until the deadline), not a traceback."""
+    from ansible_collections.llmops.serving.plugins.module_utils.engine import _probe
+
+    with pytest.raises(_probe.Transient, match="broke off"):
+        _probe.Http(server, timeout=5).request("GET", "/broken")
+    assert _probe.Http(server).request("GET", "/loading", transient_status=())[0] == 503

@@ -1,0 +1,133 @@
+"""Prometheus text parsing and the KV-transfer view of vLLM / SGLang decode metrics."""
+from __future__ import annotations
+
+import io
+import math
+import os
+
+import pytest
+
+from ansible_collections.llmops.serving.plugins.module_utils.transport import _prom
+
+PROM = os.path.join(os.path.dirname(os.path.dirname(__file__)), "..", "..", "fixtures", "prom")
+
+
+def prom(name):
+    with open(os.path.join(PROM, name)) as f:
+        return f.read()
+
+
+def test_parse_labels_escapes_special_values_and_types():
+    text = (
+        "# HELP m A metric.\n"
+        "# TYPE m counter\n"
+        'm_total{a="x",b="q\\"uote\\\\",c="line\\nbreak"} 3 1700000000000\n'
+        'h_bucket{le="+Inf"} +Inf\n'
+        "g NaN\n"
+        "plain 1.5e3\n"
+    )
+    samples, types = _prom.parse_text(text)
+    assert types == {"m": "counter"}
+    name, labels, value = samples[0]
+    assert name == "m_total" and value == 3.0
+    assert labels == {"a": "x", "b": 'q"uote\\', "c": "line\nbreak"}
+    assert samples[1][2] == math.inf and math.isnan(samples[2][2]) and samples[3][2] == 1500.0
+
+
+@pytest.mark.parametrize("bad,where", [
+    ("m{a=x} 1", "line 1: label a value must be quoted"),
+    ('ok 1\nm{a="x 1', "line 2: unterminated label value"),
+    ('m{a="x" 1', "line 1: expected ',' or '}' after label a"),
+    ("m", "line 1: sample m has no value"),
+    ("m abc", "line 1: sample m has a non-numeric value 'abc'"),
+    ("<html>", "line 1: not a metric sample"),
+])
+def test_malformed_text_names_the_line(bad, where):
+    with pytest.raises(_prom.PromParseError, match=where):
+        _prom.parse_text(bad)
+
+
+def test_vllm_decode_sample_sums_histograms_counters_and_sources():
+    s = _prom.kv_sample(prom("vllm_decode_after.txt"))
+    assert s["engine"] == "vllm"
+    assert s["bytes"] == pytest.approx(4.77e9 + 38.18e9)
+    assert s["transfers"] == 72 and s["xfer_count"] == 72
+    assert s["xfer_time_s"] == pytest.approx(4.62)
+    assert s["failed_transfers"] == 0 and s["kv_expired_reqs"] == 0
+    assert s["prompt_tokens_by_source"] == {"local_compute": 8, "local_cache_hit": 0,
+                                            "external_kv_transfer": 294840}
+
+
+def test_sums_across_engines_and_accepts_counters_without_total_suffix():
+    text = (
+        'vllm:nixl_bytes_transferred_sum{engine="0"} 100\n'
+        'vllm:nixl_bytes_transferred_sum{engine="1"} 50\n'
+        'vllm:nixl_num_failed_transfers{engine="0"} 1\n'
+    )
+    s = _prom.kv_sample(text)
+    assert s["bytes"] == 150 and s["failed_transfers"] == 1
+
+
+def test_engine_without_nixl_has_no_kv_fields():
+    s = _prom.kv_sample(prom("vllm_colocated.txt"))
+    assert s["engine"] == "vllm" and s["bytes"] is None and s["prompt_tokens_by_source"] is None
+    d = _prom.kv_delta(None, s)
+    assert d["bytes"] is None and d["rate_bytes_per_s"] is None and d["failures"] is None
+
+
+def test_kv_delta_rate_is_bytes_over_summed_xfer_time():
+    d = _prom.kv_delta(_prom.kv_sample(prom("vllm_decode_before.txt")),
+                       _prom.kv_sample(prom("vllm_decode_after.txt")))
+    assert d["baseline"] is True
+    assert d["bytes"] == pytest.approx(38.18e9) and d["transfers"] == 64
+    assert d["xfer_time_s"] == pytest.approx(4.1)
+    assert d["rate_bytes_per_s"] == pytest.approx(38.18e9 / 4.1)
+    assert d["failures"] == 0 and d["restarted"] == []
+    assert d["prompt_tokens_by_source"] == {"external_kv_transfer": 262080, "local_cache_hit": 0,
+                                            "local_compute": 0}
+
+
+def test_kv_delta_detects_recompute_and_failures():
+    before = _prom.kv_sample(prom("vllm_decode_before.txt"))
+    rec = _prom.kv_delta(before, _prom.kv_sample(prom("vllm_decode_recompute.txt")))
+    assert rec["bytes"] == 0 and rec["prompt_tokens_by_source"]["local_compute"] == 8192
+    failed = _prom.kv_delta(before, _prom.kv_sample(prom("vllm_decode_failed.txt")))
+    assert failed["failures"] == 2
+
+
+def test_engine_restart_uses_the_new_totals_and_says_so():
+    d = _prom.kv_delta(_prom.kv_sample(prom("vllm_decode_before.txt")),
+                       _prom.kv_sample(prom("vllm_decode_restarted.txt")))
+    assert d["bytes"] == pytest.approx(1.19e9)
+    assert "bytes" in d["restarted"] and d["bytes"] >= 0
+
+
+def test_sglang_kv_transfer_metrics_and_failures():
+    s = _prom.kv_sample(prom("sglang_decode.txt"))
+    assert s["engine"] == "sglang" and s["bytes"] is None
+    assert s["sglang_kv_transfer"] == {"sglang:kv_transfer_speed_gb_s": 21.7,
+                                       "sglang:kv_transfer_latency_ms": 13.4}
+    d = _prom.kv_delta(s, _prom.kv_sample(prom("sglang_decode_failed.txt")))
+    assert d["failures"] == 3 and d["sglang_kv_transfer"]["sglang:kv_transfer_speed_gb_s"] == 21.7
+
+
+def test_load_fetches_urls_through_the_opener_and_passes_text_through():
+    seen = {}
+
+    def opener(url, **kw):
+        seen["url"], seen["kw"] = url, kw
+        return io.BytesIO(b"vllm:nixl_bytes_transferred_sum 7\n")
+
+    assert _prom.load(" http://10.0.0.12:8000/metrics ", opener=opener).startswith("vllm:nixl")
+    assert seen["url"] == "http://10.0.0.12:8000/metrics" and seen["kw"]["method"] == "GET"
+    assert _prom.load("vllm:x 1\n", opener=opener) == "vllm:x 1\n"
+
+
+def test_real_vllm_cpu_decode_metrics_after_four_pd_requests():
+    # /metrics of a vLLM CPU decode engine (NixlConnector over UCX tcp) after four P/D requests.
+    s = _prom.kv_sample(prom("vllm_cpu_decode_real.txt"))
+    assert s["engine"] == "vllm"
+    assert s["bytes"] == 524288 and s["transfers"] == 4 and s["xfer_count"] == 4
+    assert s["xfer_time_s"] == pytest.approx(0.044187)
+    assert s["failed_transfers"] == 0 and s["failed_notifications"] == 0
+    assert s["prompt_tokens_by_source"] == {"local_compute": 0, "local_cache_hit": 0, "external_kv_transfer": 67}
