@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 
+import interface  # tests/lib/interface.py, beside this script (a script's own folder is on its path)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Import the module's source from the payload; main() is not run (the module's __name__ is not "__main__").
@@ -59,22 +61,13 @@ sys.exit(1 if outside else 0)
 """
 
 
-def _collection_path():
-    tree = os.path.join(ROOT, ".build", "pycoll")
-    link = os.path.join(tree, "ansible_collections", "llmops", "serving")
-    if not os.path.islink(link):
-        os.makedirs(os.path.dirname(link), exist_ok=True)
-        os.symlink(ROOT, link)
-    return tree
-
-
 def check(names, workdir, drop=()):
     from ansible.executor import module_common
     from ansible.parsing.dataloader import DataLoader
     from ansible.plugins.loader import init_plugin_loader
     from ansible.template import Templar
 
-    init_plugin_loader([_collection_path()])
+    init_plugin_loader([interface.collection_path()])
     templar = Templar(loader=DataLoader())
     for name in names:
         source = os.path.join(ROOT, "plugins", "modules", name + ".py")

@@ -58,7 +58,8 @@ def _returns(returns):
     return out
 
 
-def _collection_path():
+def collection_path():
+    """The folder to put on ansible's collection path so that it loads the working tree as llmops.serving."""
     tree = os.path.join(ROOT, ".build", "pycoll")
     link = os.path.join(tree, "ansible_collections", "llmops", "serving")
     if not os.path.islink(link):
@@ -71,7 +72,7 @@ def modules():
     from ansible.plugins.loader import fragment_loader, init_plugin_loader
     from ansible.utils.plugin_docs import get_docstring
 
-    init_plugin_loader([_collection_path()])
+    init_plugin_loader([collection_path()])
     out = {}
     for path in sorted(glob.glob(os.path.join(ROOT, "plugins", "modules", "*.py"))):
         name = os.path.basename(path)[:-3]
@@ -84,7 +85,7 @@ def modules():
 
 
 def filters():
-    tree = _collection_path()
+    tree = collection_path()
     if tree not in sys.path:
         sys.path.insert(0, tree)
     names = set()

@@ -225,15 +225,8 @@ class _Controllers(kube_controllers.Cluster):
         self.engine = engine
 
     def _engine_of(self, pod):
-        """The model path of the rendered command: ``--model``/``--model-path`` or ``vllm serve <path>``."""
-        c = pod["spec"]["containers"][0]
-        argv = list(c.get("command") or []) + list(c.get("args") or [])
-        path = None
-        for flag in ("--model", "--model-path"):
-            if flag in argv[:-1]:
-                path = argv[argv.index(flag) + 1]
-        if path is None and "serve" in argv[:-1] and not argv[argv.index("serve") + 1].startswith("-"):
-            path = argv[argv.index("serve") + 1]
+        """The model path of the rendered command and the stand-in engine serving it."""
+        path = kube_controllers.model_path(pod)
         return path, self.engines.get(path) or self.engine
 
     def _scheduler_event(self, pod, etype, reason, message):

@@ -112,6 +112,20 @@ def _without_hash(template):
     return t
 
 
+def model_path(pod):
+    """The model path of a pod's rendered engine command: ``--model``/``--model-path <path>`` or ``vllm serve
+    <path>``; None without one."""
+    c = pod["spec"]["containers"][0]
+    argv = list(c.get("command") or []) + list(c.get("args") or [])
+    path = None
+    for flag in ("--model", "--model-path"):
+        if flag in argv[:-1]:
+            path = argv[argv.index(flag) + 1]
+    if path is None and "serve" in argv[:-1] and not argv[argv.index("serve") + 1].startswith("-"):
+        path = argv[argv.index("serve") + 1]  # vllm serve <model>
+    return path
+
+
 class Engine(object):
     """How the engine of one model path behaves: ``load_seconds`` to answer /health after the container starts;
     ``hang_after`` seconds after it first served it stops answering (None: never); ``sigterm_exit`` its status
@@ -338,14 +352,7 @@ class Cluster(object):
             "source": {"component": component}})
 
     def _engine_of(self, pod):
-        c = pod["spec"]["containers"][0]
-        argv = list(c.get("command") or []) + list(c.get("args") or [])
-        path = None
-        for flag in ("--model", "--model-path"):
-            if flag in argv[:-1]:
-                path = argv[argv.index(flag) + 1]
-        if path is None and "serve" in argv[:-1] and not argv[argv.index("serve") + 1].startswith("-"):
-            path = argv[argv.index("serve") + 1]  # vllm serve <model>
+        path = model_path(pod)
         return path, self.engines.get(path) or Engine()
 
     # ---- kube-scheduler over the fleet (tests/lib/kube_scheduler.py filters) -----------------------------------------
