@@ -443,7 +443,7 @@ file:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils.kube import _aibrix_route, _k8s_engine, _render_dir
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _aibrix_route, _k8s_checks, _k8s_engine, _render_dir
 
 # Options rendered into the containers: kept out of the target's log (no_log), returned as rendered.
 RENDERED_OPTIONS = ("engine_args", "extra_args", "command", "kernel_cache_env", "env")
@@ -509,7 +509,7 @@ def main():
         required_by={"model_pvc_sub_path": "model_pvc"},
         supports_check_mode=True,
     )
-    _render_dir.run_module(module, _k8s_engine.build, _k8s_engine.SpecError, RENDERED_OPTIONS, always_list_files=True)
+    _render_dir.run_module(module, _k8s_engine.build, _k8s_checks.SpecError, RENDERED_OPTIONS, always_list_files=True)
 
 
 if __name__ == "__main__":

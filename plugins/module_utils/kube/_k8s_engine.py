@@ -3,63 +3,37 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """**PRIVATE** to llmops.serving: the Kubernetes objects that serve one model with vLLM or SGLang behind AIBrix.
 
-:func:`build` turns the engine inputs into a Deployment, a Service with a DNS-1035 name, the AIBrix
-HTTPRoute ``<model>-router`` in the gateway namespace pointing at that Service and, when the engine
-runs in another namespace, a ReferenceGrant for exactly that Service. Everything is validated first;
-a bad input raises :class:`SpecError` naming the field and the fix. Credentials are refused wherever they
-could be rendered (env, kernel_cache_env, engine_args, extra_args, command, then the built objects) by the
-one rule in :mod:`_secrets`; :mod:`_render_dir` writes the objects to a directory for GitOps users.
+:func:`build` turns the engine inputs (:data:`DEFAULTS`) into a Deployment (a LeaderWorkerSet over several nodes),
+a Service with a DNS-1035 name, the AIBrix HTTPRoute ``<model>-router`` in the gateway namespace pointing at that
+Service and, when the engine runs in another namespace, a ReferenceGrant for exactly that Service. Everything is
+checked first (:func:`_k8s_checks.validate`); a bad input raises :class:`_k8s_checks.SpecError` naming the field
+and the fix. Credentials are refused wherever they could be rendered (env, kernel_cache_env, engine_args,
+extra_args, command, then the built objects) by the one rule in :mod:`_secrets`; the command line is
+:mod:`_k8s_argv`'s; :mod:`_render_dir` writes the objects to a directory for GitOps users.
+
+* :func:`build` - the objects and the facts derived from them (names, pod selector, command, read concurrency,
+  probe windows, warnings).
+* :func:`pod_argument_spec` - the engine pod options both renderers of engine pods take alike.
+* :func:`engine_pod_spec`, :func:`container_resources`, :func:`gpus_per_pod`, :func:`probes`,
+  :func:`startup_window`, :func:`progress_deadline` - the pod around one engine container (shared with the P/D
+  roles of :mod:`_pd_manifests`).
+* :func:`pin_to_nodes` - a required node affinity to the nodes that staged the revision.
+* :func:`apply_rdma` - the RDMA knobs on an engine pod.
 """
 from __future__ import annotations
 
 import json
 import math
-import os
-import re
 
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _aibrix_route as route
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_argv, _k8s_checks
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_names as names
-from ansible_collections.llmops.serving.plugins.module_utils.engine import _process_command
 from ansible_collections.llmops.serving.plugins.module_utils.common import _secrets
-from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import UntrustedInput, loads_json
 
-AIBRIX_NAME = route.AIBRIX_NAME
-AIBRIX_PORT = route.AIBRIX_PORT
-AIBRIX_ENGINE = route.AIBRIX_ENGINE
 MANAGED_BY = "llmops.serving"
 
 # Paths the AIBrix model-router controller matches (the one list lives in _aibrix_route).
 AIBRIX_ROUTE_PATHS = list(route.ROUTE_PATHS)
-
-# Built-in engine profile: no tuning flags at all (a Llama user must not get GLM parsers). Tuned profiles are
-# data (the engine role's vars/profiles.yml, extended by engine_k8s_profiles) passed in as ``profiles``.
-BUILTIN_PROFILES = {
-    "none": {
-        "description": "no tuning flags; only what the collection manages (model, port, TP size, served name, loader)",
-        "vllm": {"args": {}},
-        "sglang": {"args": {}},
-    },
-}
-PROFILE_KEYS = {"description", "vllm", "sglang"}
-PROFILE_ENGINE_KEYS = {"min_version", "args"}
-
-DEFAULT_COMMAND = {
-    "vllm": ["vllm", "serve"],
-    "sglang": ["python3", "-m", "sglang.launch_server"],
-}
-
-# Flags the collection sets itself: the served name must be byte-identical to the AIBrix label and the
-# port to the probes and the Service, the parallel layout to the GPUs and nodes requested, so they cannot
-# be overridden through engine_args/extra_args.
-MANAGED_FLAGS = {
-    "vllm": {"model", "host", "port", "tensor-parallel-size", "tp", "served-model-name", "pipeline-parallel-size",
-             "pp", "nnodes", "node-rank", "master-addr", "master-port", "headless"},
-    "sglang": {"model-path", "model", "host", "port", "tp-size", "tp", "served-model-name", "pp-size",
-               "pipeline-parallel-size", "nnodes", "node-rank", "dist-init-addr"},
-}
-
-# Default loader threads per TP rank, by where the weights are read from.
-LOADER_THREADS = {"staged_nvme": 8, "shared_fs": 2}
 
 # CPU and memory requested per GPU when not given: 32 CPUs and 256 GiB for an 8-GPU engine. Requests make the
 # pod Burstable instead of BestEffort (GPUs alone do not count for the QoS class, so without them the engine
@@ -68,27 +42,12 @@ LOADER_THREADS = {"staged_nvme": 8, "shared_fs": 2}
 CPU_PER_GPU = 4
 MEMORY_GI_PER_GPU = 32
 
-# Init processes that forward signals, reap children and exit with the engine's status (128 + signal when it
-# was killed): tini (krallin/tini src/tini.c reap_zombies) and dumb-init (Yelp/dumb-init README).
-INIT_ARGS = {"tini": ["-g", "--"], "dumb-init": ["--"]}
-
 # Multi-node rendezvous: vLLM's multiprocessing launcher (--nnodes/--node-rank/--master-addr, --headless on
 # the other nodes; vllm-project/vllm PR #23691, docs/serving/parallelism_scaling.md) and SGLang's
 # (--nnodes/--node-rank/--dist-init-addr; sgl-project/sglang docs/references/multi_node_deployment).
-VLLM_MULTINODE_MIN = "0.11.0"
 DIST_PORT = {"vllm": 29501, "sglang": 20000}
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
-
-# The SGLang project publishes its images as lmsysorg/sglang; Docker Hub's lmsys/sglang is another account.
-SGLANG_IMAGE = "lmsysorg/sglang"
-DOCKER_HUB = {None, "docker.io", "index.docker.io", "registry-1.docker.io"}
-
-QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
-TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
-TOLERATION_EFFECTS = {"NoSchedule", "PreferNoSchedule", "NoExecute"}
-SPREAD_KEYS = {"maxSkew", "topologyKey", "whenUnsatisfiable", "labelSelector", "minDomains", "nodeAffinityPolicy",
-               "nodeTaintsPolicy", "matchLabelKeys"}
 
 DEFAULTS = dict(
     engine="vllm",
@@ -154,466 +113,12 @@ def pod_argument_spec():
     }
 
 
-class SpecError(ValueError):
-    """An input the objects cannot be built from; ``str()`` names the field and the fix.
-
-    ``secret_values`` holds the plain-text credentials that were refused (for ``no_log_values``), never shown.
-    """
-
-    secret_values = ()
-
-
-# --------------------------------------------------------------------------------------------- #
-# Validation helpers
-# --------------------------------------------------------------------------------------------- #
-
-
-def check_tolerations(tolerations):
-    """Refuse tolerations without a key: ``operator: Exists`` with no key tolerates every taint."""
-    if not isinstance(tolerations, list):
-        raise SpecError("tolerations: must be a list of toleration objects")
-    for i, tol in enumerate(tolerations):
-        where = "tolerations[%d]" % i
-        if not isinstance(tol, dict):
-            raise SpecError("%s: must be a mapping with key/operator/value/effect" % where)
-        unknown = sorted(set(tol) - TOLERATION_KEYS)
-        if unknown:
-            raise SpecError("%s: unknown field(s) %s; allowed: %s" % (where, ", ".join(unknown), ", ".join(sorted(TOLERATION_KEYS))))
-        operator = tol.get("operator", "Equal")
-        if operator not in ("Exists", "Equal"):
-            raise SpecError("%s: operator %r is not Exists or Equal" % (where, operator))
-        if not tol.get("key"):
-            if operator == "Exists":
-                raise SpecError(
-                    "%s: operator Exists without a key tolerates every taint, so the engine can land on "
-                    "nodes isolated for other work; name the taint, e.g. {key: nvidia.com/gpu, operator: "
-                    "Exists, effect: NoSchedule}" % where
-                )
-            raise SpecError("%s: a toleration must name the taint key it tolerates (field 'key')" % where)
-        if operator == "Exists" and tol.get("value"):
-            raise SpecError("%s: operator Exists takes no value; drop 'value' or use operator Equal" % where)
-        effect = tol.get("effect")
-        if effect and effect not in TOLERATION_EFFECTS:
-            raise SpecError("%s: effect %r is not one of %s" % (where, effect, ", ".join(sorted(TOLERATION_EFFECTS))))
-        if "tolerationSeconds" in tol and effect != "NoExecute":
-            raise SpecError("%s: tolerationSeconds only applies to effect NoExecute" % where)
-
-
-def check_command(command):
-    """The engine must be the container's main process, so its exit status is the container's.
-
-    The rule is engine_process's (``_process_command.command_problems``), applied without reading files of this host:
-    ``start 2>&1 | tee log`` returns tee's 0 after the engine crashed, and Kubernetes then shows a crashed
-    engine as Completed. A script whose last ``exec`` runs something that is not an engine (``...; exec true``)
-    is refused too: the container's status would be that command's.
-    """
-    if not command:
-        return
-    if not isinstance(command, list) or not all(isinstance(c, str) and c for c in command):
-        raise SpecError("command: must be a non-empty list of strings (exec form)")
-    reasons = _process_command.command_problems(list(command), read_files=False)
-    if reasons:
-        raise SpecError(
-            "command: the %s command wraps the engine in a way that masks its exit status (%s). A crashed engine "
-            "would show as Completed/exit 0; run the engine directly (exec form) or 'exec' it as the last "
-            "step of the script." % (os.path.basename(command[0]), "; ".join(reasons))
-        )
-
-
-def init_flavour(init):
-    """``tini`` or ``dumb-init`` for an init path in the image; SpecError for anything else."""
-    if not isinstance(init, str) or not init or any(c.isspace() for c in init):
-        raise SpecError("init: %r is not the path of an init binary in the image (e.g. /usr/bin/tini)" % (init,))
-    base = os.path.basename(init)
-    if base == "tini" or base.startswith("tini-"):
-        return "tini"
-    if base == "dumb-init":
-        return "dumb-init"
-    raise SpecError(
-        "init: %r is neither tini nor dumb-init. Name the one the image has (/usr/bin/tini, /usr/bin/dumb-init), "
-        "or leave init unset: the pod then shares its process namespace, so the pause container is PID 1 and "
-        "the engine is not" % (init,))
-
-
-def check_quantity(field, value, cpu=False):
-    if value is None or value == "":
-        return
-    text = str(value)
-    if not QUANTITY.match(text) or (not cpu and text.endswith("m")):
-        raise SpecError("%s: %r is not a Kubernetes quantity such as %s" % (field, value, "32 or 500m" if cpu else "256Gi"))
-
-
-_UNITS = {"": 1, "k": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9, "T": 10 ** 12, "P": 10 ** 15, "E": 10 ** 18,
-          "Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "Pi": 2 ** 50, "Ei": 2 ** 60}
-
-
-def quantity_bytes(value):
-    m = re.match(r"^([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)$", str(value))
-    if not m or m.group(2) not in _UNITS:
-        return None
-    return float(m.group(1)) * _UNITS[m.group(2)]
-
-
-def check_topology_spread(spread, selector):
-    """Validate topology spread constraints; fill maxSkew 1, ScheduleAnyway and the engine's pod selector."""
-    if not isinstance(spread, list):
-        raise SpecError("topology_spread: must be a list of topologySpreadConstraints")
-    out = []
-    for i, item in enumerate(spread):
-        where = "topology_spread[%d]" % i
-        if not isinstance(item, dict) or not isinstance(item.get("topologyKey"), str) or not item.get("topologyKey"):
-            raise SpecError("%s: each constraint needs a topologyKey (e.g. kubernetes.io/hostname or "
-                            "topology.kubernetes.io/zone)" % where)
-        unknown = sorted(set(item) - SPREAD_KEYS)
-        if unknown:
-            raise SpecError("%s: unknown field(s) %s; allowed: %s" % (where, ", ".join(unknown), ", ".join(sorted(SPREAD_KEYS))))
-        c = dict(item)
-        c.setdefault("maxSkew", 1)
-        c.setdefault("whenUnsatisfiable", "ScheduleAnyway")
-        c.setdefault("labelSelector", {"matchLabels": dict(selector)})
-        if not isinstance(c["maxSkew"], int) or isinstance(c["maxSkew"], bool) or c["maxSkew"] < 1:
-            raise SpecError("%s: maxSkew must be an integer >= 1" % where)
-        if c["whenUnsatisfiable"] not in ("DoNotSchedule", "ScheduleAnyway"):
-            raise SpecError("%s: whenUnsatisfiable %r is not DoNotSchedule or ScheduleAnyway" % (where, c["whenUnsatisfiable"]))
-        out.append(c)
-    return out
-
-
-def check_credentials(p):
-    """Refuse plain-text credentials in everything that reaches the container; normalises ``p["env"]``."""
-    for field, kind in (("engine_args", dict), ("kernel_cache_env", dict), ("extra_args", list)):
-        if p[field] is not None and not isinstance(p[field], kind):
-            raise SpecError("%s: must be a %s" % (field, "mapping" if kind is dict else "list"))
-    scan = _secrets.Scan(env_field="env")
-    scan.mapping(p["kernel_cache_env"], "kernel_cache_env")
-    if p["hf_token_secret"]:
-        scan.refs["HF_TOKEN"] = "secret"
-    p["env"] = scan.env(p["env"] or [], "env", SpecError)
-    scan.flags(p["engine_args"], "engine_args")
-    scan.argv(p["extra_args"], "extra_args")
-    if isinstance(p["command"], list):
-        scan.command(p["command"], "command")
-    scan.refuse(SpecError, hint="for the Hugging Face token, hf_token_secret renders HF_TOKEN from a Secret")
-
-
-def _flag_name(token):
-    return token[2:].split("=", 1)[0] if token.startswith("--") else None
-
-
-def check_args(engine, engine_args, extra_args):
-    managed = MANAGED_FLAGS[engine]
-    for flag in engine_args:
-        if flag.lstrip("-") in managed:
-            raise SpecError(
-                "engine_args: %r is set by the collection (served name, port, TP size and model path must "
-                "match the AIBrix labels, probes and Service); use the dedicated variable instead" % flag
-            )
-    for tok in extra_args:
-        if not isinstance(tok, str):
-            raise SpecError("extra_args: every item must be a string, got %r" % (tok,))
-        name = _flag_name(tok)
-        if name in managed or tok in ("-tp",):
-            raise SpecError(
-                "extra_args: %r is set by the collection; use the dedicated variable (served_model_name, "
-                "port, tp_size, model_path) so labels, probes and Service stay consistent" % tok
-            )
-
-
-# --------------------------------------------------------------------------------------------- #
-# Profiles, engine versions and images
-# --------------------------------------------------------------------------------------------- #
-
-_VERSION = re.compile(r"^v?(?P<release>[0-9]+(?:\.[0-9]+){1,3})(?:[-_.]?(?P<pre>a|b|rc)(?P<pren>[0-9]*))?"
-                      r"(?:[-_.]?post(?P<post>[0-9]+))?(?:[-_.]?dev(?P<dev>[0-9]*))?(?P<rest>[-+].*)?$")
-_PRE_RANK = {"a": 0, "b": 1, "rc": 2}
-
-
-def version_key(text):
-    """A sortable key for a PEP 440-style version or image tag (``0.5.16b1``, ``v0.26.0-cu129``); None if none.
-
-    Pre-releases sort before the release (``0.26.0b2.dev1 < 0.26.0b2 < 0.26.0``), ``.devN`` before its
-    pre-release or release, ``.postN`` after. Anything after ``-`` or ``+`` (a CUDA flavour) is ignored.
-    """
-    m = _VERSION.match(str(text or ""))
-    if not m:
-        return None
-    release = tuple(int(x) for x in m.group("release").split("."))
-    release = release + (0,) * (4 - len(release))
-    if m.group("pre"):
-        pre = (_PRE_RANK[m.group("pre")], int(m.group("pren") or 0))
-    elif m.group("dev") is not None and m.group("post") is None:
-        pre = (-1, 0)
-    else:
-        pre = (3, 0)
-    post = int(m.group("post")) if m.group("post") is not None else -1
-    dev = int(m.group("dev") or 0) if m.group("dev") is not None else float("inf")
-    return (release, pre, post, dev)
-
-
-def parse_image(image):
-    """``registry``, ``repository`` (Docker Hub names with ``library/``), ``tag`` and ``digest`` of an image."""
-    ref, _sep, digest = str(image).partition("@")
-    first, slash, rest = ref.partition("/")
-    if slash and ("." in first or ":" in first or first == "localhost"):
-        registry, path = first, rest
-    else:
-        registry, path = None, ref
-    name, colon, tag = path.rpartition(":")
-    if not colon or "/" in tag:
-        name, tag = path, None
-    if registry in DOCKER_HUB and "/" not in name:
-        name = "library/" + name
-    return dict(registry=registry, repository=name, tag=tag or None, digest=digest or None)
-
-
-def profiles_table(profiles):
-    """The built-in ``none`` profile plus ``profiles`` (validated); names the field of every problem."""
-    if not isinstance(profiles, dict):
-        raise SpecError("profiles: must be a mapping of profile name to {description, vllm, sglang}")
-    table = dict(BUILTIN_PROFILES)
-    for name, prof in profiles.items():
-        where = "profiles.%s" % name
-        if name == "none":
-            raise SpecError("%s: 'none' is built in (no tuning flags) and cannot be redefined; give the profile "
-                            "another name" % where)
-        if not isinstance(prof, dict):
-            raise SpecError("%s: must be a mapping with description, vllm and/or sglang" % where)
-        unknown = sorted(set(prof) - PROFILE_KEYS)
-        if unknown:
-            raise SpecError("%s: unknown key(s) %s; a profile has %s" % (where, ", ".join(unknown), ", ".join(sorted(PROFILE_KEYS))))
-        for engine in ("vllm", "sglang"):
-            entry = prof.get(engine)
-            if entry is None:
-                continue
-            ew = "%s.%s" % (where, engine)
-            if not isinstance(entry, dict) or sorted(set(entry) - PROFILE_ENGINE_KEYS):
-                raise SpecError("%s: must be a mapping with min_version and args" % ew)
-            if not isinstance(entry.get("args", {}), dict):
-                raise SpecError("%s.args: must be a mapping of flag (without --) to value" % ew)
-            if entry.get("min_version") is not None and version_key(entry["min_version"]) is None:
-                raise SpecError("%s.min_version: %r is not a version such as 0.5.16b1" % (ew, entry["min_version"]))
-            for flag in entry.get("args", {}):
-                if str(flag).lstrip("-") in MANAGED_FLAGS[engine]:
-                    raise SpecError("%s.args: %r is set by the collection (served name, port, parallel layout and "
-                                    "model path); remove it from the profile" % (ew, flag))
-        table[name] = prof
-    return table
-
-
-def profile_entry(profiles, name, engine):
-    """``(flag pairs, min_version or None)`` of profile ``name`` for ``engine``."""
-    table = profiles_table(profiles or {})
-    if name not in table:
-        raise SpecError(
-            "profile: %r is not defined (known: %s). Profiles are data: the engine role's vars/profiles.yml and "
-            "engine_k8s_profiles (module option profiles)" % (name, ", ".join(sorted(table))))
-    entry = table[name].get(engine)
-    if entry is None:
-        raise SpecError("profile: %r has no %s entry (it is tuned for %s only); use profile none or add one"
-                        % (name, engine, ", ".join(e for e in ("vllm", "sglang") if e in table[name])))
-    return list((entry.get("args") or {}).items()), entry.get("min_version")
-
-
-def check_image(engine, image, min_version=None, profile="none", nodes=1):
-    """Refuse an image that cannot run this profile; return warnings for what cannot be checked.
-
-    * SGLang's images are ``lmsysorg/sglang``; ``lmsys/sglang`` on Docker Hub is not the project's.
-    * A tag whose version is older than the profile's ``min_version`` is refused (vLLM multi-node needs
-      :data:`VLLM_MULTINODE_MIN`); a tag without a version (``latest``) or a digest-only image warns.
-    * A tag without a digest warns: the tag can move to another build between two pods of one rollout.
-    """
-    ref = parse_image(image)
-    warnings = []
-    if engine == "sglang" and ref["registry"] in DOCKER_HUB and ref["repository"] == "lmsys/sglang":
-        raise SpecError("image: %r is not SGLang's image; the project publishes lmsysorg/sglang (for example "
-                        "lmsysorg/sglang:v0.5.16), lmsys/sglang on Docker Hub is another account" % (image,))
-    other = "sglang" if engine == "vllm" else "vllm"
-    short = ref["repository"].rsplit("/", 1)[-1]
-    if other in short and engine not in short:
-        warnings.append("image: %s looks like a %s image but engine is %s" % (image, other, engine))
-    needs = []
-    if min_version:
-        needs.append((min_version, "profile %s" % profile))
-    if engine == "vllm" and nodes > 1:
-        needs.append((VLLM_MULTINODE_MIN, "multi-node serving without Ray (--nnodes/--node-rank/--master-addr)"))
-    have = version_key(ref["tag"]) if ref["tag"] else None
-    for need, why in needs:
-        if have is None:
-            warnings.append("image: the %s version of %s cannot be read from its %s; %s needs %s %s or newer, "
-                            "check the image" % (engine, image, "tag %r" % ref["tag"] if ref["tag"] else "digest",
-                                                 why, engine, need))
-        elif have < version_key(need):
-            raise SpecError("image: %s is %s %s, older than %s needs (%s or newer); use a newer image%s"
-                            % (image, engine, ref["tag"], why, need,
-                               " or profile none with your own engine_args" if min_version and "profile" in why else ""))
-    if ref["tag"] and not ref["digest"]:
-        warnings.append("image: %s is pinned by tag only; a tag can be moved to another build between two pods of "
-                        "one rollout. Pin it by digest (%s@sha256:...)" % (image, image))
-    return warnings
-
-
-# --------------------------------------------------------------------------------------------- #
-# Engine command line
-# --------------------------------------------------------------------------------------------- #
-
-
-def _fmt(value):
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, sort_keys=True, separators=(",", ":"))
-    return str(value)
-
-
-def args_to_argv(pairs):
-    """``[(flag, value)]`` -> argv. ``True`` = bare flag; ``False``/``None`` = flag left out."""
-    argv = []
-    for flag, value in pairs:
-        if value is None or value is False:
-            continue
-        opt = flag if flag.startswith("-") else "--" + flag
-        argv.append(opt)
-        if value is not True:
-            argv.append(_fmt(value))
-    return argv
-
-
-def loader_args(engine, model_source, threads):
-    """Loader settings chosen from where the weights are read.
-
-    * vLLM on staged NVMe: ``lazy`` (mmap; local reads are cheap, no prefetch pass).
-    * vLLM on a shared FS: ``prefetch`` with an explicit thread count (ranks split the shards).
-    * SGLang: ``enable_multithread_load`` and ``num_threads`` always both set; when the prefetch path
-      finds neither it silently falls back to single-threaded loading.
-    """
-    if engine == "vllm":
-        if model_source == "staged_nvme":
-            return [("safetensors-load-strategy", "lazy")]
-        return [("safetensors-load-strategy", "prefetch"), ("safetensors-prefetch-num-threads", threads)]
-    return [("model-loader-extra-config", {"enable_multithread_load": threads > 1, "num_threads": threads})]
-
-
-def read_concurrency(engine, model_source, replicas, tp_size, final):
-    """Expected concurrent reads of the weights: pods x TP ranks x loader threads per rank."""
-    if engine == "vllm":
-        strategy = final.get("safetensors-load-strategy")
-        if strategy == "prefetch":
-            threads = int(final.get("safetensors-prefetch-num-threads") or 8)
-        else:
-            threads = 1
-    else:
-        raw = final.get("model-loader-extra-config")
-        cfg = raw if isinstance(raw, dict) else _json_or_error(raw)
-        missing = [k for k in ("enable_multithread_load", "num_threads") if k not in cfg]
-        if missing:
-            raise SpecError(
-                "engine_args: model-loader-extra-config must set both enable_multithread_load and "
-                "num_threads (missing: %s); with either missing SGLang's prefetch path silently loads "
-                "single-threaded" % ", ".join(missing)
-            )
-        threads = int(cfg["num_threads"]) if cfg["enable_multithread_load"] else 1
-    total = replicas * tp_size * threads
-    return dict(
-        model_source=model_source,
-        pods=replicas,
-        tp_ranks=tp_size,
-        threads_per_rank=threads,
-        concurrent_reads=total,
-        summary="%d pod(s) x %d TP ranks x %d loader thread(s) = %d concurrent reads from %s"
-        % (replicas, tp_size, threads, total, "node-local NVMe" if model_source == "staged_nvme" else "the shared filesystem"),
-    )
-
-
-def _json_or_error(raw):
-    try:
-        value = loads_json(raw if isinstance(raw, (str, bytes)) else "", "engine_args: model-loader-extra-config")
-    except UntrustedInput as e:
-        raise SpecError("%s; give it as a JSON object such as {\"enable_multithread_load\": true, \"num_threads\": 8}" % e)
-    if not isinstance(value, dict):
-        raise SpecError("engine_args: model-loader-extra-config must be a JSON object such as "
-                        "{\"enable_multithread_load\": true, \"num_threads\": 8}")
-    return value
-
-
-def engine_argv(p, role="leader"):
-    """Return ``(command, args, final_flags)`` for the engine container of ``role`` (leader or worker).
-
-    ``command`` is the engine's entrypoint; the init (``p["init"]``), when one is used, is put in front by
-    :func:`container_command`. Multi-node pods (``nodes`` > 1) get the engine's rendezvous flags: the node's
-    rank is ``$(LWS_WORKER_INDEX)`` (0 on the leader) and the leader's address ``$(LWS_LEADER_ADDRESS)``, both
-    expanded by the kubelet from the container's environment.
-    """
-    engine = p["engine"]
-    pairs, _min = profile_entry(p["profiles"], p["profile"], engine)
-    threads = p["loader_threads"] or LOADER_THREADS[p["model_source"]]
-    pairs += loader_args(engine, p["model_source"], threads)
-    final = dict((k.lstrip("-"), v) for k, v in pairs)
-    order = [pair[0].lstrip("-") for pair in pairs]
-    for flag, value in (p["engine_args"] or {}).items():
-        key = flag.lstrip("-")
-        if key not in final:
-            order.append(key)
-        final[key] = value
-    if engine == "vllm":
-        head = [p["model_path"], "--host", "0.0.0.0", "--port", str(p["port"]),
-                "--tensor-parallel-size", str(p["tp_size"]), "--served-model-name", p["served_model_name"]]
-        if p["pp_size"] > 1:
-            head += ["--pipeline-parallel-size", str(p["pp_size"])]
-        if p["nodes"] > 1:
-            rank = "0" if role == "leader" else "$(LWS_WORKER_INDEX)"
-            head += ["--nnodes", str(p["nodes"]), "--node-rank", rank, "--master-addr", "$(LWS_LEADER_ADDRESS)",
-                     "--master-port", str(p["dist_port"])]
-            if role == "worker":
-                head.append("--headless")
-    else:
-        head = ["--model-path", p["model_path"], "--host", "0.0.0.0", "--port", str(p["port"]),
-                "--tp-size", str(p["tp_size"]), "--served-model-name", p["served_model_name"]]
-        if p["pp_size"] > 1:
-            head += ["--pp-size", str(p["pp_size"])]
-        if p["nodes"] > 1:
-            rank = "0" if role == "leader" else "$(LWS_WORKER_INDEX)"
-            head += ["--nnodes", str(p["nodes"]), "--node-rank", rank,
-                     "--dist-init-addr", "$(LWS_LEADER_ADDRESS):%d" % p["dist_port"]]
-    args = head + args_to_argv([(k, final[k]) for k in order]) + list(p["extra_args"] or [])
-    command = list(p["command"] or DEFAULT_COMMAND[engine])
-    return command, args, final
-
-
-def container_command(p, command):
-    """The container's entrypoint: the engine itself, or ``init -- engine`` when ``init`` names tini/dumb-init."""
-    if not p["init"]:
-        return list(command)
-    return [p["init"]] + INIT_ARGS[init_flavour(p["init"])] + list(command)
-
-
 # --------------------------------------------------------------------------------------------- #
 # Placement: engine pods run only on the nodes that staged the revision
 # --------------------------------------------------------------------------------------------- #
 
 # The node label the kubelet sets to the node's name (k8s.io/api/core/v1 well_known_labels.go LabelHostname).
 HOSTNAME_LABEL = "kubernetes.io/hostname"
-
-
-def check_staged_nodes(nodes, pods, field="staged_nodes", what="the engine", hint="lower replicas"):
-    """``nodes`` (kubernetes.io/hostname values) as a sorted list; SpecError when it cannot hold ``pods`` pods.
-
-    Each engine pod holds a whole GPU node (and a required anti-affinity-free node choice): ``pods`` pods need
-    ``pods`` distinct nodes that hold the revision, else one of them is scheduled where the hostPath is missing.
-    """
-    if nodes is None:
-        return None
-    if not isinstance(nodes, list) or not all(isinstance(n, str) and n for n in nodes):
-        raise SpecError("%s: must be a list of node names (kubernetes.io/hostname values)" % field)
-    bad = [n for n in nodes if not names.is_label_value(n)]
-    if bad:
-        raise SpecError("%s: %s is not a node name (a kubernetes.io/hostname label value); set the host's "
-                        "k8s_node_name to the name `kubectl get nodes` shows" % (field, ", ".join(repr(b) for b in bad)))
-    unique = sorted(set(nodes))
-    if len(unique) < pods:
-        raise SpecError(
-            "%s: the revision is staged on %d node(s) (%s) but %s needs %d pod(s), one node each; stage it on "
-            "more nodes or %s" % (field, len(unique), ", ".join(unique) or "none", what, pods, hint))
-    return unique
 
 
 def pin_to_nodes(affinity, nodes):
@@ -643,58 +148,10 @@ def pin_to_nodes(affinity, nodes):
 # --------------------------------------------------------------------------------------------- #
 
 MULTUS_NETWORKS = "k8s.v1.cni.cncf.io/networks"
-RDMA_KEYS = {"resource", "count", "networks", "host_network", "nccl_ib_hca", "socket_ifname"}
-# Environment the RDMA knobs set; env entries cannot also set them.
-RDMA_ENV = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
-
-
-def check_rdma(rdma, field="rdma"):
-    """The RDMA knobs, normalised; ``None`` when off (``{}``/unset).
-
-    ``resource``/``count``: the RDMA device plugin's extended resource (``rdma/rdma_shared_device_a``: the
-    /dev/infiniband devices in the pod); ``networks``: the Multus secondary networks of the RDMA NICs;
-    ``host_network``: the node's own interfaces instead; ``nccl_ib_hca``: NCCL_IB_HCA; ``socket_ifname``:
-    NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME (the interface the ranks bootstrap over). IPC_LOCK is always added:
-    verbs memory registration needs RLIMIT_MEMLOCK lifted (else ``ibv_create_cq() failed: Cannot allocate memory``).
-    """
-    if not rdma:
-        return None
-    if not isinstance(rdma, dict):
-        raise SpecError("%s: must be a mapping with %s" % (field, ", ".join(sorted(RDMA_KEYS))))
-    unknown = sorted(set(rdma) - RDMA_KEYS)
-    if unknown:
-        raise SpecError("%s: unknown key(s) %s; allowed: %s" % (field, ", ".join(unknown), ", ".join(sorted(RDMA_KEYS))))
-    r = dict(resource="", count=1, networks="", host_network=False, nccl_ib_hca="", socket_ifname="")
-    r.update({k: v for k, v in rdma.items() if v is not None})
-    if r["resource"] and not (isinstance(r["resource"], str) and re.match(r"^[a-z0-9.-]+/[A-Za-z0-9_.-]+$", r["resource"])):
-        raise SpecError("%s.resource: %r is not an extended resource name such as rdma/rdma_shared_device_a"
-                        % (field, r["resource"]))
-    if not isinstance(r["count"], int) or isinstance(r["count"], bool) or r["count"] < 1:
-        raise SpecError("%s.count: must be an integer >= 1, got %r" % (field, r["count"]))
-    for key in ("networks", "nccl_ib_hca", "socket_ifname"):
-        if not isinstance(r[key], str) or any(c.isspace() for c in r[key]):
-            raise SpecError("%s.%s: must be a string without spaces (a comma list), got %r" % (field, key, r[key]))
-    if not isinstance(r["host_network"], bool):
-        raise SpecError("%s.host_network: must be true or false" % field)
-    if r["host_network"] and r["networks"]:
-        raise SpecError("%s: networks (Multus) and host_network exclude each other: a hostNetwork pod gets no "
-                        "Multus interfaces; keep one" % field)
-    return r
-
-
-def rdma_env(r):
-    """The NCCL/Gloo interface variables of the knobs (none when unset)."""
-    env = []
-    if r and r["nccl_ib_hca"]:
-        env.append({"name": "NCCL_IB_HCA", "value": r["nccl_ib_hca"]})
-    if r and r["socket_ifname"]:
-        env += [{"name": "NCCL_SOCKET_IFNAME", "value": r["socket_ifname"]},
-                {"name": "GLOO_SOCKET_IFNAME", "value": r["socket_ifname"]}]
-    return env
 
 
 def apply_rdma(spec, annotations, r):
-    """Put the RDMA knobs ``r`` (:func:`check_rdma`) on an engine pod ``spec`` and its ``annotations`` (in place).
+    """Put the RDMA knobs ``r`` (:func:`_k8s_checks.check_rdma`) on an engine pod ``spec`` and its ``annotations`` (in place).
 
     Used by the engine's Deployment and every LeaderWorkerSet pod and by the P/D roles, so both get the same
     device resource, capability, network attachment and NCCL/Gloo interfaces.
@@ -708,7 +165,7 @@ def apply_rdma(spec, annotations, r):
     caps = container.setdefault("securityContext", {}).setdefault("capabilities", {}).setdefault("add", [])
     if "IPC_LOCK" not in caps:
         caps.append("IPC_LOCK")
-    env = rdma_env(r)
+    env = _k8s_checks.rdma_env(r)
     if env:
         taken = {e["name"] for e in env}
         container["env"] = env + [e for e in container.get("env") or [] if e["name"] not in taken]
@@ -786,7 +243,7 @@ def _volumes(p):
 
 
 def _env(p):
-    env = [{"name": k, "value": _fmt(v)} for k, v in sorted((p["kernel_cache_env"] or {}).items())]
+    env = [{"name": k, "value": _k8s_argv.fmt_value(v)} for k, v in sorted((p["kernel_cache_env"] or {}).items())]
     if p["hf_token_secret"]:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": p["hf_token_secret"]["name"], "key": p["hf_token_secret"].get("key") or "token"}}})
@@ -833,89 +290,6 @@ def container_resources(p, gpus):
     return {"requests": requests, "limits": limits}
 
 
-def _validate(p):
-    # Credentials first: no later message can then quote one.
-    check_credentials(p)
-    if p["engine"] not in ("vllm", "sglang"):
-        raise SpecError("engine: %r is not vllm or sglang" % (p["engine"],))
-    profile_entry(p["profiles"], p["profile"], p["engine"])
-    if p["model_source"] not in LOADER_THREADS:
-        raise SpecError("model_source: %r is not staged_nvme or shared_fs" % (p["model_source"],))
-    for field in ("served_model_name", "namespace", "model_path", "image"):
-        if not p.get(field):
-            raise SpecError("%s: required" % field)
-    problems = names.check_model_name(p["served_model_name"])
-    if problems:
-        raise SpecError("; ".join(problems))
-    for field in ("namespace", "gateway_namespace"):
-        if not names.is_dns1123_label(p[field]):
-            raise SpecError("%s: %r is not a valid namespace name (DNS-1123 label)" % (field, p[field]))
-    if not names.is_dns1123_subdomain(p["gateway_name"]):
-        raise SpecError("gateway_name: %r is not a valid Gateway name" % (p["gateway_name"],))
-    if p["service_name"] and not names.is_dns1035_label(p["service_name"]):
-        raise SpecError(
-            "service_name: %r is not a DNS-1035 label (lowercase letters, digits and '-', starting with a "
-            "letter, at most 63 characters); leave it unset to derive one from the model name" % (p["service_name"],)
-        )
-    for field in ("model_path", "kernel_cache_dir"):
-        if p[field] and not os.path.isabs(p[field]):
-            raise SpecError("%s: %r must be an absolute path (it is the node path and the container path)" % (field, p[field]))
-    if p["model_pvc"] and p["model_source"] != "shared_fs":
-        raise SpecError("model_pvc: only used with model_source=shared_fs (staged revisions are read from the node's NVMe)")
-    for field, low in (("tp_size", 1), ("pp_size", 1), ("nodes", 1), ("replicas", 0), ("port", 1),
-                       ("startup_timeout", 60), ("probe_period", 1)):
-        if not isinstance(p[field], int) or isinstance(p[field], bool) or p[field] < low:
-            raise SpecError("%s: must be an integer >= %d, got %r" % (field, low, p[field]))
-    if p["port"] > 65535:
-        raise SpecError("port: %r is not a TCP port" % p["port"])
-    if (p["tp_size"] * p["pp_size"]) % p["nodes"]:
-        raise SpecError("nodes: tp_size x pp_size = %d GPUs cannot be split evenly over %d nodes; each node holds "
-                        "the same number of GPUs (for two 8-GPU nodes: tp_size 8, pp_size 2, nodes 2)"
-                        % (p["tp_size"] * p["pp_size"], p["nodes"]))
-    if p["dist_port"] is not None and (not isinstance(p["dist_port"], int) or not 1 <= p["dist_port"] <= 65535
-                                       or p["dist_port"] == p["port"]):
-        raise SpecError("dist_port: %r must be a TCP port other than port (%d)" % (p["dist_port"], p["port"]))
-    if p["loader_threads"] is not None and (not isinstance(p["loader_threads"], int) or p["loader_threads"] < 1):
-        raise SpecError("loader_threads: must be an integer >= 1")
-    if p["shm_size"] and not QUANTITY.match(str(p["shm_size"])):
-        raise SpecError("shm_size: %r is not a Kubernetes quantity such as 64Gi" % (p["shm_size"],))
-    check_quantity("cpu_request", p["cpu_request"], cpu=True)
-    check_quantity("memory_request", p["memory_request"])
-    if p["hf_token_secret"] and not (isinstance(p["hf_token_secret"], dict) and p["hf_token_secret"].get("name")):
-        raise SpecError("hf_token_secret: must be {name: <Secret>, key: <key>} naming an existing Secret")
-    if p["image_pull_secret"] and not names.is_dns1123_subdomain(p["image_pull_secret"]):
-        raise SpecError("image_pull_secret: %r is not a Secret name" % (p["image_pull_secret"],))
-    if p["priority_class_name"] and not names.is_dns1123_subdomain(p["priority_class_name"]):
-        raise SpecError("priority_class_name: %r is not a PriorityClass name" % (p["priority_class_name"],))
-    gpu_in_resources = [k for part in ("requests", "limits") for k in (p["resources"] or {}).get(part, {}) if k == p["gpu_resource"]]
-    if gpu_in_resources:
-        raise SpecError("resources: do not set %s there; the engine requests exactly tp_size GPUs (tp_size x pp_size / nodes per pod)"
-                        % p["gpu_resource"])
-    for key in (p["labels"] or {}):
-        if key.startswith("model.aibrix.ai/") or key.startswith("app.kubernetes.io/"):
-            raise SpecError("labels: %r is set by the collection and cannot be overridden" % key)
-    if p["init"]:
-        init_flavour(p["init"])
-    p["rdma"] = check_rdma(p["rdma"])
-    if p["rdma"]:
-        taken = sorted({e["name"] for e in rdma_env(p["rdma"])} & {e.get("name") for e in p["env"] or []})
-        if taken:
-            raise SpecError("env: %s is set by rdma (nccl_ib_hca, socket_ifname); set it in one place" % ", ".join(taken))
-        given = [k for part in ("requests", "limits") for k in (p["resources"] or {}).get(part, {})]
-        if p["rdma"]["resource"] and p["rdma"]["resource"] in given:
-            raise SpecError("resources: do not set %s there; rdma.resource and rdma.count set it" % p["rdma"]["resource"])
-    if p["model_source"] == "staged_nvme":
-        p["staged_nodes"] = check_staged_nodes(
-            p["staged_nodes"], p["replicas"] * p["nodes"],
-            what="replicas %d x nodes %d" % (p["replicas"], p["nodes"]) if p["nodes"] > 1 else "replicas %d" % p["replicas"],
-            hint="lower replicas")
-    elif p["staged_nodes"] is not None:
-        p["staged_nodes"] = check_staged_nodes(p["staged_nodes"], 0)
-    check_tolerations(p["tolerations"] or [])
-    check_command(p["command"])
-    check_args(p["engine"], p["engine_args"] or {}, p["extra_args"] or [])
-
-
 def engine_pod_spec(container, volumes, init=None, host_network=False, node_selector=None, affinity=None,
                     tolerations=None, image_pull_secret=None, priority_class_name=None, spread=None):
     """The pod spec around one engine container: this module's engine pods and the P/D roles of ``_pd_manifests``."""
@@ -959,12 +333,12 @@ def _pod_spec(p, container, volumes, spread):
 
 
 def _container(p, role, volumes_mounts, probes_):
-    command, args, _final = engine_argv(p, role)
+    command, args, _final = _k8s_argv.engine_argv(p, role)
     container = {
         "name": "engine",
         "image": p["image"],
         "imagePullPolicy": p["image_pull_policy"],
-        "command": container_command(p, command),
+        "command": _k8s_argv.container_command(p, command),
         "args": args,
         "ports": [{"name": "http", "containerPort": p["port"], "protocol": "TCP"}],
         "env": _env(p),
@@ -986,14 +360,14 @@ def build(params):
     p.update({k: v for k, v in params.items() if v is not None or k in ("loader_threads",)})
     if p["dist_port"] is None:
         p["dist_port"] = DIST_PORT.get(p["engine"], 29501)
-    _validate(p)
+    _k8s_checks.validate(p)
     model = p["served_model_name"]
     svc = p["service_name"] or names.service_name(model)
-    _pairs, min_version = profile_entry(p["profiles"], p["profile"], p["engine"])
-    warnings = check_image(p["engine"], p["image"], min_version, p["profile"], p["nodes"])
-    command, args, final = engine_argv(p)
+    _pairs, min_version = _k8s_checks.profile_entry(p["profiles"], p["profile"], p["engine"])
+    warnings = _k8s_checks.check_image(p["engine"], p["image"], min_version, p["profile"], p["nodes"])
+    command, args, final = _k8s_argv.engine_argv(p)
     gpus = gpus_per_pod(p)
-    concurrency = read_concurrency(p["engine"], p["model_source"], p["replicas"] * p["nodes"], gpus, final)
+    concurrency = _k8s_argv.read_concurrency(p["engine"], p["model_source"], p["replicas"] * p["nodes"], gpus, final)
     if p["model_source"] == "shared_fs" and concurrency["concurrent_reads"] > p["read_streams_warn"]:
         warnings.append(
             "%s exceeds read_streams_warn=%d; the shared filesystem sees this per rollout. Stage the "
@@ -1013,8 +387,8 @@ def build(params):
                         "never staged %s the hostPath mount fails after scheduling; pass the nodes that staged it "
                         "(the engine role does)" % p["model_path"])
     resources = container_resources(p, gpus)
-    mem = quantity_bytes(resources["requests"]["memory"]) if "memory" in resources["requests"] else None
-    shm = quantity_bytes(p["shm_size"]) if p["shm_size"] else None
+    mem = _k8s_checks.quantity_bytes(resources["requests"]["memory"]) if "memory" in resources["requests"] else None
+    shm = _k8s_checks.quantity_bytes(p["shm_size"]) if p["shm_size"] else None
     if mem is not None and shm and mem < shm:
         warnings.append("memory request %s is below shm_size %s: /dev/shm is memory charged to the engine "
                         "container" % (resources["requests"]["memory"], p["shm_size"]))
@@ -1034,7 +408,7 @@ def build(params):
     # controller would otherwise create its own <model>-router pointing at a Service named exactly the model
     # (impossible for names with dots). The gateway and /v1/models discover the pods' labels.
     workload_labels = route.workload_labels(common) if p["manage_route"] else dict(common, **aibrix)
-    spread = check_topology_spread(p["topology_spread"] or [], selector)
+    spread = _k8s_checks.check_topology_spread(p["topology_spread"] or [], selector)
 
     startup, readiness, liveness = probes(p["startup_timeout"], p["probe_period"], p["engine"])
     volumes, mounts = _volumes(p)
@@ -1109,7 +483,7 @@ def build(params):
                 gateway_namespace=p["gateway_namespace"], request_timeout=p["route_request_timeout"],
                 paths=p["route_paths"], labels=common)
         except route.RouteError as e:
-            raise SpecError(str(e))
+            raise _k8s_checks.SpecError(str(e))
         objects.extend(routed["objects"])
         warnings.extend(routed["warnings"])
     pdb_name = None
@@ -1125,10 +499,10 @@ def build(params):
     objects.append(workload)
     problems = route.workload_problems(objects) if p["manage_route"] else []
     if problems:
-        raise SpecError("; ".join(problems))
+        raise _k8s_checks.SpecError("; ".join(problems))
     net = _secrets.Scan(env_field="env")
     net.objects(objects)
-    net.refuse(SpecError)
+    net.refuse(_k8s_checks.SpecError)
     startup_seconds = startup["periodSeconds"] * startup["failureThreshold"]
     return dict(
         objects=objects,
@@ -1141,7 +515,7 @@ def build(params):
         namespace=p["namespace"],
         gateway_namespace=p["gateway_namespace"],
         pod_selector=pod_selector,
-        command=container_command(p, command) + args,
+        command=_k8s_argv.container_command(p, command) + args,
         read_concurrency=concurrency,
         staged_nodes=p["staged_nodes"],
         probe_windows=dict(startup_seconds=startup_seconds,

@@ -4,7 +4,7 @@
 """**PRIVATE** to llmops.serving: Kubernetes objects for a prefill/decode pair (xPyD) over NIXL/UCX.
 
 Each role is a full engine (TP=8 by default) built by the engine role's own rule
-(:func:`_k8s_engine.engine_argv`: ``profile``, ``engine_args``, loader strategy from ``model_source``), plus
+(:func:`_k8s_argv.engine_argv`: ``profile``, ``engine_args``, loader strategy from ``model_source``), plus
 the P/D flags: vLLM ``--kv-transfer-config`` (NixlConnector), SGLang ``--disaggregation-mode``.
 ``transport`` picks ``UCX_TLS`` and ``UCX_NET_DEVICES`` (each a per-transport value) and nothing else, so an
 RDMA rendering and a TCP rendering differ only in those two variables. UCX's tcp transport lists its
@@ -34,7 +34,7 @@ import os
 import re
 
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _aibrix_route as aroute
-from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_engine as k8s_engine
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_argv, _k8s_checks, _k8s_engine
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_names as names
 from ansible_collections.llmops.serving.plugins.module_utils.common import _secrets
 
@@ -180,7 +180,7 @@ def _check_int(p, field, low, high=None):
 
 def _engine_params(p, role):
     """The engine role's parameters for one P/D role (same profile, engine_args and loader strategy)."""
-    q = dict(k8s_engine.DEFAULTS)
+    q = dict(_k8s_engine.DEFAULTS)
     q.update(engine=p["engine"], served_model_name=p["model_name"], model_path=p["model_path"], port=p["port"],
              tp_size=p["tp_size"], profile=p["profile"], profiles=p["profiles"], model_source=p["model_source"],
              loader_threads=p["loader_threads"], engine_args=dict(p["engine_args"] or {}),
@@ -216,8 +216,8 @@ def check_credentials(p):
     q = dict(engine_args=p["engine_args"], kernel_cache_env=p["kernel_cache_env"], extra_args=p["extra_args"],
              hf_token_secret=p["hf_token_secret"], env=p["env"], command=None)
     try:
-        k8s_engine.check_credentials(q)
-    except k8s_engine.SpecError as e:
+        _k8s_checks.check_credentials(q)
+    except _k8s_checks.SpecError as e:
         raise _error(e)
     p["env"] = q["env"]
     rdma_env = (("NCCL_IB_HCA", "nccl_ib_hca"), ("NCCL_SOCKET_IFNAME", "socket_ifname"),
@@ -234,8 +234,8 @@ def check_credentials(p):
 
 def _check_flags(p):
     try:
-        k8s_engine.check_args(p["engine"], p["engine_args"], p["extra_args"])
-    except k8s_engine.SpecError as e:
+        _k8s_checks.check_args(p["engine"], p["engine_args"], p["extra_args"])
+    except _k8s_checks.SpecError as e:
         raise _error(e)
     owned = PD_FLAGS[p["engine"]]
     for flag in p["engine_args"]:
@@ -259,14 +259,14 @@ def validate(p):
     if p["workload"] not in ("stormservice", "deployments"):
         raise SpecError("workload: %r is not stormservice or deployments" % p["workload"])
     try:
-        k8s_engine.profile_entry(p["profiles"], p["profile"], p["engine"])
+        _k8s_checks.profile_entry(p["profiles"], p["profile"], p["engine"])
         if p["init"]:
-            k8s_engine.init_flavour(p["init"])
-        k8s_engine.check_quantity("engine_cpu_request", p["engine_cpu_request"], cpu=True)
-        k8s_engine.check_quantity("engine_memory_request", p["engine_memory_request"])
-    except k8s_engine.SpecError as e:
+            _k8s_checks.init_flavour(p["init"])
+        _k8s_checks.check_quantity("engine_cpu_request", p["engine_cpu_request"], cpu=True)
+        _k8s_checks.check_quantity("engine_memory_request", p["engine_memory_request"])
+    except _k8s_checks.SpecError as e:
         raise _error(e)
-    if p["model_source"] not in k8s_engine.LOADER_THREADS:
+    if p["model_source"] not in _k8s_checks.LOADER_THREADS:
         raise SpecError("model_source: %r is not staged_nvme or shared_fs" % (p["model_source"],))
     if p["transport"] not in p["ucx_tls"]:
         raise SpecError("ucx_tls: no entry for transport %r (keys: %s); add the UCX_TLS value for it"
@@ -309,20 +309,20 @@ def validate(p):
         raise SpecError("front_avoid_node_label: must be a node label key such as nvidia.com/gpu.present")
     for role in ROLES:
         try:
-            p["%s_nodes" % role] = k8s_engine.check_staged_nodes(
+            p["%s_nodes" % role] = _k8s_checks.check_staged_nodes(
                 p["%s_nodes" % role], p["%s_replicas" % role] if p["model_source"] == "staged_nvme" else 0,
                 field="%s_nodes" % role, what="%s_replicas" % role, hint="lower %s_replicas" % role)
-        except k8s_engine.SpecError as e:
+        except _k8s_checks.SpecError as e:
             raise _error(e)
     both = sorted(set(p["prefill_nodes"] or []) & set(p["decode_nodes"] or []))
     if both:
         raise SpecError("prefill_nodes, decode_nodes: %s are in both; a node serves one role (prefill and decode "
                         "pods each take a whole GPU node), so put each host in one group" % ", ".join(both))
     try:
-        p["rdma"] = k8s_engine.check_rdma(dict(
+        p["rdma"] = _k8s_checks.check_rdma(dict(
             resource=p["rdma_resource"] or "", count=p["rdma_count"], host_network=p["host_network"],
             nccl_ib_hca=p["nccl_ib_hca"], socket_ifname=p["socket_ifname"]))
-    except k8s_engine.SpecError as e:
+    except _k8s_checks.SpecError as e:
         raise _error(e)
     ports = [p["port"], p["side_channel_port"]] + ([p["sglang_bootstrap_port"]] if p["engine"] == "sglang" else [])
     if len(set(ports)) != len(ports):
@@ -354,8 +354,8 @@ def validate(p):
     _check_resources(p["engine_resources"], "engine_resources", forbidden)
     _check_resources(p["proxy_resources"], "proxy_resources", {})
     try:
-        k8s_engine.check_tolerations(p["tolerations"])
-    except k8s_engine.SpecError as e:
+        _k8s_checks.check_tolerations(p["tolerations"])
+    except _k8s_checks.SpecError as e:
         raise _error(e)
     for role in ROLES:
         selector = p["%s_node_selector" % role]
@@ -377,8 +377,8 @@ def base_name(model_name):
 def engine_command(p, role):
     """``(command, args, final_flags)`` of one role, by the engine role's own rule plus the P/D flags."""
     try:
-        return k8s_engine.engine_argv(_engine_params(p, role))
-    except k8s_engine.SpecError as e:
+        return _k8s_argv.engine_argv(_engine_params(p, role))
+    except _k8s_checks.SpecError as e:
         raise _error(e)
 
 
@@ -408,7 +408,7 @@ def engine_env(p):
             env.append({"name": "SGLANG_DISAGGREGATION_NIXL_BACKEND", "value": "UCX"})
     user = [dict(e) for e in p["env"]]
     user_names = {e["name"] for e in user}
-    env += [{"name": k, "value": k8s_engine._fmt(v)} for k, v in sorted(p["kernel_cache_env"].items())  # pylint: disable=protected-access
+    env += [{"name": k, "value": _k8s_argv.fmt_value(v)} for k, v in sorted(p["kernel_cache_env"].items())
             if k not in user_names]
     if p["hf_token_secret"]:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
@@ -419,7 +419,7 @@ def engine_env(p):
 def _resources(p):
     """The engine role's rule (GPUs exactly, CPU and memory requested per GPU unless given); the RDMA device is
     added by :func:`_k8s_engine.apply_rdma` with the other RDMA knobs."""
-    return k8s_engine.container_resources(_engine_params(p, "prefill"), p["gpus"])
+    return _k8s_engine.container_resources(_engine_params(p, "prefill"), p["gpus"])
 
 
 def _front_pod(p, spec):
@@ -446,8 +446,8 @@ def pod_spec(p, role):
     elif role == "prefill":
         ports.append({"name": "bootstrap", "containerPort": p["sglang_bootstrap_port"], "protocol": "TCP"})
     command, args, _final = engine_command(p, role)
-    command = k8s_engine.container_command(_engine_params(p, role), command)
-    startup, readiness, liveness = k8s_engine.probes(p["startup_timeout"], p["probe_period"], p["engine"])
+    command = _k8s_argv.container_command(_engine_params(p, role), command)
+    startup, readiness, liveness = _k8s_engine.probes(p["startup_timeout"], p["probe_period"], p["engine"])
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"},
               {"name": "model", "mountPath": p["model_path"], "readOnly": True}]
     shm = {"medium": "Memory"}
@@ -478,13 +478,13 @@ def pod_spec(p, role):
         "labelSelector": {"matchLabels": {MODEL_LABEL: p["model_name"], ROLE_LABEL: other}},
         "topologyKey": "kubernetes.io/hostname"}]}}
     # Each role only on the nodes of its group that staged the revision (the hostPath exists there).
-    affinity = k8s_engine.pin_to_nodes(affinity, p["%s_nodes" % role])
-    spec = k8s_engine.engine_pod_spec(container, volumes, init=p["init"],
-                                      node_selector=p["%s_node_selector" % role], affinity=affinity,
-                                      tolerations=p["tolerations"], image_pull_secret=p["image_pull_secret"])
+    affinity = _k8s_engine.pin_to_nodes(affinity, p["%s_nodes" % role])
+    spec = _k8s_engine.engine_pod_spec(container, volumes, init=p["init"],
+                                       node_selector=p["%s_node_selector" % role], affinity=affinity,
+                                       tolerations=p["tolerations"], image_pull_secret=p["image_pull_secret"])
     # The same RDMA knobs as a multi-node engine (device resource, IPC_LOCK, hostNetwork, NCCL/Gloo interfaces);
     # the P/D roles' Multus networks come with pod_annotations.
-    k8s_engine.apply_rdma(spec, {}, p["rdma"])
+    _k8s_engine.apply_rdma(spec, {}, p["rdma"])
     return spec
 
 
@@ -697,7 +697,7 @@ def deployments(p):
                                 # one GPU node at a time: a surge pod could never schedule beside a TP=8 pod
                                 rolling={"maxSurge": 0, "maxUnavailable": 1},
                                 # the engine role's rule: a cold start within the startup window is progress
-                                progress_deadline=k8s_engine.progress_deadline(p["startup_timeout"])))
+                                progress_deadline=_k8s_engine.progress_deadline(p["startup_timeout"])))
         if p["engine"] == "vllm":
             objs.append(_service(name, p, {"app.kubernetes.io/name": name}, p["port"]))
         urls[role] = "http://%s.%s.svc:%d" % (name, p["namespace"], p["port"])
@@ -742,9 +742,9 @@ def render(params):
     p = _normalise(params)
     validate(p)
     try:
-        _pairs, min_version = k8s_engine.profile_entry(p["profiles"], p["profile"], p["engine"])
-        warnings = k8s_engine.check_image(p["engine"], p["image"], min_version, p["profile"])
-    except k8s_engine.SpecError as e:
+        _pairs, min_version = _k8s_checks.profile_entry(p["profiles"], p["profile"], p["engine"])
+        warnings = _k8s_checks.check_image(p["engine"], p["image"], min_version, p["profile"])
+    except _k8s_checks.SpecError as e:
         raise _error(e)
     route = dict(route_name=None, reference_grant_name=None, warnings=[])
     if p["workload"] == "stormservice":
@@ -772,11 +772,11 @@ def render(params):
             raise SpecError("gateway_policies: " + error)
         warnings.extend([note] if note else [])
     try:
-        reads = k8s_engine.read_concurrency(p["engine"], p["model_source"], p["prefill_replicas"] + p["decode_replicas"],
-                                            p["tp_size"], final)
-    except k8s_engine.SpecError as e:
+        reads = _k8s_argv.read_concurrency(p["engine"], p["model_source"], p["prefill_replicas"] + p["decode_replicas"],
+                                           p["tp_size"], final)
+    except _k8s_checks.SpecError as e:
         raise _error(e)
-    startup, _readiness, _liveness = k8s_engine.probes(p["startup_timeout"], p["probe_period"], p["engine"])
+    startup, _readiness, _liveness = _k8s_engine.probes(p["startup_timeout"], p["probe_period"], p["engine"])
     base = base_name(p["model_name"])
     selectors = {role: _labels(p, role) for role in ROLES}
     containers = {role: "engine" for role in ROLES}
@@ -802,7 +802,7 @@ def render(params):
         reference_grant_name=route["reference_grant_name"],
         read_concurrency=reads,
         startup_window_seconds=startup["periodSeconds"] * startup["failureThreshold"],
-        progress_deadline_seconds=k8s_engine.progress_deadline(p["startup_timeout"]),
+        progress_deadline_seconds=_k8s_engine.progress_deadline(p["startup_timeout"]),
     )
 
 

@@ -16,6 +16,7 @@ from unittest import mock
 import pytest
 import yaml
 
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_checks
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_engine as k8s
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _pd_manifests as pd
 from ansible_collections.llmops.serving.plugins.modules import engine_manifests, pd_manifests
@@ -51,7 +52,7 @@ NOT_CREDENTIALS = [
 
 def test_every_credential_name_is_refused_and_no_setting_is():
     for name in CREDENTIAL_NAMES:
-        with pytest.raises(k8s.SpecError, match=r"^env\.%s: plain-text credential" % name):
+        with pytest.raises(_k8s_checks.SpecError, match=r"^env\.%s: plain-text credential" % name):
             k8s.build(dict(ENGINE, env=[{"name": name, "value": FAKE}]))
     settings = [{"name": n, "value": "/cache/x" if n.endswith(("PATH", "CACHE", "CREDENTIALS")) else "1"}
                 for n in NOT_CREDENTIALS]
@@ -66,7 +67,7 @@ def test_credential_flags_are_refused_in_every_spelling_and_other_flags_are_not(
     for argv in (["--api-key", FAKE], ["--api_key", FAKE], ["--api-k", FAKE], ["--hf-token", FAKE],
                  ["--admin-api-key=" + FAKE], ["--db-password", FAKE], ["--api-key", "$(K)", FAKE],
                  ["--kv-transfer-config.kv_connector_extra_config.aws_secret_access_key", FAKE]):
-        with pytest.raises(k8s.SpecError, match=r"^extra_args\[%d\]: plain-text credential" % (len(argv) - 1)) as e:
+        with pytest.raises(_k8s_checks.SpecError, match=r"^extra_args\[%d\]: plain-text credential" % (len(argv) - 1)) as e:
             k8s.build(dict(ENGINE, extra_args=argv, env=[{"name": "K", "valueFrom": SECRET_REF}]))
         assert FAKE not in str(e.value)
     fine = ["--max-num-batched-tokens", "8192", "--tokenizer", "/models/tok", "--ssl-keyfile", "/tls/key.pem",
@@ -105,7 +106,7 @@ ENGINE_CASES = {
 @pytest.mark.parametrize("case", sorted(ENGINE_CASES))
 def test_engine_renderer_refuses_credentials_without_echoing_them(case):
     extra, field = ENGINE_CASES[case]
-    with pytest.raises(k8s.SpecError) as e:
+    with pytest.raises(_k8s_checks.SpecError) as e:
         k8s.build(dict(ENGINE, **extra))
     msg = str(e.value)
     assert field in msg and "secretKeyRef" in msg
@@ -141,8 +142,8 @@ def test_secret_references_render_and_plain_or_missing_references_do_not():
                          extra_args=["--api-key=$(HF_TOKEN)"]))
     c = objs[0]["spec"]["template"]["spec"]["roles"][0]["template"]["spec"]["containers"][0]
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in c["env"]
-    with pytest.raises(k8s.SpecError, match=r"extra_args\[1\]: takes \$\(ENGINE_KEY\) from env.ENGINE_KEY, which has "
-                                            r"a plain-text value"):
+    with pytest.raises(_k8s_checks.SpecError, match=r"extra_args\[1\]: takes \$\(ENGINE_KEY\) from env.ENGINE_KEY, which has "
+                                                    r"a plain-text value"):
         k8s.build(dict(ENGINE, env=[{"name": "ENGINE_KEY", "value": FAKE}], extra_args=["--api-key", "$(ENGINE_KEY)"]))
     with pytest.raises(pd.SpecError, match=r"extra_args\[0\]: .*env has no entry NOPE.*unexpanded"):
         pd.build(dict(PD, extra_args=["--api-key=$(NOPE)"]))
@@ -337,7 +338,7 @@ def test_deep_dict_flag_value_is_refused_not_walked_recursively():
 
 def test_renderer_refuses_a_credential_nested_in_an_engine_json_argument():
     for arg in (_nested(30, {"secret_key": FAKE}), _nested(200, {"secret_key": FAKE})):
-        with pytest.raises(k8s.SpecError) as e:
+        with pytest.raises(_k8s_checks.SpecError) as e:
             k8s.build(dict(ENGINE, extra_args=["--kv-transfer-config", arg]))
         assert "extra_args[1]" in str(e.value) and FAKE not in str(e.value)
 

@@ -9,6 +9,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_checks
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_engine as k8s
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _render_dir
 from ansible_collections.llmops.serving.tests.unit.plugins.module_utils.conftest import K8S_VERSION, PROFILES
@@ -233,7 +234,7 @@ def test_single_thread_sglang_sets_both_keys():
 
 
 def test_sglang_loader_config_missing_a_key_is_refused():
-    with pytest.raises(k8s.SpecError, match="num_threads.*single-threaded"):
+    with pytest.raises(_k8s_checks.SpecError, match="num_threads.*single-threaded"):
         k8s.build(dict(SGLANG, engine_args={"model-loader-extra-config": {"enable_multithread_load": True}}))
 
 
@@ -246,7 +247,7 @@ def test_sglang_loader_config_missing_a_key_is_refused():
 def test_sglang_loader_config_text_is_read_as_untrusted_json(raw, why):
     """The JSON text given for model-loader-extra-config goes through the shared reader (_untrusted.loads_json):
     a clean error naming the flag, never a RecursionError or a NaN thread count, and never the text itself."""
-    with pytest.raises(k8s.SpecError) as e:
+    with pytest.raises(_k8s_checks.SpecError) as e:
         k8s.build(dict(SGLANG, engine_args={"model-loader-extra-config": raw}))
     assert "model-loader-extra-config" in str(e.value) and why in str(e.value)
     assert raw not in str(e.value)
@@ -303,7 +304,7 @@ def test_unmanaged_route_leaves_aibrix_labels_on_deployment():
     ],
 )
 def test_bad_input_is_refused_with_the_field_and_fix(override, match):
-    with pytest.raises(k8s.SpecError, match=match):
+    with pytest.raises(_k8s_checks.SpecError, match=match):
         k8s.build(dict(VLLM, **override))
 
 
@@ -353,10 +354,10 @@ def test_env_values_are_strings_and_secret_references_render():
 def test_container_command_follows_engine_process_rule(command):
     # One rule for "the engine is the foreground process" (_process_command.command_problems), here applied to the
     # container's command without reading files of the host that renders it.
-    with pytest.raises(k8s.SpecError, match=r"^command: .*Completed/exit 0"):
-        k8s.check_command(command)
+    with pytest.raises(_k8s_checks.SpecError, match=r"^command: .*Completed/exit 0"):
+        _k8s_checks.check_command(command)
 
 
 def test_container_command_that_execs_the_engine_is_accepted():
-    k8s.check_command(["bash", "-lc", "source /opt/venv/bin/activate && exec vllm serve /m"])
-    k8s.check_command(["vllm", "serve", "/m"])
+    _k8s_checks.check_command(["bash", "-lc", "source /opt/venv/bin/activate && exec vllm serve /m"])
+    _k8s_checks.check_command(["vllm", "serve", "/m"])

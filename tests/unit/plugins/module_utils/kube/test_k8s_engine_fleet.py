@@ -11,6 +11,7 @@ import sys
 import kubernetes_validate
 import pytest
 
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_argv, _k8s_checks
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_engine as k8s
 from ansible_collections.llmops.serving.tests.unit.plugins.module_utils.conftest import K8S_VERSION, PROFILES
 
@@ -84,7 +85,7 @@ def test_default_pod_keeps_the_engine_off_pid_1():
         built = k8s.build(params)
         pod = _pod(built)
         assert pod["shareProcessNamespace"] is True
-        assert pod["containers"][0]["command"] == k8s.DEFAULT_COMMAND[params["engine"]]
+        assert pod["containers"][0]["command"] == _k8s_argv.DEFAULT_COMMAND[params["engine"]]
 
 
 @pytest.mark.parametrize("init, prefix", [("/usr/bin/tini", ["/usr/bin/tini", "-g", "--"]),
@@ -100,7 +101,7 @@ def test_an_init_from_the_image_runs_the_engine(init, prefix):
 
 
 def test_an_unknown_init_is_refused():
-    with pytest.raises(k8s.SpecError, match=r"^init: '/bin/sh' is neither tini nor dumb-init"):
+    with pytest.raises(_k8s_checks.SpecError, match=r"^init: '/bin/sh' is neither tini nor dumb-init"):
         k8s.build(dict(BASE, init="/bin/sh"))
 
 
@@ -110,7 +111,7 @@ def test_an_unknown_init_is_refused():
     "vllm serve /m; exec tail -f /dev/null",
 ])
 def test_wrappers_that_replace_the_exit_status_are_refused(script):
-    with pytest.raises(k8s.SpecError, match=r"^command: .*its last 'exec' runs .* not the engine.*Completed/exit 0"):
+    with pytest.raises(_k8s_checks.SpecError, match=r"^command: .*its last 'exec' runs .* not the engine.*Completed/exit 0"):
         k8s.build(dict(BASE, command=["bash", "-c", script]))
     # a wrapper that execs the engine itself stays accepted
     built = k8s.build(dict(BASE, command=["bash", "-lc", "ulimit -l unlimited && exec env A=1 vllm serve \"$@\"", "vllm"]))
@@ -168,7 +169,7 @@ def test_requests_follow_the_gpu_count_and_the_variables():
     ({"memory_request": "256GB"}, r"^memory_request: '256GB' is not a Kubernetes quantity"),
 ])
 def test_bad_requests_are_refused(override, match):
-    with pytest.raises(k8s.SpecError, match=match):
+    with pytest.raises(_k8s_checks.SpecError, match=match):
         k8s.build(dict(BASE, **override))
 
 
@@ -236,7 +237,7 @@ def test_priority_class_and_topology_spread():
     ({"priority_class_name": "High_Priority"}, r"^priority_class_name: 'High_Priority'"),
 ])
 def test_bad_placement_is_refused(override, match):
-    with pytest.raises(k8s.SpecError, match=match):
+    with pytest.raises(_k8s_checks.SpecError, match=match):
         k8s.build(dict(BASE, **override))
 
 
@@ -265,7 +266,7 @@ def test_a_site_profile_extends_the_data():
     site = dict(PROFILES, **{"llama-3.3-70b": llama})
     argv = k8s.build(dict(BASE, profile="llama-3.3-70b", profiles=site))["command"]
     assert argv[argv.index("--max-model-len") + 1] == "65536"
-    with pytest.raises(k8s.SpecError, match=r"^profile: 'llama-3.3-70b' has no sglang entry"):
+    with pytest.raises(_k8s_checks.SpecError, match=r"^profile: 'llama-3.3-70b' has no sglang entry"):
         k8s.build(dict(SGL, profile="llama-3.3-70b", profiles=site))
 
 
@@ -277,7 +278,7 @@ def test_a_site_profile_extends_the_data():
     ({"profile": "p", "profiles": {"p": {"vllm": {"argz": {}}}}}, r"^profiles.p.vllm: must be a mapping with min_version and args"),
 ])
 def test_bad_profiles_are_refused(override, match):
-    with pytest.raises(k8s.SpecError, match=match):
+    with pytest.raises(_k8s_checks.SpecError, match=match):
         k8s.build(dict(BASE, **override))
 
 
@@ -288,7 +289,7 @@ def test_bad_profiles_are_refused(override, match):
     ("sglang", "lmsysorg/sglang:v0.5.9-cu129"),
 ])
 def test_an_image_older_than_the_profile_is_refused_before_rendering(engine, image):
-    with pytest.raises(k8s.SpecError, match=r"^image: .* older than profile glm-5.2-fp8 needs"):
+    with pytest.raises(_k8s_checks.SpecError, match=r"^image: .* older than profile glm-5.2-fp8 needs"):
         k8s.build(dict(BASE if engine == "vllm" else SGL, image=image, profile="glm-5.2-fp8", profiles=PROFILES))
 
 
@@ -305,7 +306,7 @@ def test_images_new_enough_pass(engine, image):
 
 def test_the_wrong_sglang_organisation_is_refused():
     for image in ("lmsys/sglang:v0.5.16", "docker.io/lmsys/sglang:latest"):
-        with pytest.raises(k8s.SpecError, match=r"^image: .* publishes lmsysorg/sglang"):
+        with pytest.raises(_k8s_checks.SpecError, match=r"^image: .* publishes lmsysorg/sglang"):
             k8s.build(dict(SGL, image=image))
 
 
@@ -325,7 +326,7 @@ def test_unknown_versions_and_tags_without_digest_warn():
     ("0.26.0", "0.26.0.post1"), ("v0.5.9", "v0.5.16"), ("0.5.15b1", "0.5.16b1"), ("0.9.2-cu128-nixl-v0.4.1", "0.10.0"),
 ])
 def test_versions_order_as_pep_440(older, newer):
-    assert k8s.version_key(older) < k8s.version_key(newer)
+    assert _k8s_checks.version_key(older) < _k8s_checks.version_key(newer)
 
 
 @pytest.mark.parametrize("image, expected", [
@@ -335,5 +336,5 @@ def test_versions_order_as_pep_440(older, newer):
     ("localhost/sglang@sha256:ab", ("localhost", "sglang", None, "sha256:ab")),
 ])
 def test_image_references_parse(image, expected):
-    ref = k8s.parse_image(image)
+    ref = _k8s_checks.parse_image(image)
     assert (ref["registry"], ref["repository"], ref["tag"], ref["digest"]) == expected

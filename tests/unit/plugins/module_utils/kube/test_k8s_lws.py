@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _aibrix_route as route
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_checks
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_engine as k8s
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_names as names
 from ansible_collections.llmops.serving.tests.unit.plugins.module_utils.conftest import K8S_VERSION, PROFILES
@@ -198,10 +199,10 @@ def test_several_groups_get_a_disruption_budget_over_all_their_pods():
     ({"extra_args": ["--master-addr=10.0.0.1"]}, r"^extra_args: '--master-addr=10.0.0.1' is set by the collection"),
 ])
 def test_multi_node_mistakes_are_refused(override, match):
-    with pytest.raises(k8s.SpecError, match=match):
+    with pytest.raises(_k8s_checks.SpecError, match=match):
         k8s.build(dict(VLLM, **override))
 
 
 def test_an_unknown_vllm_version_warns_for_multi_node():
     built = k8s.build(dict(VLLM, image="vllm/vllm-openai:latest", profile="none"))
-    assert any("multi-node serving without Ray" in w and k8s.VLLM_MULTINODE_MIN in w for w in built["warnings"])
+    assert any("multi-node serving without Ray" in w and _k8s_checks.VLLM_MULTINODE_MIN in w for w in built["warnings"])

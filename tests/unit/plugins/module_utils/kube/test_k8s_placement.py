@@ -11,6 +11,7 @@ import os
 import kubernetes_validate
 import pytest
 
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_checks
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_engine as k8s
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _pd_manifests as pd
 from ansible_collections.llmops.serving.tests.lib import kube_scheduler as ks
@@ -121,13 +122,13 @@ def test_without_staged_nodes_a_pod_can_land_where_the_mount_fails():
 
 
 def test_fewer_staged_nodes_than_pods_fail_before_rendering_naming_them():
-    with pytest.raises(k8s.SpecError) as e:
+    with pytest.raises(_k8s_checks.SpecError) as e:
         k8s.build(dict(ENGINE, replicas=3, staged_nodes=["h20-gpu-01", "h20-gpu-02", "h20-gpu-02"]))
     assert "staged on 2 node(s) (h20-gpu-01, h20-gpu-02)" in str(e.value) and "replicas 3" in str(e.value)
-    with pytest.raises(k8s.SpecError) as e:
+    with pytest.raises(_k8s_checks.SpecError) as e:
         k8s.build(dict(ENGINE, nodes=2, pp_size=2, replicas=2, staged_nodes=["a", "b", "c"]))
     assert "replicas 2 x nodes 2" in str(e.value) and "needs 4 pod(s)" in str(e.value)
-    with pytest.raises(k8s.SpecError, match="staged_nodes: 'Bad Node!' is not a node name"):
+    with pytest.raises(_k8s_checks.SpecError, match="staged_nodes: 'Bad Node!' is not a node name"):
         k8s.build(dict(ENGINE, staged_nodes=["Bad Node!"]))
 
 
@@ -207,11 +208,11 @@ def test_leaderworkerset_pods_get_the_pd_roles_rdma_knobs():
 
 
 def test_rdma_knobs_are_checked_and_not_set_twice():
-    with pytest.raises(k8s.SpecError, match="rdma: unknown key"):
+    with pytest.raises(_k8s_checks.SpecError, match="rdma: unknown key"):
         k8s.build(dict(ENGINE, rdma={"hca": "mlx5_0"}))
-    with pytest.raises(k8s.SpecError, match="networks .Multus. and host_network exclude each other"):
+    with pytest.raises(_k8s_checks.SpecError, match="networks .Multus. and host_network exclude each other"):
         k8s.build(dict(ENGINE, rdma={"networks": "rdma-net", "host_network": True}))
-    with pytest.raises(k8s.SpecError, match="env: NCCL_IB_HCA is set by rdma"):
+    with pytest.raises(_k8s_checks.SpecError, match="env: NCCL_IB_HCA is set by rdma"):
         k8s.build(dict(ENGINE, rdma={"nccl_ib_hca": "mlx5_0"}, env=[{"name": "NCCL_IB_HCA", "value": "mlx5_1"}]))
     with pytest.raises(pd.SpecError, match="env: NCCL_SOCKET_IFNAME is set by the collection"):
         pd.render(dict(PD, socket_ifname="net1", env=[{"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}]))
