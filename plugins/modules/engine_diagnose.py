@@ -164,7 +164,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.llmops.serving.plugins.module_utils.common import _http, _option_specs
 from ansible_collections.llmops.serving.plugins.module_utils.engine import _diagnose_local, _process_state
 from ansible_collections.llmops.serving.plugins.module_utils.kube import (
-    _aibrix_route, _diagnose_k8s, _k8s_client, _k8s_wait,
+    _aibrix_route, _diagnose_k8s, _k8s_client, _k8s_shape,
 )
 from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import UntrustedInput, check_value
 
@@ -227,7 +227,7 @@ def main():
             module.fail_json(msg=str(e), reason=e.limit)
         # judged when they were read (their newest time), not at this run's clock: a recording from last week
         # must not read as a week of waiting
-        now = _k8s_wait.recorded_at(objects)
+        now = _k8s_shape.recorded_at(objects)
     else:
         now = None
         api = _api_client(module)

@@ -268,7 +268,7 @@ import traceback
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.llmops.serving.plugins.module_utils.common import _http
-from ansible_collections.llmops.serving.plugins.module_utils.kube import _aibrix_route, _k8s_client, _k8s_wait
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _aibrix_route, _k8s_client, _k8s_revision, _k8s_shape, _k8s_wait
 from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import UntrustedInput, check_value, loads_json
 
 try:
@@ -322,7 +322,7 @@ def select(params, objects, selected=False, slices_read=False):
     svc = service_of(params, route)
     slices = None
     if svc is not None and (slices_read or any(o["kind"] == "EndpointSlice" for o in objects)):
-        slices = [o for o in of("EndpointSlice", svc[0]) if _matches({_k8s_wait.SERVICE_NAME_LABEL: svc[1]}, o)]
+        slices = [o for o in of("EndpointSlice", svc[0]) if _matches({_k8s_revision.SERVICE_NAME_LABEL: svc[1]}, o)]
     return dict(pods=[p for p in of("Pod") if selected or _matches(selector, p)], route=route,
                 workload=workload, replicasets=of("ReplicaSet") if workload is not None else None, events=of("Event"),
                 endpointslices=slices, service="%s/%s" % svc if svc else None)
@@ -346,11 +346,11 @@ def make_fetch(params):
         return loads_json(resp.data, "the API server's answer", max_bytes=MAX_API_BYTES)
 
     def listed(kind, call, *args, **kwargs):
-        return _k8s_wait.shape_objects([dict(raw(call, *args, **kwargs), kind=kind + "List")])
+        return _k8s_shape.shape_objects([dict(raw(call, *args, **kwargs), kind=kind + "List")])
 
     def one(kind, call, *args):
         try:
-            return _k8s_wait.shape_objects([dict(raw(call, *args), kind=kind)])
+            return _k8s_shape.shape_objects([dict(raw(call, *args), kind=kind)])
         except ApiException as e:
             if e.status != 404:
                 raise
@@ -375,7 +375,7 @@ def make_fetch(params):
             if params["workload_name"] else None
         if svc is not None:
             objects += listed("EndpointSlice", discovery.list_namespaced_endpoint_slice, svc[0],
-                              label_selector="%s=%s" % (_k8s_wait.SERVICE_NAME_LABEL, svc[1]))
+                              label_selector="%s=%s" % (_k8s_revision.SERVICE_NAME_LABEL, svc[1]))
         return select(params, objects, selected=True, slices_read=svc is not None)
 
     def read_log(pod, container, previous):
@@ -440,7 +440,7 @@ def run(module, fetch, answer=None, served=None):
         if p["objects"] is not None and p["answer_headers"] is not None:
             def served(revision):
                 return dict((str(k).lower(), v) for k, v in p["answer_headers"].items())  # the recorded answer
-        at = _k8s_wait.recorded_at(p["objects"]) if p["objects"] is not None else None
+        at = _k8s_shape.recorded_at(p["objects"]) if p["objects"] is not None else None
         verdict = _k8s_wait.judge(fetch, at if at is not None else time.time(), read_log=read_log, answer=answer, served=served,
                                   schedule_timeout=p["schedule_timeout"], **kw)
         verdict.update(elapsed=0.0)
@@ -520,7 +520,7 @@ def main():
             check_value(p["answer_headers"], "answer_headers")
         except UntrustedInput as e:
             module.fail_json(msg=str(e), reason=e.limit)
-        recorded = select(p, _k8s_wait.shape_objects(p["objects"]))
+        recorded = select(p, _k8s_shape.shape_objects(p["objects"]))
         run(module, lambda: recorded)
     if not HAS_K8S:
         module.fail_json(msg=missing_required_lib("kubernetes"), exception=K8S_IMPORT_ERROR)

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from ansible_collections.llmops.serving.plugins.module_utils.common import _timeline
 from ansible_collections.llmops.serving.plugins.module_utils.engine import _diagnose
-from ansible_collections.llmops.serving.plugins.module_utils.kube import _diagnose_k8s, _k8s_wait
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _diagnose_k8s, _k8s_shape, _k8s_wait
 from ansible_collections.llmops.serving.tests.lib import kube_controllers as kc
 
 EXAMPLES = int(os.environ.get("LLMOPS_FUZZ_EXAMPLES", "150"))
@@ -90,7 +90,7 @@ def _mutate(doc, data):
 
 
 def _ready(pod):
-    return (_k8s_wait.condition((pod.get("status") or {}).get("conditions"), "Ready") or {}).get("status") == "True"
+    return (_k8s_shape.condition((pod.get("status") or {}).get("conditions"), "Ready") or {}).get("status") == "True"
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("LLMOPS_FUZZ_SHRINK"), phases=PHASES,
@@ -109,7 +109,7 @@ def test_wrong_typed_fields_never_raise_and_healthy_needs_ready_pods(which, chan
                                             served_model_name=sc.get("served_model_name"), now=now)
     assert res["verdict"] in _diagnose.SEVERITY
     assert isinstance(res["summary"], str) and all(isinstance(f["evidence"], list) for f in res["findings"])
-    shaped = _k8s_wait.shape_objects(objects)
+    shaped = _k8s_shape.shape_objects(objects)
     pods = [p for p in shaped if p["kind"] == "Pod" and p["metadata"].get("namespace") == sc["namespace"]
             and not p["metadata"].get("deletionTimestamp")]
     if res["verdict"] == "healthy":
@@ -132,4 +132,4 @@ def test_any_value_in_place_of_the_object_list_is_judged_not_raised(value):
     res = _diagnose_k8s.diagnose_kubernetes(value if not isinstance(value, float) or math.isfinite(value) else None,
                                             value, namespace="llm-lab", name="glm-5-2-fp8-vllm")
     assert res["verdict"] != "healthy"
-    assert _k8s_wait.shape_objects(value) == [] or isinstance(value, (list, dict))
+    assert _k8s_shape.shape_objects(value) == [] or isinstance(value, (list, dict))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_names, _k8s_wait
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_names, _k8s_revision, _k8s_shape, _k8s_wait
 from ansible_collections.llmops.serving.plugins.module_utils.engine._diagnose import command_facts, finding, result
 from ansible_collections.llmops.serving.plugins.module_utils.kube._diagnose_pods import (
     KubeContext, container_argv, event_text, map_selects, obj_meta, obj_name, obj_ns, pod_findings, pod_ready, ref,
@@ -208,7 +208,7 @@ def rule_routes(ctx, pods):
     for parent in parents:
         gw = (parent.get("parentRef") or {}).get("name", "?")
         for ctype, good in (("Accepted", "Accepted"), ("ResolvedRefs", "ResolvedRefs")):
-            cond = _k8s_wait.condition(parent.get("conditions"), ctype)
+            cond = _k8s_shape.condition(parent.get("conditions"), ctype)
             if cond is None or (cond.get("status") == "True" and cond.get("reason") == good):
                 continue
             line = "gateway %s: %s=%s reason %s: %s" % (gw, ctype, cond.get("status"), cond.get("reason"), cond.get("message", ""))
@@ -253,7 +253,7 @@ def rule_endpoints(ctx, pods, route):
             for b in rule.get("backendRefs") or []:
                 if (b.get("kind") or "Service") == "Service":
                     names.add((b.get("namespace") or obj_ns(route), b.get("name")))
-    ready_pods = [p for p in pods if (_k8s_wait.condition((p.get("status") or {}).get("conditions"), "Ready") or {}).get("status") == "True"]
+    ready_pods = [p for p in pods if (_k8s_shape.condition((p.get("status") or {}).get("conditions"), "Ready") or {}).get("status") == "True"]
     out = []
     for svc_ns, svc_name in sorted(names):
         svc = ctx.o.get("Service", svc_ns, svc_name)
@@ -321,7 +321,7 @@ def diagnose_kubernetes(objects, logs=None, namespace=None, name=None, served_mo
                                 "an unknown serviceAccount) or scale it up."))
     rollout = None
     if workload is not None:
-        rollout = _k8s_wait.rollout_status(workload, ctx.o.of("ReplicaSet", namespace), pods)
+        rollout = _k8s_revision.rollout_status(workload, ctx.o.of("ReplicaSet", namespace), pods)
     judged = pods
     if rollout is not None and rollout["current_pods"] is not None:
         judged = [p for p in pods if obj_name(p) in rollout["current_pods"]]
@@ -411,7 +411,7 @@ def fetch_kubernetes(api_client, namespace, name, gateway_namespace="aibrix-syst
                 return None
             raise
         items = data.get("items") if isinstance(data, dict) and isinstance(data.get("items"), list) else []
-        return [x for x in (_k8s_wait.shape(item, kind) for item in items) if x is not None]
+        return [x for x in (_k8s_shape.shape(item, kind) for item in items) if x is not None]
 
     objects, kinds = [], set()
     plan = [

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """**PRIVATE** to llmops.serving: why one engine pod does not serve, from its objects, Events and logs.
 
-:class:`KubeContext` holds what one engine left in the cluster (objects shaped once by ``_k8s_wait.shape_objects``,
+:class:`KubeContext` holds what one engine left in the cluster (objects shaped once by ``_k8s_shape.shape_objects``,
 normalised Events, current and previous container logs); the rules read it: scheduling
 (:func:`rule_unschedulable`), volumes (:func:`rule_mount`), containers (:func:`rule_container`: image pulls,
 config errors, OOM kills, probe kills, crashes, a start longer than its probe window), eviction and readiness.
@@ -15,7 +15,7 @@ import re
 import time
 
 from ansible_collections.llmops.serving.plugins.module_utils.engine import _process_command
-from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_wait
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_shape
 from ansible_collections.llmops.serving.plugins.module_utils.engine._diagnose import (
     PLAUSIBLE_START_SECONDS, analyse_log, classify_exit, clip, command_facts, exception_evidence, finding, fmt_s,
     progress_text,
@@ -23,7 +23,7 @@ from ansible_collections.llmops.serving.plugins.module_utils.engine._diagnose im
 
 
 def _time(value):
-    return _k8s_wait.parse_time(value)
+    return _k8s_shape.parse_time(value)
 
 
 def container_argv(container):
@@ -159,8 +159,8 @@ def _probe_window(probe):
 class KubeContext(object):
 
     def __init__(self, objects, logs, namespace, name, served_model_name, gateway_namespace, now, listed_kinds):
-        self.o = Objects(_k8s_wait.shape_objects(objects), listed_kinds)
-        self.logs = Logs(_k8s_wait.shape_logs(logs))
+        self.o = Objects(_k8s_shape.shape_objects(objects), listed_kinds)
+        self.logs = Logs(_k8s_shape.shape_logs(logs))
         self.namespace = namespace
         self.name = name
         self.served_model_name = served_model_name
@@ -197,7 +197,7 @@ def rule_unschedulable(ctx, pod, pod_ref):
     ``unschedulable_gpus`` when the scheduler names an accelerator or RDMA resource as ``Insufficient``.
     """
     status = pod.get("status") or {}
-    cond = _k8s_wait.condition(status.get("conditions"), "PodScheduled")
+    cond = _k8s_shape.condition(status.get("conditions"), "PodScheduled")
     if (pod.get("spec") or {}).get("nodeName") or (cond and cond.get("status") == "True"):
         return None
     msgs = []
@@ -315,7 +315,7 @@ def _served_before(pod, started_at, logf):
     after the container started (it went Ready, then not)."""
     if logf.get("serving_line"):
         return True
-    cond = _k8s_wait.condition((pod.get("status") or {}).get("conditions"), "Ready") or {}
+    cond = _k8s_shape.condition((pod.get("status") or {}).get("conditions"), "Ready") or {}
     changed = _time(cond.get("lastTransitionTime"))
     return bool(changed and started_at and changed > started_at + 5)
 
@@ -483,7 +483,7 @@ def rule_evicted(ctx, pod, pod_ref):
         return None
     node = (pod.get("spec") or {}).get("nodeName") or "?"
     ev = ["the kubelet evicted the pod from node %s: %s" % (node, status.get("message") or "no message recorded")]
-    cond = _k8s_wait.condition(status.get("conditions"), "DisruptionTarget")
+    cond = _k8s_shape.condition(status.get("conditions"), "DisruptionTarget")
     if cond:
         ev.append("DisruptionTarget=%s reason %s: %s" % (cond.get("status"), cond.get("reason"), cond.get("message", "")))
     ev += [event_text(e) for e in ctx.events_for("Pod", obj_name(pod), obj_meta(pod).get("uid")) if e["reason"] == "Evicted"][-2:]
@@ -519,7 +519,7 @@ def pod_blocked(ctx, pod):
     evs = ctx.events_for("Pod", obj_name(pod), obj_meta(pod).get("uid"))
     f = rule_unschedulable(ctx, pod, pod_ref)
     if f:
-        cond = _k8s_wait.condition((pod.get("status") or {}).get("conditions"), "PodScheduled") or {}
+        cond = _k8s_shape.condition((pod.get("status") or {}).get("conditions"), "PodScheduled") or {}
         sched = [e for e in evs if e["reason"] == "FailedScheduling"]
         text = sched[-1]["message"] if sched else cond.get("message") or ""
         m = _NO_FIT.search(text.strip())
@@ -555,7 +555,7 @@ def pod_blocked(ctx, pod):
 
 
 def pod_ready(pod):
-    return (_k8s_wait.condition((pod.get("status") or {}).get("conditions"), "Ready") or {}).get("status") == "True"
+    return (_k8s_shape.condition((pod.get("status") or {}).get("conditions"), "Ready") or {}).get("status") == "True"
 
 
 def rule_not_ready(ctx, pod):
@@ -564,7 +564,7 @@ def rule_not_ready(ctx, pod):
     pod_ref = "pod %s/%s" % (obj_ns(pod), obj_name(pod))
     status = pod.get("status") or {}
     ev = ["the pod is not Ready (phase %s)" % (status.get("phase") or "not recorded")]
-    ready = _k8s_wait.condition(status.get("conditions"), "Ready")
+    ready = _k8s_shape.condition(status.get("conditions"), "Ready")
     if ready:
         ev.append("Ready=%s reason %s: %s" % (ready.get("status"), ready.get("reason"), ready.get("message", "")))
     else:

@@ -7,7 +7,7 @@ import os
 import pytest
 import yaml
 
-from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_wait
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_shape, _k8s_wait
 from ansible_collections.llmops.serving.plugins.modules import k8s_engine_wait
 
 FIX = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "fixtures", "k8s")
@@ -32,7 +32,7 @@ def cluster(monkeypatch):
 
     def fast(fetch, **kw):
         return real(fetch, clock=lambda: clock["t"], sleep=lambda s: clock.__setitem__("t", clock["t"] + s),
-                    now=lambda: _k8s_wait.parse_time("2026-08-02T08:00:05Z") + clock["t"], **kw)
+                    now=lambda: _k8s_shape.parse_time("2026-08-02T08:00:05Z") + clock["t"], **kw)
 
     monkeypatch.setattr(_k8s_wait, "wait_rollout", fast)
     return state
@@ -145,7 +145,7 @@ def test_real_client_path_reads_pods_and_route(run_module, tmp_path):
         srv.close()
     assert not r.get("failed"), r
     assert r["state"] == "ready" and r["pods"][0]["name"] == "glm-5-2-fp8-vllm-7d9c6b5f4-k7w9m"
-    assert r["pods"][0]["created"] == _k8s_wait.parse_time("2026-08-02T08:00:05Z")
+    assert r["pods"][0]["created"] == _k8s_shape.parse_time("2026-08-02T08:00:05Z")
     assert ("/api/v1/namespaces/llm-lab/pods", {"labelSelector": ["app.kubernetes.io/name=glm-5-2-fp8-vllm"]}) in srv.requests
 
 

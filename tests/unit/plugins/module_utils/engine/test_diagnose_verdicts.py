@@ -16,7 +16,7 @@ import os
 import yaml
 
 from ansible_collections.llmops.serving.plugins.module_utils.engine import _diagnose, _diagnose_local
-from ansible_collections.llmops.serving.plugins.module_utils.kube import _diagnose_k8s
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _diagnose_k8s, _k8s_shape
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_wait as w
 from ansible_collections.llmops.serving.plugins.module_utils.common import _timeline
 
@@ -114,8 +114,8 @@ def test_wrong_typed_fields_count_as_absent():
     pod["metadata"]["creationTimestamp"] = 12
     res = diagnose(sc)
     assert res["verdict"] not in ("healthy",)
-    assert w.shape(pod)["status"].get("conditions") is None
-    assert "restartCount" not in w.shape(pod)["status"]["containerStatuses"][0]
+    assert _k8s_shape.shape(pod)["status"].get("conditions") is None
+    assert "restartCount" not in _k8s_shape.shape(pod)["status"]["containerStatuses"][0]
 
 
 # ---- issue 23.4: fail in minutes on what never clears ---------------------------------------------------------

@@ -11,7 +11,7 @@ deletion, while the Service's endpoints and the gateway's cache still list it fo
 """
 from __future__ import annotations
 
-from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_wait
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_revision, _k8s_wait
 from ansible_collections.llmops.serving.plugins.modules import k8s_engine_wait
 from ansible_collections.llmops.serving.tests.lib import kube_controllers as kc
 
@@ -161,13 +161,13 @@ def test_without_a_routing_strategy_the_answer_names_no_pod_and_the_endpoints_de
 
 def test_an_answer_from_a_current_pod_that_is_not_ready_is_no_proof():
     pods = [{"kind": "Pod", "metadata": {"name": "e-1", "labels": {"pod-template-hash": "h2"}}, "status": {"podIP": "10.0.0.9"}}]
-    proof, why = _k8s_wait.revision_proof(dict(pods=["e-1"], ready_pods=[], revision="h2"),
-                                          dict(revision_label="pod-template-hash"), pods,
-                                          served={"target-pod": "e-1", "target-pod-ip": "10.0.0.9:8000"})
+    proof, why = _k8s_revision.revision_proof(dict(pods=["e-1"], ready_pods=[], revision="h2"),
+                                              dict(revision_label="pod-template-hash"), pods,
+                                              served={"target-pod": "e-1", "target-pod-ip": "10.0.0.9:8000"})
     assert proof["held"] is False and "a pod of the current revision that is not Ready" in why
-    proof, why = _k8s_wait.revision_proof(dict(pods=["e-1"], ready_pods=["e-1"], revision="h2"),
-                                          dict(revision_label="pod-template-hash"), pods,
-                                          served={"target-pod-ip": "10.0.0.9:8000"})
+    proof, why = _k8s_revision.revision_proof(dict(pods=["e-1"], ready_pods=["e-1"], revision="h2"),
+                                              dict(revision_label="pod-template-hash"), pods,
+                                              served={"target-pod-ip": "10.0.0.9:8000"})
     assert proof == dict(by="target-pod-ip", held=True, pod="e-1", ip="10.0.0.9", revision="h2", current_revision="h2")
     assert why is None
 
@@ -177,7 +177,7 @@ def test_an_endpoint_whose_readiness_is_unknown_counts_as_ready():
     ready"."""
     slices = [{"endpoints": [{"addresses": ["10.0.0.5"], "targetRef": {"kind": "Pod", "name": "old-1"}},
                              {"addresses": ["10.0.0.6"], "conditions": {"ready": False}, "targetRef": {"name": "old-2"}}]}]
-    assert _k8s_wait.ready_endpoints(slices) == [dict(pod="old-1", addresses=["10.0.0.5"])]
+    assert _k8s_revision.ready_endpoints(slices) == [dict(pod="old-1", addresses=["10.0.0.5"])]
 
 
 # ---- the module: objects replay covers EndpointSlices and the gateway's answer -----------------------------------

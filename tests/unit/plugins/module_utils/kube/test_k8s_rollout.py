@@ -7,7 +7,7 @@ re-apply, and the Service answers from them until they are gone.
 """
 from __future__ import annotations
 
-from ansible_collections.llmops.serving.plugins.module_utils.kube import _diagnose_k8s, _k8s_wait
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _diagnose_k8s, _k8s_revision, _k8s_shape, _k8s_wait
 from ansible_collections.llmops.serving.tests.lib import kube_controllers as kc
 
 A = "/mnt/nvme/models/GLM-5.2-FP8/rev-a"
@@ -203,9 +203,9 @@ def test_stormservice_between_revisions_is_rolling():
              "spec": {"replicas": 1, "template": {"spec": {"roles": []}}},
              "status": {"observedGeneration": 3, "replicas": 1, "readyReplicas": 1, "updatedReplicas": 0,
                         "updatedReadyReplicas": 0, "currentRevision": "glm-pd-5d4c", "updateRevision": "glm-pd-7f9e"}}
-    ro = _k8s_wait.rollout_status(_k8s_wait.shape(storm), [], [])
+    ro = _k8s_revision.rollout_status(_k8s_shape.shape(storm), [], [])
     assert ro["state"] == "rolling" and "glm-pd-5d4c to glm-pd-7f9e" in ro["message"]
     storm["status"].update(updatedReplicas=1, updatedReadyReplicas=1, currentRevision="glm-pd-7f9e")
-    assert _k8s_wait.rollout_status(_k8s_wait.shape(storm), [], [])["state"] == "done"
+    assert _k8s_revision.rollout_status(_k8s_shape.shape(storm), [], [])["state"] == "done"
     storm["metadata"]["generation"] = 4
-    assert "observe generation 4" in _k8s_wait.rollout_status(_k8s_wait.shape(storm), [], [])["message"]
+    assert "observe generation 4" in _k8s_revision.rollout_status(_k8s_shape.shape(storm), [], [])["message"]

@@ -7,6 +7,7 @@ import os
 import pytest
 import yaml
 
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_shape
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_wait as w
 from ansible_collections.llmops.serving.plugins.module_utils.common import _timeline
 
@@ -20,7 +21,7 @@ def _load(name):
 
 ROUTES = _load("routes.yaml")
 PODS = _load("pods.yaml")
-T0 = w.parse_time("2026-08-02T08:00:05Z")
+T0 = _k8s_shape.parse_time("2026-08-02T08:00:05Z")
 
 
 def test_accepted_route_is_ready():

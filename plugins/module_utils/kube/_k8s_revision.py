@@ -1,0 +1,331 @@
+# -*- coding: utf-8 -*-
+# Copyright: llmops.serving contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""**PRIVATE** to llmops.serving: which revision of an engine workload is current, and proof that it answers.
+
+* :func:`rollout_status` - whether the workload's CURRENT revision is rolled out (Deployment generation,
+  ``observedGeneration``, ``updatedReplicas``, ``availableReplicas``, old replicas; LeaderWorkerSet and
+  StormService status the same way) and which pods belong to that revision (``pod-template-hash`` of the
+  current ReplicaSet, :func:`current_replicaset`; pods of an old ReplicaSet do not count).
+* :func:`revision_facts` - what the current template serves: image, model path, served names.
+* :func:`revision_proof` - that the answer comes from the current revision, from what is live: the ``root`` a
+  ``/v1/models`` answer lists (:func:`answered_by`), else the pod AIBrix's gateway names in
+  ``target-pod``/``target-pod-ip``, else the ready endpoints of the Service the route points at
+  (:func:`ready_endpoints`: no old pod left that could answer); :func:`proof_text` says what held.
+
+Pure functions over shaped objects (:mod:`_k8s_shape`); no I/O here.
+"""
+from __future__ import annotations
+
+from ansible_collections.llmops.serving.plugins.module_utils.engine import _diagnose
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_shape
+
+# --------------------------------------------------------------------------------------------- #
+# Rollout: which revision is current, and is it rolled out
+# --------------------------------------------------------------------------------------------- #
+
+#: kubernetes/kubernetes pkg/apis/apps types.go DefaultDeploymentUniqueLabelKey: the controller labels the pods of
+#: each ReplicaSet with the hash of its template (pkg/controller/deployment/sync.go getNewReplicaSet).
+HASH_LABEL = "pod-template-hash"
+#: pkg/controller/deployment/util/deployment_util.go RevisionAnnotation, on the Deployment and each ReplicaSet.
+REVISION_ANNOTATION = "deployment.kubernetes.io/revision"
+#: kubernetes-sigs/lws api/leaderworkerset/v1/leaderworkerset_types.go RevisionKey (every pod of a group).
+LWS_REVISION_LABEL = "leaderworkerset.sigs.k8s.io/template-revision-hash"
+#: vllm-project/aibrix v0.7.0 pkg/controller/constants/stormservice.go StormServiceRevisionLabelKey.
+STORM_REVISION_LABEL = "storm-service-revision"
+
+
+def _labels(obj):
+    return (obj.get("metadata") or {}).get("labels") or {}
+
+
+def _template_without_hash(template):
+    t = dict(template or {})
+    meta = dict(t.get("metadata") or {})
+    meta["labels"] = dict((k, v) for k, v in (meta.get("labels") or {}).items() if k != HASH_LABEL)
+    t["metadata"] = meta
+    return t
+
+
+def current_replicaset(deployment, replicasets):
+    """The Deployment's new ReplicaSet: the oldest one it owns whose template equals the Deployment's ignoring
+    ``pod-template-hash`` (pkg/controller/deployment/util/deployment_util.go FindNewReplicaSet, EqualIgnoreHash);
+    else the one with the Deployment's revision annotation. None when it is not among ``replicasets``."""
+    meta = deployment.get("metadata") or {}
+    uid = meta.get("uid")
+    owned = []
+    for rs in replicasets or []:
+        refs = (rs.get("metadata") or {}).get("ownerReferences") or []
+        if uid and any(r.get("uid") == uid for r in refs) or not uid and any(
+                r.get("kind") == "Deployment" and r.get("name") == meta.get("name") for r in refs):
+            owned.append(rs)
+    owned.sort(key=lambda rs: _k8s_shape.parse_time((rs.get("metadata") or {}).get("creationTimestamp")) or 0)
+    want = _template_without_hash((deployment.get("spec") or {}).get("template"))
+    for rs in owned:
+        if _template_without_hash((rs.get("spec") or {}).get("template")) == want:
+            return rs
+    rev = (meta.get("annotations") or {}).get(REVISION_ANNOTATION)
+    for rs in owned:
+        if rev and ((rs.get("metadata") or {}).get("annotations") or {}).get(REVISION_ANNOTATION) == rev:
+            return rs
+    return None
+
+
+def _engine_template(workload):
+    spec = workload.get("spec") or {}
+    kind = workload.get("kind")
+    if kind == "Deployment":
+        return spec.get("template") or {}
+    if kind == "LeaderWorkerSet":
+        return (spec.get("leaderWorkerTemplate") or {}).get("leaderTemplate") or {}
+    roles = ((spec.get("template") or {}).get("spec") or {}).get("roles") or []
+    return (roles[0].get("template") or {}) if roles else {}
+
+
+def revision_facts(workload, container="engine"):
+    """What the workload's current template serves: the engine image, the model path (the ``root`` the engine
+    lists in ``/v1/models``) and the served names, read from the engine container's command."""
+    spec = _engine_template(workload).get("spec") or {}
+    containers = spec.get("containers") or []
+    engine = next((c for c in containers if c.get("name") == container), containers[0] if containers else {})
+    cmd = _diagnose.command_facts(list(engine.get("command") or []) + list(engine.get("args") or []))
+    return dict(image=engine.get("image"), model_path=cmd.get("model"), served_names=cmd.get("served_names") or [])
+
+
+def rollout_status(workload, replicasets=None, pods=None):
+    """Whether the workload's current revision is rolled out, and which pods are of it.
+
+    Returns ``dict(kind, name, state=done|rolling|failed, message, generation, observed_generation, replicas,
+    updated, ready, available, revision_label, revision, current_pods)``; ``current_pods`` is None when the
+    current revision cannot be told apart (then every pod counts, and only a rolled-out status proves there are
+    no old ones).
+
+    * Deployment (kubectl pkg/polymorphichelpers/rollout_status.go DeploymentStatusViewer, the rule
+      ``kubectl rollout status`` and kubernetes.core's waiter apply): the controller has observed the current
+      generation; no ``Progressing`` condition with reason ``ProgressDeadlineExceeded``; ``updatedReplicas`` ==
+      ``spec.replicas``; no old replicas (``status.replicas`` == ``updatedReplicas``); ``availableReplicas`` >=
+      ``updatedReplicas``. Current pods carry the new ReplicaSet's ``pod-template-hash``.
+    * LeaderWorkerSet (kubernetes-sigs/lws leaderworkerset_types.go): no ``UpdateInProgress``/``Progressing``
+      condition True, ``Available`` True, ``updatedReplicas`` and ``readyReplicas`` == ``spec.replicas``;
+      current pods carry the newest ``template-revision-hash`` while it rolls.
+    * StormService (AIBrix v0.7.0 CRD status): ``observedGeneration`` >= generation, ``currentRevision`` ==
+      ``updateRevision``, ``updatedReplicas`` and ``updatedReadyReplicas`` == ``spec.replicas``; current pods
+      carry ``storm-service-revision`` = ``updateRevision``.
+    """
+    kind = workload.get("kind")
+    meta = workload.get("metadata") or {}
+    spec = workload.get("spec") or {}
+    status = workload.get("status") or {}
+    want = _k8s_shape.integer(spec.get("replicas"), 1)
+    gen = _k8s_shape.integer(meta.get("generation"), None)
+    observed = _k8s_shape.integer(status.get("observedGeneration"), None)
+    out = dict(kind=kind, name=meta.get("name"), generation=gen, observed_generation=observed, replicas=want,
+               updated=_k8s_shape.integer(status.get("updatedReplicas")), ready=_k8s_shape.integer(status.get("readyReplicas")),
+               available=_k8s_shape.integer(status.get("availableReplicas")), revision_label=None, revision=None, current_pods=None)
+    pods = pods or []
+    label, value = None, None
+    if kind == "Deployment":
+        label = HASH_LABEL
+        rs = current_replicaset(workload, replicasets)
+        if rs is not None:
+            value = ((rs.get("metadata") or {}).get("labels") or {}).get(HASH_LABEL)
+    elif kind == "LeaderWorkerSet":
+        label = LWS_REVISION_LABEL
+        # the newest pod's hash: the controller recreates groups with the new template, never the old one
+        hashes = [(_k8s_shape.parse_time((p.get("metadata") or {}).get("creationTimestamp")) or 0, _labels(p).get(label))
+                  for p in pods if _labels(p).get(label)]
+        value = max(hashes)[1] if hashes else None
+    elif kind == "StormService":
+        label = STORM_REVISION_LABEL
+        value = status.get("updateRevision") if any(label in _labels(p) for p in pods) else None
+    if value:
+        out.update(revision_label=label, revision=value,
+                   current_pods=[(p.get("metadata") or {}).get("name") for p in pods if _labels(p).get(label) == value])
+    name = "%s %s" % (kind, meta.get("name"))
+    waiting = None
+    if kind == "Deployment":
+        progressing = _k8s_shape.condition(status.get("conditions"), "Progressing") or {}
+        if gen is not None and (observed is None or observed < gen):
+            waiting = "%s: waiting for the controller to observe generation %s (observedGeneration %s)" % (name, gen, observed)
+        elif progressing.get("reason") == "ProgressDeadlineExceeded":
+            out.update(state="failed", message="%s exceeded its progress deadline (progressDeadlineSeconds %s): %s" % (
+                name, spec.get("progressDeadlineSeconds", 600), progressing.get("message", "")))
+            return out
+        elif out["updated"] < want:
+            waiting = "%s: %d of %d new replicas have been updated" % (name, out["updated"], want)
+        elif _k8s_shape.integer(status.get("replicas")) > out["updated"]:
+            waiting = "%s: %d old replica(s) pending termination" % (name, _k8s_shape.integer(status.get("replicas")) - out["updated"])
+        elif out["available"] < out["updated"]:
+            waiting = "%s: %d of %d updated replicas are available" % (name, out["available"], out["updated"])
+    elif kind == "LeaderWorkerSet":
+        conds = status.get("conditions")
+        stale = [c for c in conds or [] if gen is not None and _k8s_shape.integer(c.get("observedGeneration"), gen) < gen]
+        busy = [c["type"] for c in conds or [] if c.get("type") in ("UpdateInProgress", "Progressing")
+                and c.get("status") == "True"]
+        if stale:
+            waiting = "%s: its conditions are of generation %s, not %s yet" % (name, stale[0].get("observedGeneration"), gen)
+        elif busy:
+            waiting = "%s: %s (%d of %d groups updated, %d ready)" % (name, " and ".join(busy), out["updated"], want,
+                                                                      out["ready"])
+        elif out["updated"] < want or out["ready"] < want:
+            waiting = "%s: %d of %d groups updated, %d ready" % (name, out["updated"], want, out["ready"])
+        elif (_k8s_shape.condition(conds, "Available") or {}).get("status") != "True":
+            waiting = "%s: not Available yet" % name
+    elif kind == "StormService":
+        cur, upd = status.get("currentRevision"), status.get("updateRevision")
+        upd_ready = _k8s_shape.integer(status.get("updatedReadyReplicas"), out["ready"])
+        if gen is not None and (observed is None or observed < gen):
+            waiting = "%s: waiting for the controller to observe generation %s (observedGeneration %s)" % (name, gen, observed)
+        elif cur and upd and cur != upd:
+            waiting = "%s: rolling from revision %s to %s (%d of %d updated)" % (name, cur, upd, out["updated"], want)
+        elif out["updated"] < want or upd_ready < want:
+            waiting = "%s: %d of %d replicas updated, %d of them ready" % (name, out["updated"], want, upd_ready)
+    if waiting:
+        out.update(state="rolling", message=waiting)
+    else:
+        out.update(state="done", message="%s: revision %s rolled out" % (name, value or gen))
+    return out
+
+
+# --------------------------------------------------------------------------------------------- #
+# Proof that the current revision answers
+# --------------------------------------------------------------------------------------------- #
+
+
+def answered_by(models, model_path):
+    """``(proven, roots)``: whether a ``/v1/models`` answer (vLLM and SGLang list the served model with
+    ``root`` = the path it was loaded from) comes from an engine of ``model_path``; ``roots`` is what it lists
+    (empty when the answer names none, as a gateway's own model list)."""
+    data = models.get("data") if isinstance(models, dict) else None
+    roots = [m.get("root") for m in data if isinstance(m, dict) and isinstance(m.get("root"), str)] \
+        if isinstance(data, list) else []
+    norm = (model_path or "").rstrip("/")
+    return bool(norm) and any(r.rstrip("/") == norm for r in roots), roots
+
+
+#: Response headers AIBrix v0.7.0's gateway plugin sets when a routing strategy picked a pod
+#: (vllm-project/aibrix pkg/plugins/gateway/gateway_rsp_headers.go, ``routerCtx.HasRouted()``): the pod's name, and
+#: ``RoutingContext.TargetAddress()`` = ``<podIP>:<port>`` (pkg/types/router_context.go).
+TARGET_POD, TARGET_POD_IP = "target-pod", "target-pod-ip"
+#: discovery.k8s.io/v1 ``LabelServiceName``: the label the EndpointSlice controller puts on every slice of a Service.
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+_FIX_OLD = ("Fix: wait for the rollout to finish (an old pod leaves the Service's endpoints and AIBrix's pod cache "
+            "once it terminates); a pod that belongs to no current workload (a renamed or leftover Deployment, a pod "
+            "started by hand) keeps answering until it is deleted or relabelled")
+
+
+def _address(value):
+    """The IP of an ``<ip>:<port>`` / ``[<ipv6>]:<port>`` / bare IP header value."""
+    v = (value or "").strip()
+    if v.startswith("["):
+        return v[1:v.index("]")] if "]" in v else v[1:]
+    return v.rsplit(":", 1)[0] if v.count(":") == 1 else v
+
+
+def ready_endpoints(endpointslices):
+    """``[dict(pod, addresses)]`` of every endpoint a Service would send traffic to, over its EndpointSlices.
+
+    k8s.io/api discovery/v1 types.go ``EndpointConditions.ready``: "A nil value indicates an unknown state. In most
+    cases consumers should interpret this unknown state as ready"; the EndpointSlice controller sets it false for a
+    pod that is not Ready or is terminating (kubernetes/kubernetes v1.33.0 staging/src/k8s.io/endpointslice/utils.go
+    ``podToEndpoint``: ``ready = publishNotReadyAddresses || (serving && !terminating)``)."""
+    out = []
+    for sl in endpointslices or []:
+        for ep in (sl.get("endpoints") or []):
+            if (ep.get("conditions") or {}).get("ready") is False:
+                continue
+            ref = ep.get("targetRef") or {}
+            out.append(dict(pod=ref.get("name") if ref.get("kind", "Pod") == "Pod" else None,
+                            addresses=list(ep.get("addresses") or [])))
+    return out
+
+
+def _pod_revision(pod, label):
+    return _labels(pod).get(label) if (pod is not None and label) else None
+
+
+def _describe(name, ip, pod, label):
+    where = "pod %s" % name if name else "address %s" % ip
+    if name and ip:
+        where += " (%s)" % ip
+    if pod is None:
+        return "%s, which is no pod the selector matches" % where
+    rev = _pod_revision(pod, label)
+    return "%s of revision %s" % (where, rev) if rev else "%s of an earlier revision" % where
+
+
+def revision_proof(revision, rollout, pods, models=None, served=None, endpointslices=None, service=None):
+    """``(proof, waiting)``: whether what is live proves the answer comes from the current revision.
+
+    ``pods``: the shaped live pods the selector matches (every revision); ``revision["pods"]``: the current
+    revision's. Tried in this order, the first the evidence allows:
+
+    * ``root``: ``models`` (a ``/v1/models`` answer; False: none came) lists the current model path as ``root``
+      (vLLM and SGLang report the path they loaded; a gateway's own list names none);
+    * ``target-pod-ip`` / ``target-pod``: ``served`` (the response headers of an answer through AIBrix's gateway;
+      False: none came) names the pod a routing strategy picked; it must be a Ready pod of the current revision;
+    * ``endpoints``: ``endpointslices`` (the Service's EndpointSlices, ``service`` its ``namespace/name``) have a
+      ready endpoint and every one is a pod of the current revision, so no old pod can still answer.
+
+    ``proof`` is None when none could be read; ``waiting`` says what still answers and the fix, or is None.
+    """
+    label = (rollout or {}).get("revision_label")
+    current = set(revision.get("pods") or [])
+    ready = set(revision.get("ready_pods") or [])
+    by_name = dict(((p.get("metadata") or {}).get("name"), p) for p in pods)
+    by_ip = dict(((p.get("status") or {}).get("podIP"), p) for p in pods if (p.get("status") or {}).get("podIP"))
+    if models is not None:
+        proven, roots = answered_by(models, revision.get("model_path"))
+        if not isinstance(models, dict):
+            return None, "the serving URL gave no /v1/models answer yet"
+        if roots:
+            proof = dict(by="root", held=proven, model_path=revision.get("model_path"), answered_roots=roots)
+            if not proven:
+                return proof, ("rolling: the serving URL answers from %s, not from the current revision's %s (an old "
+                               "engine still answers)" % (", ".join(roots), revision.get("model_path")))
+            return proof, None
+    heard = served if isinstance(served, dict) else {}
+    named, ip = heard.get(TARGET_POD) or None, _address(heard.get(TARGET_POD_IP)) or None
+    if named or ip:
+        pod = by_name.get(named) if named else None
+        pod = pod if pod is not None else by_ip.get(ip)
+        name = (pod.get("metadata") or {}).get("name") if pod is not None else named
+        pod_ip = (pod.get("status") or {}).get("podIP") if pod is not None else None
+        held = pod is not None and name in ready and (ip is None or pod_ip is None or pod_ip == ip)
+        proof = dict(by=TARGET_POD_IP if ip else TARGET_POD, held=held, pod=name, ip=ip,
+                     revision=_pod_revision(pod, label), current_revision=revision.get("revision"))
+        if held:
+            return proof, None
+        if pod is not None and name in current:
+            why = "a pod of the current revision that is not Ready"
+        else:
+            why = _describe(name, ip, pod, label)
+        return proof, ("rolling: the gateway's answer came from %s, not from a Ready pod of the current revision %s: "
+                       "an old pod still answers. %s" % (why, revision.get("revision") or "", _FIX_OLD))
+    if endpointslices is None:
+        return None, None
+    eps = ready_endpoints(endpointslices)
+    current_ips = set((by_name[n].get("status") or {}).get("podIP") for n in current if n in by_name)
+    outside = [e for e in eps if not (e["pod"] in current if e["pod"] else set(e["addresses"]) & current_ips)]
+    view = [dict(pod=e["pod"], ip=(e["addresses"] or [None])[0],
+                 revision=_pod_revision(by_name.get(e["pod"]), label)) for e in eps]
+    proof = dict(by="endpoints", held=bool(eps) and not outside, service=service, ready_endpoints=view,
+                 current_revision=revision.get("revision"))
+    if not eps:
+        return proof, "Service %s has no ready endpoint yet" % (service or "")
+    if outside:
+        who = "; ".join(_describe(e["pod"], (e["addresses"] or [None])[0], by_name.get(e["pod"]), label) for e in outside)
+        return proof, ("rolling: Service %s still has %d ready endpoint(s) outside the current revision %s: %s; it can "
+                       "still answer. %s" % (service or "", len(outside), revision.get("revision") or "", who, _FIX_OLD))
+    return proof, None
+
+
+def proof_text(proof):
+    """What a :func:`revision_proof` that held proves, as a clause of the ready message (empty when none held)."""
+    if not proof or not proof.get("held"):
+        return ""
+    if proof["by"] == "root":
+        return "; the answer comes from %s" % proof["model_path"]
+    if proof["by"] in (TARGET_POD, TARGET_POD_IP):
+        return "; the gateway's answer came from %s, a pod of the current revision" % proof["pod"]
+    return "; every ready endpoint of Service %s is a pod of the current revision" % proof["service"]
