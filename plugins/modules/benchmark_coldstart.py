@@ -104,14 +104,15 @@ entry:
   returned: always
   type: dict
 msg:
-  description: One line for the play output.
+  description: What was done, in one line; the bytes evicted and the empty compile caches (O(action=prepare)), or
+    the time to the first correct answer with its phases (O(action=record)).
   returned: always
   type: str
 """
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_coldstart
+from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_coldstart, _bench_inputs
 
 
 def main():
@@ -143,7 +144,7 @@ def main():
         entry = _bench_coldstart.record(p["coldstart_file"], p["state"], p["rep"], p["timeline"], p["log_file"],
                                         started_at=p["started_at"], extra={"details": p["details"]})
     except _bench_coldstart.ColdstartError as e:
-        module.fail_json(msg=str(e), **({"file": e.file} if e.file else {}))
+        module.fail_json(**_bench_inputs.failure(e))
     shown = ", ".join("%s %.1fs" % (k, v) for k, v in entry["phases"].items() if v is not None)
     msg = "%s #%d: first correct answer after %.1fs (%s)" % (p["state"], p["rep"], entry["total_s"], shown)
     module.exit_json(changed=True, entry=entry, env={}, cache_dir=None, evicted_bytes=0, msg=msg)

@@ -121,8 +121,8 @@ removed:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_run
-from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_engine, _render_dir
+from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_inputs, _bench_job, _bench_outdir
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_checks, _k8s_engine, _render_dir
 
 
 class _SpecError(ValueError):
@@ -134,17 +134,17 @@ def _render(params):
         raise _SpecError("image: empty; set benchmark_k8s_image (by default the engine's image, engine_image) to an "
                          "image with vllm installed, whose vllm.benchmarks.serve is the client")
     try:
-        _k8s_engine.check_tolerations(params["tolerations"])
-        nodes = _k8s_engine.check_staged_nodes(params["nodes"] or None, 1, field="nodes", what="the benchmark Job",
+        _k8s_checks.check_tolerations(params["tolerations"])
+        nodes = _k8s_checks.check_staged_nodes(params["nodes"] or None, 1, field="nodes", what="the benchmark Job",
                                                hint="give the nodes that hold the tokenizer")
-    except _k8s_engine.SpecError as e:
+    except _k8s_checks.SpecError as e:
         raise _SpecError(str(e))
     try:
-        plan = _bench_run.read_plan(params["out_dir"])
-    except _bench_run.BenchError as e:
+        plan = _bench_outdir.read_plan(params["out_dir"])
+    except _bench_inputs.BenchError as e:
         raise _SpecError(str(e))
     affinity = _k8s_engine.pin_to_nodes({}, nodes) if nodes else None
-    objects = [_bench_run.job_manifest(plan, r, params["namespace"], params["image"], python=params["python"],
+    objects = [_bench_job.job_manifest(plan, r, params["namespace"], params["image"], python=params["python"],
                                        tokenizer_host_path=params["tokenizer_host_path"],
                                        tokenizer_mount=params["tokenizer_mount"], node_selector=params["node_selector"],
                                        active_deadline=params["active_deadline"], affinity=affinity,

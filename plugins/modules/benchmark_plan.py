@@ -196,7 +196,8 @@ moved_previous:
   returned: always
   type: str
 msg:
-  description: One line for the play output.
+  description: The plan in one line; its rounds (measured and warm-up), its targets and, with O(check_targets), the
+    least time the probes allow it.
   returned: always
   type: str
 """
@@ -205,8 +206,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_run
-from ansible_collections.llmops.serving.plugins.module_utils.common import _http, _secrets, _units
+from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_evidence, _bench_inputs, _bench_outdir, _bench_plan
+from ansible_collections.llmops.serving.plugins.module_utils.common import _http, _units
 
 
 def main():
@@ -244,41 +245,35 @@ def main():
         "targets[].prefill_metrics_url": "expose the engine's /metrics without them"})
     p = module.params
     try:
-        proto = _bench_run.check_inputs(dict(p, time_budget_s=p["time_budget"]))
+        proto = _bench_inputs.check_inputs(dict(p, time_budget_s=p["time_budget"]))
         # credential headers (Authorization, x-api-key) are never shown
-        for t in proto["targets"]:
-            for k, v in t["headers"].items():
-                if _secrets.is_credential_name(k) or _secrets.token_shape(v) is not None:
-                    module.no_log_values.add(v)
-        plan = _bench_run.make_plan(proto)
+        module.no_log_values.update(_bench_inputs.secret_header_values(proto["targets"]))
+        plan = _bench_plan.make_plan(proto)
         probes, estimate = [], None
         if p["check_targets"]:
-            _bench_run.check_tokenizer(p["tokenizer"])
+            _bench_inputs.check_tokenizer(p["tokenizer"])
             for i, t in enumerate(proto["targets"]):
-                _bench_run.check_target(t, i)
+                _bench_inputs.check_target(t, i)
             seconds = {}
             for i, t in enumerate(proto["targets"]):
                 for input_len, output_len in proto["lengths"]:
-                    s, kv = _bench_run.probe_transport(t, i, input_len, output_len, timeout=p["probe_timeout"])
+                    s, kv = _bench_evidence.probe_transport(t, i, input_len, output_len, timeout=p["probe_timeout"])
                     seconds[(t["name"], input_len, output_len)] = s
                     probes.append({"target": t["name"], "input_len": input_len, "output_len": output_len,
                                    "seconds": round(s, 4), "kv_transfer": kv})
-            estimate = _bench_run.check_budget(plan, seconds, proto["time_budget_s"])
+            estimate = _bench_plan.check_budget(plan, seconds, proto["time_budget_s"])
         moved = None
         plan_file = "%s/plan.json" % p["out_dir"].rstrip("/")
         if not module.check_mode:
-            moved = _bench_run.prepare_out_dir(p["out_dir"])
-            _bench_run.write_plan(p["out_dir"], {
-                "schema": _bench_run.PLAN_SCHEMA, "started_at": time.time(), "targets": proto["targets"],
+            moved = _bench_outdir.prepare_out_dir(p["out_dir"])
+            _bench_outdir.write_plan(p["out_dir"], {
+                "schema": _bench_outdir.PLAN_SCHEMA, "started_at": time.time(), "targets": proto["targets"],
                 "protocol": dict((k, v) for k, v in proto.items() if k != "targets"), "rounds": plan,
                 "tokenizer": p["tokenizer"], "probes": probes, "estimate_s": estimate,
                 "ready_timeout_s": p["ready_timeout"], "time_budget_s": proto["time_budget_s"],
                 "client": p["client"]})
-    except _bench_run.BenchError as e:
-        extra = {"reason": e.reason}
-        if e.file:
-            extra["file"] = e.file
-        module.fail_json(msg=str(e), **extra)
+    except _bench_inputs.BenchError as e:
+        module.fail_json(**_bench_inputs.failure(e))
     measured = sum(1 for r in plan if r["kind"] == "measure")
     msg = "%d rounds (%d measured, %d warm-up) over %d target(s)" % (len(plan), measured, len(plan) - measured,
                                                                      len(proto["targets"]))

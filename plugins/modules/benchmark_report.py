@@ -107,7 +107,7 @@ comparisons:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_report, _bench_run
+from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_assemble, _bench_inputs, _bench_render
 
 
 def main():
@@ -124,15 +124,15 @@ def main():
     )
     p = module.params
     try:
-        report = _bench_run.build_report(p["out_dir"], p["meta"], unstable_threshold=p["unstable_threshold"],
-                                         n_boot=p["n_boot"], rng_seed=p["rng_seed"],
-                                         coldstart_file=p["coldstart_file"])
-        files = [] if module.check_mode else _bench_report.write(report, p["out_dir"])
-    except _bench_run.BenchError as e:
-        module.fail_json(msg=str(e), reason=e.reason, **({"file": e.file} if e.file else {}))
+        report = _bench_assemble.build_report(p["out_dir"], p["meta"], unstable_threshold=p["unstable_threshold"],
+                                              n_boot=p["n_boot"], rng_seed=p["rng_seed"],
+                                              coldstart_file=p["coldstart_file"])
+        files = [] if module.check_mode else _bench_render.write(report, p["out_dir"])
+    except _bench_inputs.BenchError as e:
+        module.fail_json(**_bench_inputs.failure(e))
     except ValueError as e:
         module.fail_json(msg="cannot build the report from %s: %s" % (p["out_dir"], e))
-    if any(c.get("code") == _bench_report.NO_PLOTS[0] for c in report.get("caveats") or []):
+    if any(c.get("code") == _bench_render.NO_PLOTS[0] for c in report.get("caveats") or []):
         module.warn("the report has no plots: matplotlib is not installed on the host that runs benchmark_report "
                     "(pip install matplotlib); report.md says so in its caveats")
     cells = report.get("cells") or []

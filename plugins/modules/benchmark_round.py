@@ -104,8 +104,8 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_run
-from ansible_collections.llmops.serving.plugins.module_utils.common import _option_specs, _secrets
+from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_inputs, _bench_outdir, _bench_plan, _bench_round
+from ansible_collections.llmops.serving.plugins.module_utils.common import _option_specs
 from ansible_collections.llmops.serving.plugins.module_utils.transport import _rdma
 
 
@@ -128,26 +128,23 @@ def main():
         module.exit_json(changed=False, skipped=True, msg="check mode: no load sent", record=None, stopped=None,
                          progress=None)
     try:
-        plan = _bench_run.read_plan(p["out_dir"])
-        for t in plan["targets"]:
-            for k, v in (t.get("headers") or {}).items():
-                if _secrets.is_credential_name(k) or _secrets.token_shape(v) is not None:
-                    module.no_log_values.add(v)
+        plan = _bench_outdir.read_plan(p["out_dir"])
+        module.no_log_values.update(_bench_inputs.secret_header_values(plan["targets"]))
         env = dict(os.environ)
         env.update(dict((str(k), str(v)) for k, v in p["env"].items()))
         evidence_args = {"sysfs_root": p["sysfs_root"], "proc_root": p["proc_root"], "devices": p["rdma_devices"],
                          "ports": p["rdma_ports"], "direction": p["direction"]}
-        record, stopped = _bench_run.run_round(p["out_dir"], plan, p["index"], p["python"], env=env,
-                                               client_timeout=p["client_timeout"], evidence_args=evidence_args,
-                                               client_output=p["client_output"])
-        prog = _bench_run.progress(plan, _bench_run.done_rounds(p["out_dir"]), p["index"])
-    except _bench_run.BenchError as e:
+        record, stopped = _bench_round.run_round(p["out_dir"], plan, p["index"], p["python"], env=env,
+                                                 client_timeout=p["client_timeout"], evidence_args=evidence_args,
+                                                 client_output=p["client_output"])
+        prog = _bench_plan.progress(plan, _bench_outdir.done_rounds(p["out_dir"]), p["index"])
+    except _bench_inputs.BenchError as e:
         module.fail_json(msg=str(e), reason=e.reason)
     except OSError as e:
         module.fail_json(msg="python: cannot start the client with %s: %s; set benchmark_client_python to the "
                              "interpreter that has vllm installed" % (p["python"], e), reason="client_failed")
     if record is not None:
-        msg = "round %d of %d: %s; %s" % (p["index"], prog["n"], _bench_run.describe_round(record), prog["line"])
+        msg = "round %d of %d: %s; %s" % (p["index"], prog["n"], _bench_round.describe_round(record), prog["line"])
         shown = dict((k, v) for k, v in record.items() if k != "samples")
     else:
         msg = "round %d of %d not measured: %s" % (p["index"], prog["n"], stopped["message"])

@@ -17,7 +17,7 @@ import uuid
 
 from hypothesis import given, strategies as st
 
-from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_run, _bench_stats
+from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_assemble, _bench_client, _bench_inputs, _bench_outdir, _bench_stats
 from ansible_collections.llmops.serving.plugins.module_utils.engine import _process, _process_state
 from ansible_collections.llmops.serving.tests.property.test_untrusted_properties import (
     FILE_KINDS, SETTINGS, VALUES, json_documents, outcome, place, scratch)
@@ -60,7 +60,7 @@ def _plan(out):
     rounds = [{"index": 1, "kind": "measure", "target": "a", "concurrency": 1, "input_len": 8, "output_len": 4,
                "num_prompts": 2, "seed": 1, "rep": 0}]
     with open(os.path.join(out, "plan.json"), "w") as f:
-        json.dump({"schema": _bench_run.PLAN_SCHEMA, "targets": [{"name": "a", "url": "http://x", "model": "m"}],
+        json.dump({"schema": _bench_outdir.PLAN_SCHEMA, "targets": [{"name": "a", "url": "http://x", "model": "m"}],
                    "rounds": rounds, "protocol": {}, "started_at": 1.0, "tokenizer": "/t"}, f)
     os.makedirs(os.path.join(out, "rounds"))
     return rounds[0]
@@ -93,14 +93,14 @@ def test_any_round_file_is_used_or_named_and_the_report_is_built(data, kind, sto
         place(path, kind, data)
         if stopped is not None:
             place(os.path.join(d, "stopped.json"), "regular", stopped)
-        box = outcome(lambda: _bench_run.read_rounds(d, _bench_run.read_plan(d)), ())
+        box = outcome(lambda: _bench_outdir.read_rounds(d, _bench_outdir.read_plan(d)), ())
         done, problems = box["value"]
         named = [p["file"] for p in problems]
         if kind in ("missing", "dangling"):
             assert not done and (not named or kind == "dangling")
         else:
             assert (1 in done) != ("rounds/001.json" in named)
-        report = outcome(lambda: _bench_run.build_report(d, n_boot=10), ())["value"]
+        report = outcome(lambda: _bench_assemble.build_report(d, n_boot=10), ())["value"]
         stopped_named = [p for p in report["meta"]["files_not_used"] if p["file"] == "stopped.json"]
         assert report["meta"]["files_not_used"] == problems + stopped_named
         if problems:
@@ -127,7 +127,7 @@ def client_results(draw):
 @SETTINGS
 @given(doc=client_results())
 def test_any_client_result_gives_usable_samples_or_the_clients_clean_error(doc):
-    box = outcome(lambda: _bench_run.samples_from_result(doc, 1), _bench_run.BenchError)
+    box = outcome(lambda: _bench_client.samples_from_result(doc, 1), _bench_inputs.BenchError)
     if "clean" in box:
         assert box["clean"].reason == "client_result"
         return

@@ -17,7 +17,7 @@ import jinja2
 import pytest
 import yaml
 
-from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_run
+from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_outdir
 from ansible_collections.llmops.serving.plugins.modules import benchmark_job
 from ansible_collections.llmops.serving.tests.lib import kube_scheduler as ks
 
@@ -44,7 +44,7 @@ def plan_dir(tmp_path):
     rounds = [{"index": i, "kind": "measure", "target": "colocated", "concurrency": c, "input_len": 16,
                "output_len": 4, "num_prompts": 8, "seed": 1, "rep": 0} for i, c in ((1, 1), (2, 4))]
     with open(str(out / "plan.json"), "w") as f:
-        json.dump({"schema": _bench_run.PLAN_SCHEMA, "targets": [target], "rounds": rounds, "started_at": 1.0,
+        json.dump({"schema": _bench_outdir.PLAN_SCHEMA, "targets": [target], "rounds": rounds, "started_at": 1.0,
                    "protocol": {}, "tokenizer": "/models/tiny/rev1"}, f)
     return out
 

@@ -15,7 +15,10 @@ import time
 
 import pytest
 
-from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_coldstart, _bench_report, _bench_run
+from ansible_collections.llmops.serving.plugins.module_utils.bench import (
+    _bench_assemble, _bench_client, _bench_coldstart, _bench_inputs, _bench_outdir, _bench_plan, _bench_render,
+    _bench_report,
+)
 from ansible_collections.llmops.serving.plugins.modules import (
     benchmark_coldstart, benchmark_job, benchmark_plan, benchmark_report, benchmark_round,
 )
@@ -157,18 +160,18 @@ def _plan_args(server, tokenizer, out_dir, **over):
 
 
 def test_plan_warms_up_first_and_interleaves_a_and_b():
-    proto = _bench_run.check_inputs({
+    proto = _bench_inputs.check_inputs({
         "targets": [{"name": "a", "url": "http://h:1", "model": "m"}, {"name": "b", "url": "http://h:2", "model": "m"}],
         "concurrency": [1, 4], "seeds": [1, 2], "lengths": [[128, 64]], "requests_per_round": 8,
         "requests_per_concurrency": 4, "warmup_rounds": 1, "repetitions": 1})
-    plan = _bench_run.make_plan(proto)
+    plan = _bench_plan.make_plan(proto)
     c1 = [(r["kind"], r["target"], r["seed"]) for r in plan if r["concurrency"] == 1]
-    assert c1[:2] == [("warmup", "a", _bench_run.WARMUP_SEED_BASE), ("warmup", "b", _bench_run.WARMUP_SEED_BASE)]
+    assert c1[:2] == [("warmup", "a", _bench_plan.WARMUP_SEED_BASE), ("warmup", "b", _bench_plan.WARMUP_SEED_BASE)]
     assert c1[2:] == [("measure", "a", 1), ("measure", "b", 1), ("measure", "a", 2), ("measure", "b", 2)]
     assert [r["num_prompts"] for r in plan if r["kind"] == "measure" and r["concurrency"] == 4] == [16] * 4
     assert [r["index"] for r in plan] == list(range(1, len(plan) + 1))
     proto["interleave"] = False
-    seq = [r["target"] for r in _bench_run.make_plan(proto) if r["kind"] == "measure" and r["concurrency"] == 1]
+    seq = [r["target"] for r in _bench_plan.make_plan(proto) if r["kind"] == "measure" and r["concurrency"] == 1]
     assert seq == ["a", "a", "b", "b"]
 
 
@@ -208,7 +211,7 @@ def test_plan_refuses_bad_input_before_any_load(run_module, server, tokenizer, t
 def test_samples_keep_failed_requests_and_use_the_clients_tpot():
     doc = {"ttfts": [0.1, 0.0], "itls": [[0.01, 0.03], []], "latencies": [0.14, 0.0], "input_lens": [16, 16],
            "output_lens": [3, 0], "errors": ["", "Bad Request"]}
-    ok, bad = _bench_run.samples_from_result(doc, seed=7)
+    ok, bad = _bench_client.samples_from_result(doc, seed=7)
     assert ok["ok"] and ok["seed"] == 7 and ok["ttft_ms"] == 100.0 and ok["e2el_ms"] == 140.0
     assert ok["tpot_ms"] == pytest.approx(20.0) and ok["itl_ms"] == [10.0, 30.0]
     assert not bad["ok"] and bad["error"] == "Bad Request" and bad["e2el_ms"] is None
@@ -301,7 +304,7 @@ def test_rounds_render_as_jobs_and_a_job_log_is_a_round(run_module, server, toke
     assert args[args.index("--max-concurrency") + 1] == "1" and args[args.index("--seed") + 1] == "1"
     assert "--save-result" not in args  # the Job's own code adds them with its result directory
     assert (tmp_path / "jobs" / "kustomization.yaml").exists()
-    log = "bench output\n" + _bench_run.RESULT_MARKER + json.dumps({
+    log = "bench output\n" + _bench_client.RESULT_MARKER + json.dumps({
         "ttfts": [0.02], "itls": [[0.001] * 3], "latencies": [0.03], "input_lens": [16], "output_lens": [4],
         "errors": [""], "duration": 0.05})
     rec = run_module(benchmark_round, {"out_dir": str(out), "index": 3, "python": "unused", "client_output": log})
@@ -339,8 +342,9 @@ def test_coldstart_phases_add_up_to_the_first_correct_answer(run_module, tmp_pat
     with open(tmp_path / "cs.json") as f:
         doc = json.load(f)
     assert doc["states"][0]["state"] == "nvme" and doc["states"][0]["reps"][0]["total_s"] == 62.0
-    report = _bench_run.build_report(str(tmp_path / "none"), {"targets": [{"name": "engine", "url": "", "model": ""}]},
-                                     coldstart_file=str(tmp_path / "cs.json"))
+    report = _bench_assemble.build_report(str(tmp_path / "none"),
+                                          {"targets": [{"name": "engine", "url": "", "model": ""}]},
+                                          coldstart_file=str(tmp_path / "cs.json"))
     assert report["coldstart"]["states"][0]["reps"][0]["phases"]["compile"] == 12.0
     bad = run_module(benchmark_coldstart, {"action": "record", "state": "nvme", "timeline": {"health": 3},
                                            "log_file": str(log), "coldstart_file": str(tmp_path / "cs.json")})
@@ -364,14 +368,14 @@ def test_a_round_records_where_the_time_went_and_the_report_shows_it(run_module,
     res = run_module(benchmark_round, {"out_dir": str(out), "index": 1, "python": fake_python})
     eng = res["record"]["phases"]["engines"]["engine"]
     assert eng["prefill"]["count"] == 1 and eng["prefill"]["sum"] == pytest.approx(0.256899, abs=1e-6)
-    report = _bench_run.build_report(str(out), n_boot=50)
+    report = _bench_assemble.build_report(str(out), n_boot=50)
     _bench_report.validate(report)
     cell = report["cells"][0]
     assert cell["phases_ms"]["decode"]["mean_ms"] == pytest.approx(2252.4615, abs=1e-2)
     # the stand-in client's one request took 26 ms: the engine's 2.5 s cannot be this client's, and it says so
     assert cell["phases"]["explained_fraction"] == pytest.approx(2509.41 / 26.0, abs=0.01)
     assert any("not the client's" in w for w in cell["phases"]["warnings"])
-    md = _bench_report.markdown(report)
+    md = _bench_render.markdown(report)
     assert "## Where the time goes" in md
     assert "| colocated | 1 | 16/4 | 0.0 (p95 ≤ 300.0) | 256.9 (p95 ≤ 300.0) | – | 2252.5 (p95 2475.0) |" in md
     # the stacked bar per cell is drawn from the same phases
@@ -379,10 +383,10 @@ def test_a_round_records_where_the_time_went_and_the_report_shows_it(run_module,
 
 
 def _figure_names(report):
-    plt = _bench_report.pyplot()
+    plt = _bench_render.pyplot()
     if plt is None:
         pytest.skip("matplotlib is not installed")
-    figs = _bench_report._figures(report, plt)  # pylint: disable=protected-access
+    figs = _bench_render._figures(report, plt)  # pylint: disable=protected-access
     for _name, fig in figs:
         plt.close(fig)
     return figs
@@ -392,7 +396,7 @@ def test_the_fixed_rate_ladder_runs_beside_the_concurrency_ladder_interleaved():
     proto = {"targets": [{"name": "a"}, {"name": "b"}], "lengths": [[16, 4]], "concurrency": [1], "seeds": [1],
              "warmup_rounds": 1, "repetitions": 1, "interleave": True, "requests_per_round": 8,
              "requests_per_concurrency": 0, "request_rates": [0.5, 4.0], "rate_max_concurrency": 64}
-    plan = _bench_run.make_plan(proto)
+    plan = _bench_plan.make_plan(proto)
     got = [(r["kind"], r["target"], r["concurrency"], r["request_rate"], r["num_prompts"]) for r in plan]
     assert got == [
         ("warmup", "a", 1, None, 1), ("warmup", "b", 1, None, 1), ("measure", "a", 1, None, 8),
@@ -403,15 +407,15 @@ def test_the_fixed_rate_ladder_runs_beside_the_concurrency_ladder_interleaved():
         ("warmup", "a", 64, 4.0, 8), ("warmup", "b", 64, 4.0, 8), ("measure", "a", 64, 4.0, 8),
         ("measure", "b", 64, 4.0, 8)]
     target = {"name": "a", "url": "http://e:8000", "model": "m", "headers": {}}
-    argv = _bench_run.client_argv("py", target, plan[6], "/tok", "/out", "r.json", burstiness=0.5,
-                                  goodput=["ttft:500"])
+    argv = _bench_client.client_argv("py", target, plan[6], "/tok", "/out", "r.json", burstiness=0.5,
+                                     goodput=["ttft:500"])
     flags = dict(zip(argv, argv[1:]))
     assert flags["--request-rate"] == "0.5" and flags["--burstiness"] == "0.5"
     assert flags["--max-concurrency"] == "64" and flags["--goodput"] == "ttft:500"
-    closed = _bench_run.client_argv("py", target, plan[2], "/tok", "/out", "r.json")
+    closed = _bench_client.client_argv("py", target, plan[2], "/tok", "/out", "r.json")
     assert dict(zip(closed, closed[1:]))["--request-rate"] == "inf" and "--burstiness" not in closed
     # the lower bound of a fixed-rate round is its arrivals' span: 8 requests at 0.5/s take 14 s at least
-    assert _bench_run.round_lower_bound(plan[6], 0.1) == pytest.approx(14.1)
+    assert _bench_plan.round_lower_bound(plan[6], 0.1) == pytest.approx(14.1)
 
 
 @pytest.mark.parametrize("args,words", [
@@ -425,8 +429,8 @@ def test_bad_ramp_inputs_are_refused_naming_the_variable(args, words):
     p = {"targets": [{"name": "a", "url": "http://e:8000", "model": "m"}], "concurrency": [1], "seeds": [1],
          "lengths": [[16, 4]], "requests_per_round": 4, "warmup_rounds": 0}
     p.update(args)
-    with pytest.raises(_bench_run.BenchError) as e:
-        _bench_run.check_inputs(p)
+    with pytest.raises(_bench_inputs.BenchError) as e:
+        _bench_inputs.check_inputs(p)
     assert words in str(e.value)
 
 
@@ -443,7 +447,7 @@ def test_an_open_loop_cell_past_what_the_target_serves_is_saturated(run_module, 
         assert res["stopped"] is None, res
         # the progress line names the offered rate, not the in-flight cap the fixed-rate round runs under
         assert "colocated R=%d/s (achieved " % (20, 1000)[i - 1] in res["msg"] and "C=256" not in res["msg"], res
-    report = _bench_run.build_report(str(out), n_boot=50)
+    report = _bench_assemble.build_report(str(out), n_boot=50)
     cells = sorted(report["cells"], key=lambda c: c["request_rate"])
     assert [c["request_rate"] for c in cells] == [20, 1000]
     slow, fast = cells
@@ -451,9 +455,9 @@ def test_an_open_loop_cell_past_what_the_target_serves_is_saturated(run_module, 
     assert fast["achieved_rate"] < 55 < fast["expected_rate"]
     assert slow["achieved_rate"] == pytest.approx(20, rel=0.5)
     # the client's goodput: the 6 requests with TTFT <= 25 ms over the round's duration
-    rnd = _bench_run.done_rounds(str(out))[1]
+    rnd = _bench_outdir.done_rounds(str(out))[1]
     assert slow["goodput_rate"] == pytest.approx(6 / rnd["duration_s"], rel=1e-6)
-    md = _bench_report.markdown(report)
+    md = _bench_render.markdown(report)
     assert "## Fixed-rate ramp" in md and "| colocated | 16/4 | 1000 |" in md and "| **yes** |" in md
     # every table names a fixed-rate cell by its rate, never by the in-flight cap its rounds pass to the client
     assert "| colocated | R=20/s | 16/4 | 1 |" in md and "| colocated | R=1000/s | 16/4 | 1 |" in md
@@ -497,7 +501,7 @@ def _stub_client(tmp_path, prompts, **env):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
     out = tmp_path / ("result-%s-%d.json" % (prompts, len(env)))
-    subprocess.run([sys.executable, "-c", _bench_run.CLIENT_SOURCE, "--out", str(out), "--prompts", prompts],
+    subprocess.run([sys.executable, "-c", _bench_client.CLIENT_SOURCE, "--out", str(out), "--prompts", prompts],
                    check=True, env=dict(os.environ, PYTHONPATH=str(root), **env), timeout=60)
     with open(out) as f:
         return json.load(f)
@@ -521,13 +525,13 @@ def test_ab_cells_with_different_prompts_are_not_compared(run_module, server, to
                                           warmup_rounds=0, requests_per_round=2))
     run_module(benchmark_round, {"out_dir": str(out), "index": 1, "python": fake_python})
     run_module(benchmark_round, {"out_dir": str(out), "index": 2, "python": fake_python})
-    report = _bench_run.build_report(str(out), n_boot=50)
+    report = _bench_assemble.build_report(str(out), n_boot=50)
     assert {cp["verdict"] for cp in report["comparisons"]} <= {"differs", "cannot tell"}
     assert all(cp["same_prompts"] is True for cp in report["comparisons"])
     # the gateway's round got other prompts: no comparison, and the report says why
     run_module(benchmark_round, {"out_dir": str(out), "index": 2, "python": fake_python,
                                  "env": {"FAKE_PROMPT_SALT": "other"}})
-    report = _bench_run.build_report(str(out), n_boot=50)
+    report = _bench_assemble.build_report(str(out), n_boot=50)
     _bench_report.validate(report)
     assert {cp["verdict"] for cp in report["comparisons"]} == {"not comparable"}
     assert all(cp["delta_ms"] is None and "seed 1" in cp["reason"] for cp in report["comparisons"])
@@ -560,7 +564,7 @@ def test_a_pd_target_opens_its_transport_first_and_the_report_gives_first_and_wa
     for i in range(2, plan["rounds"] + 1):
         run_module(benchmark_round, {"out_dir": str(out), "index": i, "python": fake_python,
                                      "sysfs_root": str(sysfs)})
-    report = _bench_run.build_report(str(out), n_boot=50)
+    report = _bench_assemble.build_report(str(out), n_boot=50)
     tw = report["meta"]["transport_warmup"]["pd"]
     assert tw["first"]["request"] == "probe 16/4"
     assert tw["first"]["per_transfer_ms"] == 500.0 and tw["first"]["rate_bytes_per_s"] == 2097152.0
@@ -568,7 +572,7 @@ def test_a_pd_target_opens_its_transport_first_and_the_report_gives_first_and_wa
                                   "rate_bytes_per_s_median": pytest.approx(524288000.0)}
     # the measured round's 2 requests: 2 transfers of 2 ms (the handshake is not in them)
     assert tw["measured"]["per_transfer_ms"] == 2.0 and tw["measured"]["transfers"] == 2
-    md = _bench_report.markdown(report)
+    md = _bench_render.markdown(report)
     assert "| pd | 500.00 | 2.0 MiB/s | 2.00 | 500.0 MiB/s | 2.00 | 500.0 MiB/s |" in md
 
 
@@ -577,8 +581,8 @@ def test_the_pd_ramp_example_measures_each_cell_five_times_interleaved_on_one_pa
     root = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..")
     with open(os.path.join(root, "roles", "benchmark", "files", "pd_ramp.yml")) as f:
         ex = yaml.safe_load(f)
-    proto = _bench_run.check_inputs(dict((k[len("benchmark_"):], v) for k, v in ex.items()))
-    plan = _bench_run.make_plan(proto)
+    proto = _bench_inputs.check_inputs(dict((k[len("benchmark_"):], v) for k, v in ex.items()))
+    plan = _bench_plan.make_plan(proto)
     a, b = proto["targets"]
     # one P/D pair, two ways in: the same engines' metrics, another URL
     assert a["url"] != b["url"] and b["headers"].get("routing-strategy") == "pd"
@@ -603,7 +607,7 @@ def test_a_ramp_cell_with_fewer_than_five_rounds_carries_a_caveat(run_module, se
     run_module(benchmark_plan, _plan_args(server, tokenizer, out, concurrency=[], request_rates=[50], seeds=[1],
                                           warmup_rounds=0, requests_per_round=2))
     run_module(benchmark_round, {"out_dir": str(out), "index": 1, "python": fake_python})
-    report = _bench_run.build_report(str(out), n_boot=50)
+    report = _bench_assemble.build_report(str(out), n_boot=50)
     cav = dict((c["code"], c["text"]) for c in _bench_report.caveats(report))
     assert "colocated R=50/s 16/4" in cav["few_rounds"] and "fewer than 5 measured rounds" in cav["few_rounds"]
 
@@ -613,6 +617,6 @@ def test_a_transport_warmup_round_run_as_a_job_is_a_usable_client_round(tmp_path
                             "request_rate": None, "input_len": 16, "output_len": 4, "seed": 1, "rep": 0,
                             "num_prompts": 2}]}
     rec = dict(plan_doc["rounds"][0], samples=[], failed=0, duration_s=1.0, wall_s=1.0, client=None)
-    assert _bench_run.round_problem(rec, 1, plan_doc) is None
-    assert "round.transport_requests[0].kv_bytes" in _bench_run.round_problem(
+    assert _bench_outdir.round_problem(rec, 1, plan_doc) is None
+    assert "round.transport_requests[0].kv_bytes" in _bench_outdir.round_problem(
         dict(rec, transport_requests=[{"ok": True, "kv_bytes": -1}]), 1, plan_doc)

@@ -1,4 +1,4 @@
-"""_bench_report: the report a reviewer reads (JSON contract, Markdown, PNGs) holds the cells' numbers,
+"""_bench_report and _bench_render: the report a reviewer reads (JSON contract, Markdown, PNGs) holds the cells' numbers,
 rejects a malformed document naming the field, and says what its data does not prove."""
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_render
 from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_report as br
 from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_stats as bs
 
@@ -137,7 +138,7 @@ def test_caveats_come_from_the_data():
 def test_markdown_has_the_tables_the_evidence_and_the_caveats():
     rep = _report(stopped={"reason": "pd: connection refused", "after_round": 5, "of_rounds": 8})
     rep["meta"]["notes"] = ["repetitions of one seed send the same prompts"]
-    md = br.markdown(rep)
+    md = _bench_render.markdown(rep)
     assert "| client same host | True |" in md and "| warmup rounds | 1 |" in md
     assert "- repetitions of one seed send the same prompts" in md
     assert "## colocated" in md and "## pd" in md
@@ -159,7 +160,7 @@ def test_write_produces_the_report_files_and_the_plots(tmp_path):
                                    "total_s": 3.5 + w, "marks": {}} for w in (4.0, 5.0)]}
         for state in ("shared_fs", "nvme", "nvme_compile_cache")]})
     out = tmp_path / "out" / "run1"  # created
-    written = br.write(rep, str(out))
+    written = _bench_render.write(rep, str(out))
     names = ["ab_delta.png", "coldstart.png", "latency_p95.png", "throughput.png"]
     assert [os.path.basename(p) for p in written[:2]] == ["report.json", "report.md"]
     assert sorted(os.path.basename(p) for p in written[2:]) == names
@@ -171,12 +172,12 @@ def test_write_produces_the_report_files_and_the_plots(tmp_path):
     with open(str(out / "report.json")) as f:
         doc = json.load(f)
     assert doc["cells"][0]["samples"][0]["seed"] == 1 and doc["caveats"] == rep["caveats"]
-    assert (out / "report.md").read_text() == br.markdown(rep)
+    assert (out / "report.md").read_text() == _bench_render.markdown(rep)
 
 
 def test_plots_without_comparisons_or_cold_start(tmp_path):
     bare = br.build(TARGETS[:1], [_cells()[0]], META)
-    paths = br.plots(bare, str(tmp_path / "plots"))
+    paths = _bench_render.plots(bare, str(tmp_path / "plots"))
     assert sorted(os.path.basename(p) for p in paths) == ["latency_p95.png", "throughput.png"]
     for p in paths:
         with open(p, "rb") as f:
@@ -185,12 +186,12 @@ def test_plots_without_comparisons_or_cold_start(tmp_path):
 
 def test_write_refuses_an_invalid_report_and_leaves_the_old_files(tmp_path):
     rep = br.build(TARGETS[:1], [_cells()[0]], META)
-    br.write(rep, str(tmp_path))
+    _bench_render.write(rep, str(tmp_path))
     before = (tmp_path / "report.json").read_bytes()
     bad = copy.deepcopy(rep)
     bad["cells"][0]["p95_ttft_ms_ci95"] = "wide"
     with pytest.raises(ValueError, match=r"cells\[0\]\.p95_ttft_ms_ci95"):
-        br.write(bad, str(tmp_path))
+        _bench_render.write(bad, str(tmp_path))
     assert (tmp_path / "report.json").read_bytes() == before
 
 
@@ -203,7 +204,7 @@ def test_transport_evidence_gives_the_nixl_rate_ratio_and_flags_a_failed_transpo
     cells = [bs.cell(t, 8, 4096, 256, [_round(s, 12, 3.0, evidence=dict(ev)) for s in (1, 2)], n_boot=50)
              for t, ev in (("tcp|ucx", tcp_ev), ("rdma", rdma_ev))]
     rep = br.build(targets, cells, META)
-    md = br.markdown(rep)
+    md = _bench_render.markdown(rep)
     assert "| 8 | 4096/256 | 930.9 MiB/s | 20.0 GiB/s | 22.0× |" in md  # 2 GiB in 2.2 s vs in 0.1 s
     assert "| tcp\\|ucx | 8 | 4096/256 | 2.0 GiB | 0 B | 2.0 GiB | 0.00× |" in md  # a | in a name stays in its cell
     assert "## Rounds" in md and md.count("| rdma | 8 | 4096/256 | ") == 2 + 1  # two rounds + the evidence row
@@ -227,10 +228,10 @@ def test_a_cold_start_report_without_load_cells(tmp_path):
                    {"client_same_host": False}, coldstart=cs)
     codes = [c["code"] for c in rep["caveats"]]
     assert codes == ["coldstart_reps"] and "shared_fs (2)" in rep["caveats"][0]["text"]
-    md = br.markdown(rep)
+    md = _bench_render.markdown(rep)
     assert "| shared_fs | 2 | 2.0 | 26.0 | 9.0 | 37.0 |" in md
     assert "| shared_fs | 2 | 39.0 (37.0..41.0) |" in md and "| nvme | 3 | 17.0 (17.0..17.0) |" in md
-    paths = br.write(rep, str(tmp_path))
+    paths = _bench_render.write(rep, str(tmp_path))
     assert sorted(os.path.basename(p) for p in paths) == ["coldstart.png", "report.json", "report.md"]
 
 
@@ -239,15 +240,15 @@ def test_without_matplotlib_the_report_has_no_plots_and_says_why(tmp_path, monke
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    assert br.pyplot() is None
+    assert _bench_render.pyplot() is None
     rep = _report()
-    written = br.write(rep, str(tmp_path))
+    written = _bench_render.write(rep, str(tmp_path))
     assert sorted(os.path.basename(p) for p in written) == ["report.json", "report.md"]
     assert sorted(os.listdir(str(tmp_path))) == ["report.json", "report.md"]
     with open(str(tmp_path / "report.json")) as f:
         doc = json.load(f)
     assert [c["code"] for c in doc["caveats"]].count("no_plots") == 1
     assert "matplotlib" in (tmp_path / "report.md").read_text().split("## What this does not prove", 1)[1]
-    assert br.plots(rep, str(tmp_path / "plots")) == []
-    br.write(rep, str(tmp_path))  # a second write does not repeat the caveat
+    assert _bench_render.plots(rep, str(tmp_path / "plots")) == []
+    _bench_render.write(rep, str(tmp_path))  # a second write does not repeat the caveat
     assert [c["code"] for c in rep["caveats"]].count("no_plots") == 1

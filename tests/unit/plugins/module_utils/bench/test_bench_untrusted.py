@@ -11,7 +11,7 @@ import os
 import pytest
 
 from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_coldstart as bc
-from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_run as br
+from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_assemble, _bench_client, _bench_inputs, _bench_outdir
 from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_stats as bs
 
 
@@ -38,7 +38,7 @@ IMPOSSIBLE = {
 @pytest.mark.parametrize("kind", sorted(IMPOSSIBLE))
 def test_impossible_client_timings_are_flagged_with_the_request_named(kind):
     doc, words = IMPOSSIBLE[kind]
-    samples = br.samples_from_result(doc, seed=3)
+    samples = _bench_client.samples_from_result(doc, seed=3)
     assert samples[0]["ok"] and samples[0]["ttft_ms"] == 100.0 and not samples[0].get("invalid")
     bad = samples[1]
     assert bad["ok"] is False and bad["invalid"] is True
@@ -72,7 +72,7 @@ def _saved(rnd, ttft=0.1):
     samples = [{"seed": rnd["seed"], "ok": True, "error": "", "input_tokens": 8, "output_tokens": 4,
                 "ttft_ms": ttft * 1000 + i, "tpot_ms": 10.0, "itl_ms": [10.0, 10.0, 10.0], "e2el_ms": 200.0 + i}
                for i in range(3)]
-    return dict(rnd, schema=br.ROUND_SCHEMA, started_at=1.0, samples=samples, failed=0, duration_s=1.0, wall_s=1.2,
+    return dict(rnd, schema=_bench_outdir.ROUND_SCHEMA, started_at=1.0, samples=samples, failed=0, duration_s=1.0, wall_s=1.2,
                 client={}, raw="raw/x.json", log="logs/x.log", evidence=None)
 
 
@@ -98,7 +98,7 @@ def run_dir(tmp_path):
     out = tmp_path / "bench"
     (out / "rounds").mkdir(parents=True)
     rounds = [_plan_round(i, i) for i in range(1, 10)]
-    _write(out / "plan.json", {"schema": br.PLAN_SCHEMA, "targets": [TARGET], "rounds": rounds, "started_at": 1.0,
+    _write(out / "plan.json", {"schema": _bench_outdir.PLAN_SCHEMA, "targets": [TARGET], "rounds": rounds, "started_at": 1.0,
                                "protocol": {"repetitions": 1}, "tokenizer": "/t", "client": "control node"})
     _write(out / "rounds" / "001.json", _saved(rounds[0]))
     for index, (kind, _words) in BAD_ROUNDS.items():
@@ -123,7 +123,7 @@ def run_dir(tmp_path):
 
 
 def test_round_files_that_cannot_be_used_are_named_in_the_report(run_dir):
-    done, problems = br.read_rounds(str(run_dir), br.read_plan(str(run_dir)))
+    done, problems = _bench_outdir.read_rounds(str(run_dir), _bench_outdir.read_plan(str(run_dir)))
     assert sorted(done) == [1]
     named = dict((p["file"], p["reason"]) for p in problems)
     assert sorted(named) == ["rounds/%03d.json" % i for i in sorted(BAD_ROUNDS)]
@@ -132,7 +132,7 @@ def test_round_files_that_cannot_be_used_are_named_in_the_report(run_dir):
         assert words in reason and str(run_dir / "rounds" / ("%03d.json" % index)) in reason, reason
         assert "1" * 5 not in reason and "[[[[" not in reason  # the document is never quoted
 
-    report = br.build_report(str(run_dir), n_boot=50)
+    report = _bench_assemble.build_report(str(run_dir), n_boot=50)
     assert report["meta"]["files_not_used"] == problems
     assert [c["requests"] for c in report["cells"]] == [3]  # the usable round still makes its cell
     cav = dict((c["code"], c["text"]) for c in report["caveats"])
@@ -141,7 +141,7 @@ def test_round_files_that_cannot_be_used_are_named_in_the_report(run_dir):
 
 def test_a_stopped_file_that_cannot_be_used_is_named_not_a_traceback(run_dir):
     _write(run_dir / "stopped.json", {"index": "7", "reason": "x"})
-    report = br.build_report(str(run_dir), n_boot=50)
+    report = _bench_assemble.build_report(str(run_dir), n_boot=50)
     assert report["stopped"] is None
     assert any(p["file"] == "stopped.json" and "stopped.index" in p["reason"]
                for p in report["meta"]["files_not_used"])
@@ -154,15 +154,15 @@ def test_a_stopped_file_that_cannot_be_used_is_named_not_a_traceback(run_dir):
 ])
 def test_a_plan_that_cannot_be_used_is_a_clear_error(tmp_path, content, words):
     _write(tmp_path / "plan.json", content)
-    with pytest.raises(br.BenchError) as e:
-        br.read_plan(str(tmp_path))
+    with pytest.raises(_bench_inputs.BenchError) as e:
+        _bench_outdir.read_plan(str(tmp_path))
     assert words in str(e.value) and e.value.file == str(tmp_path / "plan.json")
 
 
 def test_the_jobs_result_line_goes_through_the_reader():
-    line = br.RESULT_MARKER + '{"latencies": [1' + "0" * 400 + "]}"
-    assert br.result_from_output("log\n" + line + "\n") is None
-    assert br.result_from_output(br.RESULT_MARKER + '{"duration": 1.5}') == {"duration": 1.5}
+    line = _bench_client.RESULT_MARKER + '{"latencies": [1' + "0" * 400 + "]}"
+    assert _bench_client.result_from_output("log\n" + line + "\n") is None
+    assert _bench_client.result_from_output(_bench_client.RESULT_MARKER + '{"duration": 1.5}') == {"duration": 1.5}
 
 
 @pytest.mark.parametrize("content, words", [
@@ -193,7 +193,7 @@ def test_a_fifo_engine_log_is_refused_without_blocking(tmp_path):
 def test_flagged_requests_are_a_caveat_of_the_report():
     from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_report
 
-    samples = br.samples_from_result(_result([0.1, 3.0, 0.2], [1.0, 1.0, 1.0]), seed=1)
+    samples = _bench_client.samples_from_result(_result([0.1, 3.0, 0.2], [1.0, 1.0, 1.0]), seed=1)
     rnd = dict(_plan_round(1, 1), samples=samples, failed=1, duration_s=1.0, evidence=None)
     cell = bs.cell("a", 2, 8, 4, [rnd], n_boot=20)
     report = _bench_report.build([TARGET], [cell], {})
