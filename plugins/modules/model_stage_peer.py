@@ -129,7 +129,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_fanout
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_fanout_wire
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_peer
 
 
@@ -179,7 +179,7 @@ def main():
     except _stage_peer.PeerError as e:
         module.fail_json(msg=str(e), **result)
     try:
-        _stage_fanout.check_options(piece_size=p["piece_size"])
+        _stage_fanout_wire.check_options(piece_size=p["piece_size"])
     except ValueError as e:
         module.fail_json(msg=str(e), **result)
     if p["lifetime"] < 0:

@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings, strategies 
 
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_fanout
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_fanout_wire
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_peer
 from ansible_collections.llmops.serving.tests.lib import fake_peers, stage_synth
 
@@ -110,7 +111,7 @@ def test_lying_peers_cost_bounded_time_and_never_a_wrong_byte(specs, honest_seed
     try:
         assert fake_peers.same_tree(tree["src"], d), "dest differs from the source"
         bad = sum(1 for b, _s in kinds.values() if b != "honest")
-        bound = bad * _stage_fanout.MAX_PEER_TRIES * (TIMEOUT + PIECE / float(_stage_fanout.MIN_PEER_RATE)) + 20
+        bound = bad * _stage_fanout_wire.MAX_PEER_TRIES * (TIMEOUT + PIECE / float(_stage_fanout_wire.MIN_PEER_RATE)) + 20
         assert took < bound, "took %.1f s with %d bad peer(s) (bound %.1f s)" % (took, bad, bound)
         for url in r["bytes_per_peer"]:
             assert kinds[url][0] in DELIVERING, "verified bytes from a %s peer" % kinds[url][0]
@@ -154,11 +155,11 @@ def test_the_piece_list_parser_returns_a_wellformed_list_or_peerlie(field, value
     except ValueError:
         return
     try:
-        parsed = _stage_fanout.parse_piece_list(body, PIECE)
-    except _stage_fanout.PeerLie:
+        parsed = _stage_fanout_wire.parse_piece_list(body, PIECE)
+    except _stage_fanout_wire.PeerLie:
         return
-    assert 0 <= parsed["load"] <= _stage_fanout.MAX_PEER_LOAD
-    assert parsed["state"] in _stage_fanout.PEER_STATES + (None,)
+    assert 0 <= parsed["load"] <= _stage_fanout_wire.MAX_PEER_LOAD
+    assert parsed["state"] in _stage_fanout_wire.PEER_STATES + (None,)
     for e in parsed["files"].values():
         n = (e["size"] + PIECE - 1) // PIECE
         assert len(e["have"]) == n and set(e["have"]) <= set("01")

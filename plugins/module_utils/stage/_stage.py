@@ -31,8 +31,9 @@ Code layout (one idea per file):
 * ``_stage_copy`` - the copy engine (read streams, fleet slots, O_DIRECT and its fallbacks, per-file checks,
   per-piece digests);
 * ``_stage_fanout`` - receiving pieces from peers instead (``peers``), verified against a seed's digests;
-  ``_stage_peer`` - the board a run keeps of what it holds, and the server that hands it on;
-* ``_stage_progress`` - the progress file;
+  ``_stage_fanout_wire`` - the protocol it speaks to peers and its checks of every answer; ``_stage_peer`` - the
+  board a run keeps of what it holds, and the server that hands it on;
+* ``_stage_progress`` - the progress file, and the per-stream read rate;
 * ``_stage_publish`` - building ``<dest>.partial`` from reused, copied and linked files and publishing it;
 * ``_stage_prune`` - ``state: absent`` and ``keep_revisions``: pinned, in use, lock;
 * ``_stage_marker`` - the marker, the journal, checksums manifests and ``StageError``; ``_stage_lock`` - the lock.
@@ -46,6 +47,7 @@ from ansible_collections.llmops.serving.plugins.module_utils.stage import _fleet
 from ansible_collections.llmops.serving.plugins.module_utils.common import _fsutil
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_copy
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_fanout
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_fanout_wire
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_layout
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_marker as _marker
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_plan as _plan
@@ -93,8 +95,8 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
     peers = list(peers or [])
     pieces_on = bool(record_pieces or peers)
     try:  # the options that shape the fan-out protocol, before anything is prepared
-        _stage_fanout.check_options(piece_size if pieces_on else None, peers, peer_token, fleet_slots_dir,
-                                    fleet_stale_seconds, dest)
+        _stage_fanout_wire.check_options(piece_size if pieces_on else None, peers, peer_token, fleet_slots_dir,
+                                         fleet_stale_seconds, dest)
     except ValueError as e:
         raise StageError(str(e))
     _check_pinned(pinned)
@@ -189,8 +191,8 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
                 journal.append(rec)
 
             if pieces_on or read_rate_limit:
-                progress = _stage_fanout.SourcedProgress(progress_file, lay.dest, need, len(todo),
-                                                         read_rate_limit=read_rate_limit)
+                progress = _stage_progress.SourcedProgress(progress_file, lay.dest, need, len(todo),
+                                                           read_rate_limit=read_rate_limit)
             else:
                 progress = _stage_progress.Progress(progress_file, lay.dest, need, len(todo))
             progress.start()

@@ -26,349 +26,48 @@ gets the same checks as a copy (size, header byte for byte against the source's,
 the seed's digest of the whole file when it equals the manifest's, else a read of the copy), the source's mode
 and mtime, fsync, its name, and its journal line: resume, publish and the marker are the copy's.
 
-Every peer may lie, and lying costs bounded time. A piece list is read under ``_untrusted.loads_json`` (a size
-cap of ``PIECES_MAX_BYTES`` plus a few bytes per piece, ``PIECES_MAX_DEPTH``, finite numbers) and checked field by
-field (:func:`parse_piece_list`: ``have`` and ``sent`` are ASCII digits, counters in range, types exact); one that
-is not, or none within ``timeout``, is a failed try. Transfers that end in an error answer, break off, stall (not
-in within ``timeout + size / MIN_PEER_RATE``, however the bytes trickle) or ask for a piece the peer listed but
-does not serve (one try per piece list) are failed tries too. ``MAX_PEER_TRIES`` failed tries in a row drop the
-peer; a bad piece, a lie about digests or a refused token drop it at once. Every seed that lists a piece gives its
-digest before any byte of the piece is taken: two seeds that disagree are judged by reading that piece from the
-shared filesystem (:meth:`Receiver._judge`), and every seed whose digest differs is dropped with ``lied: true``.
+Every peer may lie, and lying costs bounded time (the protocol's checks and the requests are
+``_stage_fanout_wire``'s). A piece list that is not one, or none within ``timeout``, is a failed try. Transfers
+that end in an error answer, break off, stall or ask for a piece the peer listed but does not serve (one try per
+piece list) are failed tries too. ``MAX_PEER_TRIES`` failed tries in a row drop the peer; a bad piece, a lie about
+digests or a refused token drop it at once. Every seed that lists a piece gives its digest before any byte of the
+piece is taken: two seeds that disagree are judged by reading that piece from the shared filesystem
+(:meth:`Receiver._judge`), and every seed whose digest differs is dropped with ``lied: true``.
 
-Peers are spoken to over one persistent ``http.client`` connection per stream and peer (a 64 MiB piece per
-request, and a piece list four times a second per peer, are the data plane: a new connection and TLS context per
-request, as ``_http.open_response`` makes, costs more than the transfer on a loaded host). Failures are
-``_http.HttpError``, whose messages name the URL without credentials; the token is only ever a header.
+* :class:`Receiver` - :meth:`Receiver.run` receives the files given into ``<dest>.partial``; ``records``,
+  ``bytes_from_source``, ``bytes_from_peers``, ``bytes_per_peer``, ``peers_used``, ``bad_pieces_rejected``,
+  ``dropped`` say how.
 """
 from __future__ import annotations
 
 import errno
 import hashlib
-import http.client
-import math
 import mmap
 import os
 import random
-import socket
 import threading
 import time
 from collections import deque
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote
 
-from ansible_collections.llmops.serving.plugins.module_utils.stage import _fleet_slots
 from ansible_collections.llmops.serving.plugins.module_utils.common import _fsutil
 from ansible_collections.llmops.serving.plugins.module_utils.common import _http
 from ansible_collections.llmops.serving.plugins.module_utils.common import _paths
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _safetensors
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_layout
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_marker as _marker
-from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_progress
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_verify as _verify
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_copy import RawFile
+from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_fanout_wire import (
+    DIGESTS_MAX_BYTES, MAX_PEER_TRIES, PIECES_BYTES_PER_PIECE, PIECES_MAX_BYTES, PeerClient, PeerLie, PeerLink,
+    parse_digests, parse_piece_list)
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_marker import StageError
+from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_progress import SourcedProgress, Throttle
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_progress import human_bytes
-from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import UntrustedInput, loads_json
 
-_HEX = _marker._HEX
-socket_timeout = TimeoutError
 # pulls in flight per read stream: a peer's uplink is shared by every receiver, so one transfer gets a fraction
 # of it, and filling this node's downlink takes several; reads from src stay at ``streams`` (and the fleet slots)
 PEER_STREAMS = 2
-#: A peer is dropped after this many failed tries in a row: piece lists that are no answer or not a piece list,
-#: or transfers that end in an error answer, break off, stall, or ask for a piece it lists but does not serve.
-#: A bad piece, a lie about digests or a refused token drops it at once.
-MAX_PEER_TRIES = 3
-#: Slowest rate a transfer may keep: a piece not in within ``timeout + size / MIN_PEER_RATE`` seconds has
-#: stalled (however the bytes trickle in), and a piece list not in within ``timeout`` seconds likewise.
-MIN_PEER_RATE = 4 * 1024 * 1024
-#: A ``/pieces`` answer: at most this many bytes plus ``PIECES_BYTES_PER_PIECE`` per piece of the files
-#: received (the ``have`` and ``sent`` strings), nested at most ``PIECES_MAX_DEPTH`` levels (answer, files,
-#: entry, ``src``).
-PIECES_MAX_BYTES = 4 * 1024 * 1024
-PIECES_BYTES_PER_PIECE = 4
-PIECES_MAX_DEPTH = 4
-#: A ``/digests`` answer: this much plus 80 bytes per piece of the file (``"<64 hex>",``).
-DIGESTS_MAX_BYTES = 64 * 1024
-#: Largest ``load`` (transfers in flight) a peer may report; a peer's server admits far fewer connections.
-MAX_PEER_LOAD = 4096
-PEER_STATES = ("idle", "copying", "failed", "done", "complete")
-#: Largest piece: a piece is one buffer per pulling worker.
-MAX_PIECE_SIZE = 1024 * 1024 * 1024
-
-
-class PeerLie(ValueError):
-    """A peer's answer that is not what the protocol says; ``str()`` says what is wrong, never quotes it."""
-
-
-def _is_int(v):
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _hex64(v, what):
-    if v is None:
-        return None
-    if not isinstance(v, str) or len(v) != 64 or not set(v) <= _HEX:
-        raise PeerLie("%s is not a sha256 (64 lowercase hex digits)" % what)
-    return v
-
-
-def parse_piece_list(body, piece_size, max_bytes=PIECES_MAX_BYTES):
-    """The ``/pieces`` answer ``body`` (bytes) of a peer, checked field by field; raises :class:`PeerLie`.
-
-    Parsed with ``_untrusted.loads_json`` (``max_bytes``, ``PIECES_MAX_DEPTH``, finite numbers). Returns
-    ``{"state", "board_age", "load", "files": {rel: {"size", "src", "header_sha256", "sha256", "have",
-    "sent"}}}``; ``have`` is ASCII ``0``/``1`` per piece, ``sent`` ASCII ``0``-``9`` per piece or None.
-    """
-    try:
-        doc = loads_json(body, "the piece list", max_depth=PIECES_MAX_DEPTH, max_bytes=max_bytes)
-    except UntrustedInput as e:
-        raise PeerLie(str(e))
-    if not isinstance(doc, dict):
-        raise PeerLie("the piece list is not a JSON object")
-    if not _is_int(doc.get("piece_size")) or doc["piece_size"] != piece_size:
-        raise PeerLie("the piece list is not at this run's piece size (%d)" % piece_size)
-    state = doc.get("state")
-    if state is not None and state not in PEER_STATES:
-        raise PeerLie("state is not one of %s" % ", ".join(PEER_STATES))
-    age = doc.get("board_age")
-    if age is not None and (isinstance(age, bool) or not isinstance(age, (int, float)) or not 0 <= age < 1e9):
-        raise PeerLie("board_age is not a number of seconds")
-    load = doc.get("load", 0)
-    if not _is_int(load) or not 0 <= load <= MAX_PEER_LOAD:
-        raise PeerLie("load is not a count of transfers (0-%d)" % MAX_PEER_LOAD)
-    files = doc.get("files", {})
-    if not isinstance(files, dict):
-        raise PeerLie("files is not an object")
-    out = {}
-    for rel, e in files.items():
-        what = "files[%d]" % len(out)
-        if not isinstance(e, dict):
-            raise PeerLie("%s is not an object" % what)
-        size = e.get("size")
-        if not _is_int(size) or size < 0:
-            raise PeerLie("%s.size is not a byte count" % what)
-        src = e.get("src")
-        if not (isinstance(src, list) and len(src) == 3 and all(_is_int(x) and x >= 0 for x in src)):
-            raise PeerLie("%s.src is not [ino, mtime_ns, ctime_ns]" % what)
-        n = _marker.piece_count(size, piece_size)
-        have = e.get("have")
-        if not isinstance(have, str) or len(have) != n or not set(have) <= set("01"):
-            raise PeerLie("%s.have is not one ASCII 0 or 1 per piece" % what)
-        sent = e.get("sent")
-        if sent is not None and (not isinstance(sent, str) or len(sent) != n or not set(sent) <= set("0123456789")):
-            raise PeerLie("%s.sent is not one ASCII digit per piece" % what)
-        out[rel] = {"size": size, "src": list(src), "have": have, "sent": sent,
-                    "header_sha256": _hex64(e.get("header_sha256"), what + ".header_sha256"),
-                    "sha256": _hex64(e.get("sha256"), what + ".sha256")}
-    return {"state": state, "board_age": age, "load": load, "files": out}
-
-
-def parse_digests(body, n):
-    """The ``/digests`` answer of a file of ``n`` pieces: a list of ``n`` sha256 or None; raises :class:`PeerLie`."""
-    try:
-        doc = loads_json(body, "the digest list", max_depth=2, max_bytes=DIGESTS_MAX_BYTES + 80 * n)
-    except UntrustedInput as e:
-        raise PeerLie(str(e))
-    digests = doc.get("digests") if isinstance(doc, dict) else None
-    if not isinstance(digests, list) or len(digests) != n:
-        raise PeerLie("the digest list does not hold one entry per piece")
-    return [_hex64(d, "digests[%d]" % i) for i, d in enumerate(digests)]
-
-
-def check_peer_url(url, field):
-    """``url`` as ``http://<host>:<port>/r/<name>/<revision>`` or :class:`ValueError` naming ``field``."""
-    fix = "write it as http://<address>:<port>/r/<name>/<revision> (the role builds it)"
-    if not isinstance(url, str) or not url.strip():
-        raise ValueError("%s: must be a URL; %s" % (field, fix))
-    if any(c.isspace() or ord(c) < 32 for c in url):
-        raise ValueError("%s: holds whitespace or control characters; %s" % (field, fix))
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme != "http":
-        raise ValueError("%s: the piece servers speak plain http:// only; %s" % (field, fix))
-    netloc = rest.split("/", 1)[0]
-    if "@" in netloc:
-        raise ValueError("%s: holds credentials (user@ or user:password@); the token goes in peer_token" % field)
-    try:
-        u = urlsplit(url)
-        port = u.port
-    except ValueError:
-        raise ValueError("%s: the port is not a number 1-65535; %s" % (field, fix))
-    if not u.hostname:
-        raise ValueError("%s: has no host; %s" % (field, fix))
-    if port is None or not 0 < port < 65536:
-        raise ValueError("%s: needs an explicit port 1-65535; %s" % (field, fix))
-    if u.query or u.fragment or "?" in url or "#" in url:
-        raise ValueError("%s: must not have a query or fragment; %s" % (field, fix))
-    parts = u.path.rstrip("/").split("/")
-    if len(parts) != 4 or parts[:2] != ["", "r"] or any(unquote(p) in ("", ".", "..") or "/" in unquote(p)
-                                                        for p in parts[2:]):
-        raise ValueError("%s: the path must be /r/<name>/<revision>; %s" % (field, fix))
-    return url
-
-
-def check_options(piece_size=None, peers=None, peer_token=None, fleet_slots_dir=None, fleet_stale_seconds=None,
-                  dest=None):
-    """Refuse options that shape the fan-out protocol before anything is prepared; ``ValueError`` names the
-    option and the fix. ``piece_size`` None: no pieces this run (not checked)."""
-    if dest is not None:
-        if not isinstance(dest, str) or not dest or "\x00" in dest:
-            raise ValueError("dest: must be a path; set it to <dest root>/<name>/<revision> on node-local storage")
-        if not os.path.isabs(dest):
-            raise ValueError("dest: %s is relative; give an absolute path under the node-local dest root" % dest)
-        if os.path.realpath(dest) == "/":  # "//", "/.", "/x/.." and a link to / are all the root
-            raise ValueError("dest: must not be the root directory; use <dest root>/<name>/<revision>")
-    if piece_size is not None:
-        if not _marker.valid_piece_size(piece_size) or piece_size > MAX_PIECE_SIZE:
-            raise ValueError("piece_size: must be a positive multiple of %d bytes up to %d (1 GiB) (got %r); use "
-                             "e.g. 67108864 (64 MiB), the same on every node"
-                             % (_marker.PIECE_ALIGN, MAX_PIECE_SIZE, piece_size))
-    peers = list(peers or [])
-    seen = set()
-    for i, peer in enumerate(peers):
-        if not isinstance(peer, dict):
-            raise ValueError("peers[%d]: must be a mapping {url, seed}" % i)
-        url = check_peer_url(peer.get("url"), "peers[%d].url" % i)
-        if not isinstance(peer.get("seed", False), (bool, type(None))):
-            raise ValueError("peers[%d].seed: must be true or false" % i)
-        key = url.rstrip("/")
-        if key in seen:
-            raise ValueError("peers[%d].url: is listed twice; list each peer once" % i)
-        seen.add(key)
-    if peers:
-        if not isinstance(peer_token, str) or not peer_token:
-            raise ValueError("peer_token: required with peers (the run's token the peers' servers expect)")
-        if len(peer_token) < 16 or any(c.isspace() or not c.isprintable() or ord(c) > 126 for c in peer_token):
-            raise ValueError("peer_token: must be at least 16 printable ASCII characters without spaces; use "
-                             "the run's generated token")
-    if fleet_slots_dir and fleet_stale_seconds is not None:
-        v = fleet_stale_seconds
-        least = _fleet_slots.MIN_STALE_SECONDS
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not least <= v <= 86400:
-            raise ValueError("fleet_stale_seconds: must be %g-86400 seconds (got %r): a lease refreshed every %g s "
-                             "must not be taken over while its holder lives; the default is 60"
-                             % (least, v, _fleet_slots.HEARTBEAT))
-
-
-class Throttle(object):
-    """At most ``rate`` bytes/s through one stream (0: unlimited); idle time earns at most half a second."""
-
-    def __init__(self, rate, clock=time.monotonic, sleep=time.sleep):
-        self.rate = rate
-        self.clock = clock
-        self.sleep = sleep
-        self.t0 = None
-        self.done = 0
-
-    def consume(self, n):
-        if not self.rate or n <= 0:
-            return
-        now = self.clock()
-        if self.t0 is None:
-            self.t0 = now
-        self.done += n
-        ahead = self.done / float(self.rate) - (now - self.t0)
-        if ahead < -0.5:
-            self.t0 = now - self.done / float(self.rate) - 0.5
-        elif ahead > 0:
-            self.sleep(ahead)
-
-
-class SourcedProgress(_stage_progress.Progress):
-    """The progress file of a run that moves bytes from two sources; ``read_rate_limit`` per stream applies
-    to every byte counted through :meth:`add` by a copy stream (the copy engine counts each chunk it reads)."""
-
-    def __init__(self, *args, **kwargs):
-        self.read_rate_limit = kwargs.pop("read_rate_limit", 0)
-        super(SourcedProgress, self).__init__(*args, **kwargs)
-        self.from_source = 0
-        self.from_peers = 0
-        self._local = threading.local()
-
-    def add(self, nbytes=0, files=0, peer=False):
-        super(SourcedProgress, self).add(nbytes, files)
-        with self._lock:
-            if peer:
-                self.from_peers += nbytes
-            else:
-                self.from_source += nbytes
-        if nbytes and not peer and self.read_rate_limit:
-            t = getattr(self._local, "throttle", None)
-            if t is None:
-                t = self._local.throttle = Throttle(self.read_rate_limit)
-            t.consume(nbytes)
-
-    def snapshot(self):
-        doc = super(SourcedProgress, self).snapshot()
-        with self._lock:
-            src, peers = self.from_source, self.from_peers
-        doc["bytes_from_source"] = src
-        doc["bytes_from_peers"] = peers
-        doc["message"] += " (%s from the shared filesystem, %s from peers)" % (human_bytes(src), human_bytes(peers))
-        return doc
-
-
-class _Watchdog(object):
-    """Shuts ``conn``'s socket down ``seconds`` from now unless cancelled: a read blocked on a peer that
-    trickles bytes then returns at once (``fired`` says why)."""
-
-    def __init__(self, conn, seconds):
-        self.fired = False
-        self._conn = conn
-        self._timer = threading.Timer(seconds, self._fire)
-        self._timer.daemon = True
-        self._timer.start()
-
-    def _fire(self):
-        self.fired = True
-        sock = getattr(self._conn, "sock", None)
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def cancel(self):
-        self._timer.cancel()
-
-
-class PeerLink(object):
-    """One peer as this receiver sees it."""
-
-    def __init__(self, url, seed):
-        self.url = url.rstrip("/")
-        u = urlsplit(self.url)
-        self.host = u.hostname
-        self.port = u.port or 80
-        self.base = u.path
-        self.seed = bool(seed)
-        self.alive = True
-        self.why_dropped = None
-        self.failures = 0          # piece lists in a row that were no answer or not a piece list
-        self.strikes = 0           # transfers in a row that failed (error answer, break, stall, not served)
-        self.lists = 0             # piece lists taken in from it
-        self.unserved_at = None    # ``lists`` when a piece it listed was last not served
-        self.lied = False
-        self.inflight = 0
-        self.load = 0
-        self.state = None          # the peer's last /pieces "state"
-        self.board_age = None
-        self.have = {}             # rel -> "0101" as last seen
-        self.sent = {}             # rel -> "0120": transfers of each piece a seed's server started
-        self.entries = {}          # rel -> its /pieces entry
-        self.bytes = 0
-        self.bad = 0
-        self.seen_at = None
-        self.mismatch = set()      # files whose entry here is not today's source file
-        self.claimed = {}          # rel -> indices of the pieces whose digest this (seed) peer gave
-
-    def holds(self, rel, i):
-        h = self.have.get(rel)
-        return h is not None and i < len(h) and h[i] == "1"
-
-    def sent_count(self, rel, i):
-        c = self.sent.get(rel)
-        return int(c[i]) if c is not None and i < len(c) else 0
 
 
 class _FileState(object):
@@ -405,7 +104,6 @@ class Receiver(object):
         self.mode = mode
         self.content = content
         self.links = [PeerLink(p["url"], p.get("seed")) for p in peers]
-        self.token = token
         self.piece_size = piece_size
         self.streams = max(1, streams)
         self.workers = PEER_STREAMS * self.streams
@@ -436,68 +134,10 @@ class Receiver(object):
         self._errors = []
         self._files = []
         self._t0 = None
-        self._local = threading.local()
+        self.wire = PeerClient(token, timeout)
         self._piece_secs = deque(maxlen=16)  # the last peer transfers (s): how long a handed-out piece may take
 
     # ---- peers -----------------------------------------------------------------------------------
-    def _headers(self):
-        return {"Authorization": "Bearer " + self.token}
-
-    def _request(self, link, path, headers, seconds):
-        """GET ``path`` (below the peer's revision URL) on this thread's connection to ``link``; ``(response,
-        watchdog)`` (status read, body not; the watchdog shuts the connection down ``seconds`` after the request
-        started, so a peer that trickles bytes cannot hold this thread: cancel it once the body is read).
-        Transport failures are ``_http.HttpError`` without a status."""
-        conns = self._local.__dict__.setdefault("conns", {})
-        url = link.url + path
-        for attempt in (0, 1):
-            conn = conns.get(link.url)
-            if conn is None:
-                conn = conns[link.url] = http.client.HTTPConnection(link.host, link.port, timeout=self.timeout)
-            wd = _Watchdog(conn, seconds)
-            try:
-                conn.request("GET", link.base + path, headers=headers)
-                return conn.getresponse(), wd
-            except (OSError, http.client.HTTPException) as e:
-                wd.cancel()
-                conn.close()
-                conns.pop(link.url, None)
-                timed_out = wd.fired or isinstance(e, socket_timeout)
-                # a kept-alive connection the peer closed meanwhile is retried once on a new one
-                if attempt or timed_out or isinstance(e, ConnectionRefusedError):
-                    why = ("no answer within %g s" % seconds) if wd.fired else (str(e) or type(e).__name__)
-                    raise _http.HttpError("GET", url, why, timed_out=timed_out,
-                                          refused=isinstance(e, ConnectionRefusedError))
-        raise AssertionError("unreachable")
-
-    def _close_conn(self, link):
-        conn = self._local.__dict__.get("conns", {}).pop(link.url, None)
-        if conn is not None:
-            conn.close()
-
-    def _get_body(self, link, path, limit):
-        """The body of a 200 answer to ``GET path``, at most ``limit`` bytes (else :class:`PeerLie`), all of it
-        within ``timeout`` seconds."""
-        resp, wd = self._request(link, path, self._headers(), self.timeout)
-        try:
-            body = resp.read(limit + 1)
-        except (OSError, http.client.HTTPException) as e:
-            self._close_conn(link)
-            why = "no whole answer within %g s" % self.timeout if wd.fired else (str(e) or type(e).__name__)
-            raise _http.HttpError("GET", link.url + path, "the answer broke off: %s" % why, timed_out=wd.fired)
-        finally:
-            wd.cancel()
-        if wd.fired or not resp.isclosed():
-            self._close_conn(link)  # the rest of an answer not read is no start for the next request
-        if wd.fired:
-            raise _http.HttpError("GET", link.url + path, "no whole answer within %g s" % self.timeout,
-                                  timed_out=True)
-        if resp.status != 200:
-            raise _http.HttpError("GET", link.url + path, "HTTP %d" % resp.status, status=resp.status)
-        if len(body) > limit:
-            raise PeerLie("the answer is over the %d-byte limit for it" % limit)
-        return body
-
     def _drop(self, link, why, lied=False):
         with self._cond:
             if link.alive:
@@ -510,7 +150,7 @@ class Receiver(object):
     def _poll_loop(self, link):
         while not self._stop.is_set() and link.alive:
             try:
-                body = self._get_body(link, "/pieces", self._pieces_limit)
+                body = self.wire.get_body(link, "/pieces", self._pieces_limit)
                 self._absorb(link, parse_piece_list(body, self.piece_size, self._pieces_limit))
                 link.failures = 0
             except _http.HttpError as e:
@@ -590,8 +230,8 @@ class Receiver(object):
     def _fetch_digests(self, link, fs):
         """Take a seed's digests of ``fs``'s pieces. The first seed's digest of a piece is trusted; a seed that
         gives another one starts a dispute the shared filesystem settles (:meth:`_judge`)."""
-        digests = parse_digests(self._get_body(link, "/digests?file=" + quote(fs.rel, safe=""),
-                                               DIGESTS_MAX_BYTES + 80 * fs.n), fs.n)
+        digests = parse_digests(self.wire.get_body(link, "/digests?file=" + quote(fs.rel, safe=""),
+                                                   DIGESTS_MAX_BYTES + 80 * fs.n), fs.n)
         e = link.entries.get(fs.rel) or {}
         disputes, lies = [], []
         with self._cond:
@@ -817,45 +457,9 @@ class Receiver(object):
 
     def _from_peer(self, fs, i, link, buf, throttle):
         off, n = self._span(fs, i)
-        path = "/files/" + quote(fs.rel)
-        headers = self._headers()
-        headers["Range"] = "bytes=%d-%d" % (off, off + n - 1)
-        h = hashlib.sha256()
-        got = 0
         t_piece = time.monotonic()
-        rate = min(MIN_PEER_RATE, self.peer_rate_limit) if self.peer_rate_limit else MIN_PEER_RATE
-        seconds = self.timeout + n / float(rate)
         try:
-            resp, wd = self._request(link, path, headers, seconds)
-            try:
-                if resp.status != 206:
-                    resp.read(64 * 1024)
-                    self._close_conn(link)
-                    raise _http.HttpError("GET", link.url + path, "HTTP %d, not 206 with the range" % resp.status,
-                                          status=resp.status)
-                try:
-                    with memoryview(buf) as mv:
-                        while got < n:
-                            with mv[got:n] as target:
-                                k = resp.readinto(target)
-                            if not k:
-                                break
-                            with mv[got:got + k] as chunk:
-                                h.update(chunk)
-                            got += k
-                            throttle.consume(k)
-                    if got != n or resp.read(1):
-                        self._close_conn(link)
-                        raise _http.HttpError("GET", link.url + path, "stalled: %d of %d bytes within %g s" % (
-                            got, n, seconds) if wd.fired else "sent %d bytes for a %d-byte piece" % (got, n),
-                            timed_out=wd.fired)
-                except (OSError, http.client.HTTPException) as e:
-                    self._close_conn(link)
-                    raise _http.HttpError("GET", link.url + path, "the transfer broke off: %s" % (
-                        ("stalled within %g s" % seconds) if wd.fired else (e or type(e).__name__)),
-                        timed_out=wd.fired)
-            finally:
-                wd.cancel()
+            digest = self.wire.get_range(link, fs.rel, off, n, buf, throttle, self.peer_rate_limit)
         except (_http.HttpError, ValueError) as e:
             status = getattr(e, "status", None)
             with self._cond:
@@ -883,7 +487,6 @@ class Receiver(object):
                     what = "stalled" if getattr(e, "timed_out", False) else "broke off"
                 self._drop(link, "%d transfers in a row failed, the last one %s" % (strikes, what))
             return
-        digest = h.hexdigest()
         if digest != fs.trusted[i]:
             self._settle(fs, i, link)
         with self._cond:

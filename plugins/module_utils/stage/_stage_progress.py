@@ -1,13 +1,19 @@
 # -*- coding: utf-8 -*-
 # Copyright: llmops.serving contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""**PRIVATE** to llmops.serving: model_stage's progress file (sizes and durations read as ``_units`` writes them).
+"""**PRIVATE** to llmops.serving: model_stage's progress file (sizes and durations read as ``_units`` writes them),
+and the per-stream rate its byte count enforces.
 
 While a copy runs, :class:`Progress` rewrites ``progress_file`` (atomically: temp file + rename) once per
 ``interval`` seconds with one JSON object: ``state`` (``copying``, ``publishing``, ``done``, ``failed``),
 ``bytes_done``/``bytes_total``, ``files_done``/``files_total``, ``percent``, ``elapsed_seconds``,
 ``rate_bytes_per_second``, ``eta_seconds`` (null until a rate is known), ``message`` and ``updated``.
 Writing it is best effort: a progress file that cannot be written never fails a copy.
+
+* :class:`Progress` - the counter and its file;
+* :class:`SourcedProgress` - the same for a run whose bytes come from two sources (``bytes_from_source``,
+  ``bytes_from_peers``), holding every copy stream to ``read_rate_limit``;
+* :class:`Throttle` - at most so many bytes/s through one stream (reads of src, transfers from a peer).
 """
 from __future__ import annotations
 
@@ -95,3 +101,61 @@ class Progress:
         if self._thread:
             self._thread.join(timeout=5)
         self.write()
+
+
+class Throttle(object):
+    """At most ``rate`` bytes/s through one stream (0: unlimited); idle time earns at most half a second."""
+
+    def __init__(self, rate, clock=time.monotonic, sleep=time.sleep):
+        self.rate = rate
+        self.clock = clock
+        self.sleep = sleep
+        self.t0 = None
+        self.done = 0
+
+    def consume(self, n):
+        if not self.rate or n <= 0:
+            return
+        now = self.clock()
+        if self.t0 is None:
+            self.t0 = now
+        self.done += n
+        ahead = self.done / float(self.rate) - (now - self.t0)
+        if ahead < -0.5:
+            self.t0 = now - self.done / float(self.rate) - 0.5
+        elif ahead > 0:
+            self.sleep(ahead)
+
+
+class SourcedProgress(Progress):
+    """The progress file of a run that moves bytes from two sources; ``read_rate_limit`` per stream applies
+    to every byte counted through :meth:`add` by a copy stream (the copy engine counts each chunk it reads)."""
+
+    def __init__(self, *args, **kwargs):
+        self.read_rate_limit = kwargs.pop("read_rate_limit", 0)
+        super(SourcedProgress, self).__init__(*args, **kwargs)
+        self.from_source = 0
+        self.from_peers = 0
+        self._local = threading.local()
+
+    def add(self, nbytes=0, files=0, peer=False):
+        super(SourcedProgress, self).add(nbytes, files)
+        with self._lock:
+            if peer:
+                self.from_peers += nbytes
+            else:
+                self.from_source += nbytes
+        if nbytes and not peer and self.read_rate_limit:
+            t = getattr(self._local, "throttle", None)
+            if t is None:
+                t = self._local.throttle = Throttle(self.read_rate_limit)
+            t.consume(nbytes)
+
+    def snapshot(self):
+        doc = super(SourcedProgress, self).snapshot()
+        with self._lock:
+            src, peers = self.from_source, self.from_peers
+        doc["bytes_from_source"] = src
+        doc["bytes_from_peers"] = peers
+        doc["message"] += " (%s from the shared filesystem, %s from peers)" % (human_bytes(src), human_bytes(peers))
+        return doc

@@ -12,6 +12,7 @@ import pytest
 
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_fanout
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_fanout_wire
 from ansible_collections.llmops.serving.tests.lib import fake_peers, stage_synth
 
 PIECE = 256 * 1024
@@ -62,7 +63,7 @@ def _prefer(monkeypatch, url):
     choice = _stage_fanout.random.choice
 
     def pick(items):
-        if items and all(isinstance(p, _stage_fanout.PeerLink) for p in items):
+        if items and all(isinstance(p, _stage_fanout_wire.PeerLink) for p in items):
             for p in items:
                 if p.url == url:
                     return p
@@ -99,9 +100,9 @@ def test_a_peer_that_does_not_deliver_is_dropped_after_max_tries(src, tmp_path, 
     assert why in dropped[bad.url]["reason"] and not dropped[bad.url]["lied"]
     # bounded: MAX_PEER_TRIES tries in a row, each at most one pull per worker (PEER_STREAMS per read stream)
     tries = bad.server.transfers
-    assert _stage_fanout.MAX_PEER_TRIES <= tries <= _stage_fanout.MAX_PEER_TRIES * _stage_fanout.PEER_STREAMS
+    assert _stage_fanout_wire.MAX_PEER_TRIES <= tries <= _stage_fanout_wire.MAX_PEER_TRIES * _stage_fanout.PEER_STREAMS
     assert r["bytes_from_peers"] == r["bytes_total"] and r["bytes_per_peer"] == {seed.url: r["bytes_total"]}
-    assert took < 3 * (TIMEOUT + PIECE / float(_stage_fanout.MIN_PEER_RATE)) + 10
+    assert took < 3 * (TIMEOUT + PIECE / float(_stage_fanout_wire.MIN_PEER_RATE)) + 10
 
 
 @pytest.mark.parametrize("kind", sorted(fake_peers.MALFORMED) + sorted(fake_peers.RAW))
@@ -111,7 +112,7 @@ def test_a_seed_with_malformed_piece_lists_is_dropped_and_src_read(src, tmp_path
     assert fake_peers.same_tree(src, d)
     assert [x["url"] for x in r["peers_dropped"]] == [bad.url]
     reason = r["peers_dropped"][0]["reason"]
-    assert "not a piece list" in reason and "%d times" % _stage_fanout.MAX_PEER_TRIES in reason
+    assert "not a piece list" in reason and "%d times" % _stage_fanout_wire.MAX_PEER_TRIES in reason
     assert r["bytes_from_source"] == r["bytes_total"] and took < 10
     assert "\\u06" not in json.dumps(r) and "xxxx" not in reason  # the answer is never quoted
 
@@ -121,7 +122,7 @@ def test_a_seed_that_stalls_its_piece_list_is_dropped(src, tmp_path, seed_dest, 
     r, d, took = _stage_from(src, tmp_path, [{"url": bad.url, "seed": True}])
     assert fake_peers.same_tree(src, d) and r["bytes_from_source"] == r["bytes_total"]
     assert "stalled" in r["peers_dropped"][0]["reason"]
-    assert took < _stage_fanout.MAX_PEER_TRIES * (TIMEOUT + 1) + 5
+    assert took < _stage_fanout_wire.MAX_PEER_TRIES * (TIMEOUT + 1) + 5
 
 
 @pytest.mark.parametrize("liar_first", [True, False])
@@ -140,26 +141,26 @@ def test_seeds_that_disagree_are_judged_by_the_shared_filesystem(src, tmp_path, 
 def test_piece_list_parser_refuses_every_malformed_list(seed_dest):
     offer = fake_peers._stage_peer.Offer(seed_dest, PIECE, ttl=0)
     good = offer.public(0)
-    parsed = _stage_fanout.parse_piece_list(json.dumps(good).encode(), PIECE)
+    parsed = _stage_fanout_wire.parse_piece_list(json.dumps(good).encode(), PIECE)
     assert parsed["state"] == "complete" and set(parsed["files"]) == set(good["files"])
     for kind, edit in sorted(fake_peers.MALFORMED.items()):
         body = json.dumps(edit(json.loads(json.dumps(good))), ensure_ascii=False).encode("utf-8")
-        with pytest.raises(_stage_fanout.PeerLie):
-            _stage_fanout.parse_piece_list(body, PIECE)
+        with pytest.raises(_stage_fanout_wire.PeerLie):
+            _stage_fanout_wire.parse_piece_list(body, PIECE)
     for kind, raw in sorted(fake_peers.RAW.items()):
-        with pytest.raises(_stage_fanout.PeerLie):
-            _stage_fanout.parse_piece_list(raw % {b"ps": PIECE}, PIECE)
-    with pytest.raises(_stage_fanout.PeerLie):  # another run's piece size
-        _stage_fanout.parse_piece_list(json.dumps(good).encode(), 2 * PIECE)
+        with pytest.raises(_stage_fanout_wire.PeerLie):
+            _stage_fanout_wire.parse_piece_list(raw % {b"ps": PIECE}, PIECE)
+    with pytest.raises(_stage_fanout_wire.PeerLie):  # another run's piece size
+        _stage_fanout_wire.parse_piece_list(json.dumps(good).encode(), 2 * PIECE)
 
 
 def test_digest_list_parser():
     ok = ["a" * 64, None]
-    assert _stage_fanout.parse_digests(json.dumps({"digests": ok}).encode(), 2) == ok
+    assert _stage_fanout_wire.parse_digests(json.dumps({"digests": ok}).encode(), 2) == ok
     for bad in ({"digests": ok[:1]}, {"digests": ["A" * 64, None]}, {"digests": ["\u0661" * 64, None]},
                 {"digests": [["a" * 64], None]}, {"digests": [1, None]}, [ok], {"digests": "aa"}):
-        with pytest.raises(_stage_fanout.PeerLie):
-            _stage_fanout.parse_digests(json.dumps(bad).encode(), 2)
+        with pytest.raises(_stage_fanout_wire.PeerLie):
+            _stage_fanout_wire.parse_digests(json.dumps(bad).encode(), 2)
 
 
 URL = "http://10.0.0.2:18700/r/m/r1"
@@ -212,4 +213,4 @@ def test_a_relative_or_root_dest_is_refused(tmp_path):
     for dest, word in (("models/m/r1", "relative"), ("/", "root"), ("//", "root"), ("/.", "root"), ("/tmp/..", "root"),
                        (str(tmp_path / "to-root"), "root")):
         with pytest.raises(ValueError, match="dest: .*" + word):
-            _stage_fanout.check_options(dest=dest)
+            _stage_fanout_wire.check_options(dest=dest)

@@ -14,8 +14,10 @@ import pytest
 
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_fanout
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_fanout_wire
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_marker as _marker
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_peer
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_progress
 from ansible_collections.llmops.serving.tests.lib import stage_synth
 
 PIECE = 256 * 1024
@@ -145,7 +147,7 @@ def test_bad_piece_is_rejected_the_liar_dropped_and_the_piece_refetched(src, tmp
     choice = _stage_fanout.random.choice
 
     def liar_first(items):
-        if all(isinstance(p, _stage_fanout.PeerLink) for p in items):
+        if all(isinstance(p, _stage_fanout_wire.PeerLink) for p in items):
             return sorted(items, key=lambda p: p.seed)[0]
         return choice(items)
     monkeypatch.setattr(_stage_fanout.random, "choice", liar_first)
@@ -209,7 +211,7 @@ def test_throttle_keeps_the_rate():
 
     def sleep(s):
         now[0] += s
-    t = _stage_fanout.Throttle(1000, clock=lambda: now[0], sleep=sleep)
+    t = _stage_progress.Throttle(1000, clock=lambda: now[0], sleep=sleep)
     for _i in range(10):
         t.consume(500)
     assert now[0] == pytest.approx(5.0, abs=0.01)
@@ -385,7 +387,7 @@ def test_server_counts_the_pieces_it_sent(src, tmp_path, servers):
     assert sent[:3] == "220" and set(sent[3:]) <= {"0"}
 
 
-class _FakeLink(_stage_fanout.PeerLink):
+class _FakeLink(_stage_fanout_wire.PeerLink):
     def __init__(self, name, seed, have, sent=None):
         super(_FakeLink, self).__init__("http://%s:1/r/m/r1" % name, seed)
         self.have = {"f": have}

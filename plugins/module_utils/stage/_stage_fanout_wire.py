@@ -1,0 +1,393 @@
+# -*- coding: utf-8 -*-
+# Copyright: llmops.serving contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""**PRIVATE** to llmops.serving: the fan-out's wire protocol as a receiver speaks it, and its distrust of
+every answer.
+
+Every peer may lie, and lying costs bounded time. A piece list is read under ``_untrusted.loads_json`` (a size
+cap of ``PIECES_MAX_BYTES`` plus a few bytes per piece, ``PIECES_MAX_DEPTH``, finite numbers) and checked field by
+field (:func:`parse_piece_list`: ``have`` and ``sent`` are ASCII digits, counters in range, types exact); a digest
+list likewise (:func:`parse_digests`). An answer that is not what the protocol says is a :class:`PeerLie`, whose
+message says what is wrong and never quotes it. A piece list not in within ``timeout``, and a transfer not in
+within ``timeout + size / MIN_PEER_RATE`` (however the bytes trickle: :class:`_Watchdog` shuts the socket down),
+have stalled. ``MAX_PEER_TRIES`` failed tries in a row drop a peer (the receiver counts them on its
+:class:`PeerLink`).
+
+Peers are spoken to over one persistent ``http.client`` connection per stream and peer (:class:`PeerClient`: a
+64 MiB piece per request, and a piece list four times a second per peer, are the data plane: a new connection and
+TLS context per request, as ``_http.open_response`` makes, costs more than the transfer on a loaded host).
+Failures are ``_http.HttpError``, whose messages name the URL without credentials; the token is only ever a header.
+
+* :func:`parse_piece_list`, :func:`parse_digests` - a peer's ``/pieces`` and ``/digests`` answers, checked;
+* :func:`check_peer_url`, :func:`check_options` - the options that shape the protocol, refused before anything is
+  prepared;
+* :class:`PeerLink` - one peer as a receiver sees it (its last piece list, its failures);
+* :class:`PeerClient` - the requests: a bounded body (:meth:`PeerClient.get_body`), a piece hashed as it comes in
+  (:meth:`PeerClient.get_range`).
+"""
+from __future__ import annotations
+
+import hashlib
+import http.client
+import math
+import os
+import socket
+import threading
+from urllib.parse import quote, unquote, urlsplit
+
+from ansible_collections.llmops.serving.plugins.module_utils.common import _http
+from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import UntrustedInput, loads_json
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _fleet_slots
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_marker as _marker
+
+_HEX = _marker._HEX
+socket_timeout = TimeoutError
+#: A peer is dropped after this many failed tries in a row: piece lists that are no answer or not a piece list,
+#: or transfers that end in an error answer, break off, stall, or ask for a piece it lists but does not serve.
+#: A bad piece, a lie about digests or a refused token drops it at once.
+MAX_PEER_TRIES = 3
+#: Slowest rate a transfer may keep: a piece not in within ``timeout + size / MIN_PEER_RATE`` seconds has
+#: stalled (however the bytes trickle in), and a piece list not in within ``timeout`` seconds likewise.
+MIN_PEER_RATE = 4 * 1024 * 1024
+#: A ``/pieces`` answer: at most this many bytes plus ``PIECES_BYTES_PER_PIECE`` per piece of the files
+#: received (the ``have`` and ``sent`` strings), nested at most ``PIECES_MAX_DEPTH`` levels (answer, files,
+#: entry, ``src``).
+PIECES_MAX_BYTES = 4 * 1024 * 1024
+PIECES_BYTES_PER_PIECE = 4
+PIECES_MAX_DEPTH = 4
+#: A ``/digests`` answer: this much plus 80 bytes per piece of the file (``"<64 hex>",``).
+DIGESTS_MAX_BYTES = 64 * 1024
+#: Largest ``load`` (transfers in flight) a peer may report; a peer's server admits far fewer connections.
+MAX_PEER_LOAD = 4096
+PEER_STATES = ("idle", "copying", "failed", "done", "complete")
+#: Largest piece: a piece is one buffer per pulling worker.
+MAX_PIECE_SIZE = 1024 * 1024 * 1024
+
+
+class PeerLie(ValueError):
+    """A peer's answer that is not what the protocol says; ``str()`` says what is wrong, never quotes it."""
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _hex64(v, what):
+    if v is None:
+        return None
+    if not isinstance(v, str) or len(v) != 64 or not set(v) <= _HEX:
+        raise PeerLie("%s is not a sha256 (64 lowercase hex digits)" % what)
+    return v
+
+
+def parse_piece_list(body, piece_size, max_bytes=PIECES_MAX_BYTES):
+    """The ``/pieces`` answer ``body`` (bytes) of a peer, checked field by field; raises :class:`PeerLie`.
+
+    Parsed with ``_untrusted.loads_json`` (``max_bytes``, ``PIECES_MAX_DEPTH``, finite numbers). Returns
+    ``{"state", "board_age", "load", "files": {rel: {"size", "src", "header_sha256", "sha256", "have",
+    "sent"}}}``; ``have`` is ASCII ``0``/``1`` per piece, ``sent`` ASCII ``0``-``9`` per piece or None.
+    """
+    try:
+        doc = loads_json(body, "the piece list", max_depth=PIECES_MAX_DEPTH, max_bytes=max_bytes)
+    except UntrustedInput as e:
+        raise PeerLie(str(e))
+    if not isinstance(doc, dict):
+        raise PeerLie("the piece list is not a JSON object")
+    if not _is_int(doc.get("piece_size")) or doc["piece_size"] != piece_size:
+        raise PeerLie("the piece list is not at this run's piece size (%d)" % piece_size)
+    state = doc.get("state")
+    if state is not None and state not in PEER_STATES:
+        raise PeerLie("state is not one of %s" % ", ".join(PEER_STATES))
+    age = doc.get("board_age")
+    if age is not None and (isinstance(age, bool) or not isinstance(age, (int, float)) or not 0 <= age < 1e9):
+        raise PeerLie("board_age is not a number of seconds")
+    load = doc.get("load", 0)
+    if not _is_int(load) or not 0 <= load <= MAX_PEER_LOAD:
+        raise PeerLie("load is not a count of transfers (0-%d)" % MAX_PEER_LOAD)
+    files = doc.get("files", {})
+    if not isinstance(files, dict):
+        raise PeerLie("files is not an object")
+    out = {}
+    for rel, e in files.items():
+        what = "files[%d]" % len(out)
+        if not isinstance(e, dict):
+            raise PeerLie("%s is not an object" % what)
+        size = e.get("size")
+        if not _is_int(size) or size < 0:
+            raise PeerLie("%s.size is not a byte count" % what)
+        src = e.get("src")
+        if not (isinstance(src, list) and len(src) == 3 and all(_is_int(x) and x >= 0 for x in src)):
+            raise PeerLie("%s.src is not [ino, mtime_ns, ctime_ns]" % what)
+        n = _marker.piece_count(size, piece_size)
+        have = e.get("have")
+        if not isinstance(have, str) or len(have) != n or not set(have) <= set("01"):
+            raise PeerLie("%s.have is not one ASCII 0 or 1 per piece" % what)
+        sent = e.get("sent")
+        if sent is not None and (not isinstance(sent, str) or len(sent) != n or not set(sent) <= set("0123456789")):
+            raise PeerLie("%s.sent is not one ASCII digit per piece" % what)
+        out[rel] = {"size": size, "src": list(src), "have": have, "sent": sent,
+                    "header_sha256": _hex64(e.get("header_sha256"), what + ".header_sha256"),
+                    "sha256": _hex64(e.get("sha256"), what + ".sha256")}
+    return {"state": state, "board_age": age, "load": load, "files": out}
+
+
+def parse_digests(body, n):
+    """The ``/digests`` answer of a file of ``n`` pieces: a list of ``n`` sha256 or None; raises :class:`PeerLie`."""
+    try:
+        doc = loads_json(body, "the digest list", max_depth=2, max_bytes=DIGESTS_MAX_BYTES + 80 * n)
+    except UntrustedInput as e:
+        raise PeerLie(str(e))
+    digests = doc.get("digests") if isinstance(doc, dict) else None
+    if not isinstance(digests, list) or len(digests) != n:
+        raise PeerLie("the digest list does not hold one entry per piece")
+    return [_hex64(d, "digests[%d]" % i) for i, d in enumerate(digests)]
+
+
+def check_peer_url(url, field):
+    """``url`` as ``http://<host>:<port>/r/<name>/<revision>`` or :class:`ValueError` naming ``field``."""
+    fix = "write it as http://<address>:<port>/r/<name>/<revision> (the role builds it)"
+    if not isinstance(url, str) or not url.strip():
+        raise ValueError("%s: must be a URL; %s" % (field, fix))
+    if any(c.isspace() or ord(c) < 32 for c in url):
+        raise ValueError("%s: holds whitespace or control characters; %s" % (field, fix))
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme != "http":
+        raise ValueError("%s: the piece servers speak plain http:// only; %s" % (field, fix))
+    netloc = rest.split("/", 1)[0]
+    if "@" in netloc:
+        raise ValueError("%s: holds credentials (user@ or user:password@); the token goes in peer_token" % field)
+    try:
+        u = urlsplit(url)
+        port = u.port
+    except ValueError:
+        raise ValueError("%s: the port is not a number 1-65535; %s" % (field, fix))
+    if not u.hostname:
+        raise ValueError("%s: has no host; %s" % (field, fix))
+    if port is None or not 0 < port < 65536:
+        raise ValueError("%s: needs an explicit port 1-65535; %s" % (field, fix))
+    if u.query or u.fragment or "?" in url or "#" in url:
+        raise ValueError("%s: must not have a query or fragment; %s" % (field, fix))
+    parts = u.path.rstrip("/").split("/")
+    if len(parts) != 4 or parts[:2] != ["", "r"] or any(unquote(p) in ("", ".", "..") or "/" in unquote(p)
+                                                        for p in parts[2:]):
+        raise ValueError("%s: the path must be /r/<name>/<revision>; %s" % (field, fix))
+    return url
+
+
+def check_options(piece_size=None, peers=None, peer_token=None, fleet_slots_dir=None, fleet_stale_seconds=None,
+                  dest=None):
+    """Refuse options that shape the fan-out protocol before anything is prepared; ``ValueError`` names the
+    option and the fix. ``piece_size`` None: no pieces this run (not checked)."""
+    if dest is not None:
+        if not isinstance(dest, str) or not dest or "\x00" in dest:
+            raise ValueError("dest: must be a path; set it to <dest root>/<name>/<revision> on node-local storage")
+        if not os.path.isabs(dest):
+            raise ValueError("dest: %s is relative; give an absolute path under the node-local dest root" % dest)
+        if os.path.realpath(dest) == "/":  # "//", "/.", "/x/.." and a link to / are all the root
+            raise ValueError("dest: must not be the root directory; use <dest root>/<name>/<revision>")
+    if piece_size is not None:
+        if not _marker.valid_piece_size(piece_size) or piece_size > MAX_PIECE_SIZE:
+            raise ValueError("piece_size: must be a positive multiple of %d bytes up to %d (1 GiB) (got %r); use "
+                             "e.g. 67108864 (64 MiB), the same on every node"
+                             % (_marker.PIECE_ALIGN, MAX_PIECE_SIZE, piece_size))
+    peers = list(peers or [])
+    seen = set()
+    for i, peer in enumerate(peers):
+        if not isinstance(peer, dict):
+            raise ValueError("peers[%d]: must be a mapping {url, seed}" % i)
+        url = check_peer_url(peer.get("url"), "peers[%d].url" % i)
+        if not isinstance(peer.get("seed", False), (bool, type(None))):
+            raise ValueError("peers[%d].seed: must be true or false" % i)
+        key = url.rstrip("/")
+        if key in seen:
+            raise ValueError("peers[%d].url: is listed twice; list each peer once" % i)
+        seen.add(key)
+    if peers:
+        if not isinstance(peer_token, str) or not peer_token:
+            raise ValueError("peer_token: required with peers (the run's token the peers' servers expect)")
+        if len(peer_token) < 16 or any(c.isspace() or not c.isprintable() or ord(c) > 126 for c in peer_token):
+            raise ValueError("peer_token: must be at least 16 printable ASCII characters without spaces; use "
+                             "the run's generated token")
+    if fleet_slots_dir and fleet_stale_seconds is not None:
+        v = fleet_stale_seconds
+        least = _fleet_slots.MIN_STALE_SECONDS
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not least <= v <= 86400:
+            raise ValueError("fleet_stale_seconds: must be %g-86400 seconds (got %r): a lease refreshed every %g s "
+                             "must not be taken over while its holder lives; the default is 60"
+                             % (least, v, _fleet_slots.HEARTBEAT))
+
+
+class _Watchdog(object):
+    """Shuts ``conn``'s socket down ``seconds`` from now unless cancelled: a read blocked on a peer that
+    trickles bytes then returns at once (``fired`` says why)."""
+
+    def __init__(self, conn, seconds):
+        self.fired = False
+        self._conn = conn
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self):
+        self.fired = True
+        sock = getattr(self._conn, "sock", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cancel(self):
+        self._timer.cancel()
+
+
+class PeerLink(object):
+    """One peer as a receiver sees it: its last piece list and its failures."""
+
+    def __init__(self, url, seed):
+        self.url = url.rstrip("/")
+        u = urlsplit(self.url)
+        self.host = u.hostname
+        self.port = u.port or 80
+        self.base = u.path
+        self.seed = bool(seed)
+        self.alive = True
+        self.why_dropped = None
+        self.failures = 0          # piece lists in a row that were no answer or not a piece list
+        self.strikes = 0           # transfers in a row that failed (error answer, break, stall, not served)
+        self.lists = 0             # piece lists taken in from it
+        self.unserved_at = None    # ``lists`` when a piece it listed was last not served
+        self.lied = False
+        self.inflight = 0
+        self.load = 0
+        self.state = None          # the peer's last /pieces "state"
+        self.board_age = None
+        self.have = {}             # rel -> "0101" as last seen
+        self.sent = {}             # rel -> "0120": transfers of each piece a seed's server started
+        self.entries = {}          # rel -> its /pieces entry
+        self.bytes = 0
+        self.bad = 0
+        self.seen_at = None
+        self.mismatch = set()      # files whose entry here is not today's source file
+        self.claimed = {}          # rel -> indices of the pieces whose digest this (seed) peer gave
+
+    def holds(self, rel, i):
+        h = self.have.get(rel)
+        return h is not None and i < len(h) and h[i] == "1"
+
+    def sent_count(self, rel, i):
+        c = self.sent.get(rel)
+        return int(c[i]) if c is not None and i < len(c) else 0
+
+
+class PeerClient(object):
+    """A receiver's requests to its peers: one persistent connection per thread and peer, every request with the
+    run's ``token``, every answer within its time (``timeout`` for a body, more for a piece, see
+    :meth:`get_range`) or the connection is shut down under it."""
+
+    def __init__(self, token, timeout):
+        self.token = token
+        self.timeout = timeout
+        self._local = threading.local()
+
+    def headers(self):
+        return {"Authorization": "Bearer " + self.token}
+
+    def request(self, link, path, headers, seconds):
+        """GET ``path`` (below the peer's revision URL) on this thread's connection to ``link``; ``(response,
+        watchdog)`` (status read, body not; the watchdog shuts the connection down ``seconds`` after the request
+        started, so a peer that trickles bytes cannot hold this thread: cancel it once the body is read).
+        Transport failures are ``_http.HttpError`` without a status."""
+        conns = self._local.__dict__.setdefault("conns", {})
+        url = link.url + path
+        for attempt in (0, 1):
+            conn = conns.get(link.url)
+            if conn is None:
+                conn = conns[link.url] = http.client.HTTPConnection(link.host, link.port, timeout=self.timeout)
+            wd = _Watchdog(conn, seconds)
+            try:
+                conn.request("GET", link.base + path, headers=headers)
+                return conn.getresponse(), wd
+            except (OSError, http.client.HTTPException) as e:
+                wd.cancel()
+                conn.close()
+                conns.pop(link.url, None)
+                timed_out = wd.fired or isinstance(e, socket_timeout)
+                # a kept-alive connection the peer closed meanwhile is retried once on a new one
+                if attempt or timed_out or isinstance(e, ConnectionRefusedError):
+                    why = ("no answer within %g s" % seconds) if wd.fired else (str(e) or type(e).__name__)
+                    raise _http.HttpError("GET", url, why, timed_out=timed_out,
+                                          refused=isinstance(e, ConnectionRefusedError))
+        raise AssertionError("unreachable")
+
+    def close(self, link):
+        conn = self._local.__dict__.get("conns", {}).pop(link.url, None)
+        if conn is not None:
+            conn.close()
+
+    def get_body(self, link, path, limit):
+        """The body of a 200 answer to ``GET path``, at most ``limit`` bytes (else :class:`PeerLie`), all of it
+        within ``timeout`` seconds."""
+        resp, wd = self.request(link, path, self.headers(), self.timeout)
+        try:
+            body = resp.read(limit + 1)
+        except (OSError, http.client.HTTPException) as e:
+            self.close(link)
+            why = "no whole answer within %g s" % self.timeout if wd.fired else (str(e) or type(e).__name__)
+            raise _http.HttpError("GET", link.url + path, "the answer broke off: %s" % why, timed_out=wd.fired)
+        finally:
+            wd.cancel()
+        if wd.fired or not resp.isclosed():
+            self.close(link)  # the rest of an answer not read is no start for the next request
+        if wd.fired:
+            raise _http.HttpError("GET", link.url + path, "no whole answer within %g s" % self.timeout,
+                                  timed_out=True)
+        if resp.status != 200:
+            raise _http.HttpError("GET", link.url + path, "HTTP %d" % resp.status, status=resp.status)
+        if len(body) > limit:
+            raise PeerLie("the answer is over the %d-byte limit for it" % limit)
+        return body
+
+    def get_range(self, link, rel, off, n, buf, throttle, rate_limit=0):
+        """Bytes ``off`` to ``off + n - 1`` of ``rel`` from ``link`` into ``buf``, hashed as they come in, at most
+        ``rate_limit`` bytes/s (``throttle``; 0: no limit); returns their sha256. All of it within ``timeout +
+        n / min(MIN_PEER_RATE, rate_limit)`` seconds, else it stalled: ``_http.HttpError`` (``timed_out``), as
+        for an answer that is not 206, breaks off or is not ``n`` bytes."""
+        path = "/files/" + quote(rel)
+        headers = self.headers()
+        headers["Range"] = "bytes=%d-%d" % (off, off + n - 1)
+        h = hashlib.sha256()
+        got = 0
+        rate = min(MIN_PEER_RATE, rate_limit) if rate_limit else MIN_PEER_RATE
+        seconds = self.timeout + n / float(rate)
+        resp, wd = self.request(link, path, headers, seconds)
+        try:
+            if resp.status != 206:
+                resp.read(64 * 1024)
+                self.close(link)
+                raise _http.HttpError("GET", link.url + path, "HTTP %d, not 206 with the range" % resp.status,
+                                      status=resp.status)
+            try:
+                with memoryview(buf) as mv:
+                    while got < n:
+                        with mv[got:n] as target:
+                            k = resp.readinto(target)
+                        if not k:
+                            break
+                        with mv[got:got + k] as chunk:
+                            h.update(chunk)
+                        got += k
+                        throttle.consume(k)
+                if got != n or resp.read(1):
+                    self.close(link)
+                    raise _http.HttpError("GET", link.url + path, "stalled: %d of %d bytes within %g s" % (
+                        got, n, seconds) if wd.fired else "sent %d bytes for a %d-byte piece" % (got, n),
+                        timed_out=wd.fired)
+            except (OSError, http.client.HTTPException) as e:
+                self.close(link)
+                raise _http.HttpError("GET", link.url + path, "the transfer broke off: %s" % (
+                    ("stalled within %g s" % seconds) if wd.fired else (e or type(e).__name__)),
+                    timed_out=wd.fired)
+        finally:
+            wd.cancel()
+        return h.hexdigest()
