@@ -192,7 +192,9 @@ options:
         own server. A peer that stops answering or sends a bad piece is dropped (RV(peers_dropped),
         RV(bad_pieces_rejected)) and the piece fetched elsewhere. A piece is read from O(src) (under the fleet
         read slots and O(read_rate_limit)) only when no seed can provide it any more (every seed dropped,
-        failed, or silent for 15 s, or not seen within 120 s), or when no seed's entry matches the source.
+        failed, or not seen within 120 s, or copying but listing no new piece for 30 s plus one piece's time at
+        4 MiB/s, or at O(read_rate_limit) where that is lower), or when no seed's entry matches the source. A
+        seed is judged by the pieces it holds, not by how late its board is rewritten on a loaded host.
       - Files get the checks of a copy (size, headers, sha256 with O(verify=sha256)) before they get their
         names; resume, publish, marker and pruning are those of a copy. Implies recording piece digests.
     type: list

@@ -20,11 +20,17 @@ sent, see :meth:`Receiver._pick`), reads it into an aligned buffer while hashing
 place with O_DIRECT (``_stage_copy.RawFile``) into ``<file>.llmops-part`` in ``<dest>.partial``; it then marks
 it held on the board (``_stage_peer.Board``), so this node's own server hands it on at once. A piece is read from
 the shared filesystem itself (under the fleet read slots, at most ``read_rate_limit`` bytes/s per stream) only when
-no seed can provide it any more (every seed dropped, failed, or silent for ``seed_stale`` seconds, or never seen within
-``seed_wait`` seconds), or when no seed's entry for the file matches the source. A file whose pieces are all held
-gets the same checks as a copy (size, header byte for byte against the source's, sha256 in ``verify=sha256``:
-the seed's digest of the whole file when it equals the manifest's, else a read of the copy), the source's mode
-and mtime, fsync, its name, and its journal line: resume, publish and the marker are the copy's.
+no seed can provide it any more (every seed dropped, failed, or copying without holding a new piece for
+``seed_stale`` seconds, or never seen within ``seed_wait`` seconds), or when no seed's entry for the file matches
+the source. A file whose pieces are all held gets the same checks as a copy (size, header byte for byte against
+the source's, sha256 in ``verify=sha256``: the seed's digest of the whole file when it equals the manifest's, else
+a read of the copy), the source's mode and mtime, fsync, its name, and its journal line: resume, publish and the
+marker are the copy's.
+
+A copying seed is judged by its progress, not by its board's age: its copy moves while the pieces it lists
+grow (``_stage_fanout_wire.PeerLink.note_copy``). ``seed_stale`` is by default the stall rule of a transfer
+applied to the seed's next piece, ``timeout + piece_size / MIN_PEER_RATE`` (``read_rate_limit`` instead of
+``MIN_PEER_RATE`` when lower): a seed reading the shared filesystem no slower than that gains a piece within it.
 
 Every peer may lie, and lying costs bounded time (the protocol's checks and the requests are
 ``_stage_fanout_wire``'s). A piece list that is not one, or none within ``timeout``, is a failed try. Transfers
@@ -59,8 +65,8 @@ from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_verify as _verify
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_copy import RawFile
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_fanout_wire import (
-    DIGESTS_MAX_BYTES, MAX_PEER_TRIES, PIECES_BYTES_PER_PIECE, PIECES_MAX_BYTES, PeerClient, PeerLie, PeerLink,
-    parse_digests, parse_piece_list)
+    DIGESTS_MAX_BYTES, MAX_PEER_TRIES, MIN_PEER_RATE, PIECES_BYTES_PER_PIECE, PIECES_MAX_BYTES, PeerClient, PeerLie,
+    PeerLink, parse_digests, parse_piece_list)
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_marker import StageError
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_progress import SourcedProgress, Throttle
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_progress import human_bytes
@@ -98,7 +104,7 @@ class Receiver(object):
 
     def __init__(self, src, partial, mode, content, peers, token, piece_size, streams, slots, progress, do_fsync,
                  direct_io=True, journal=None, board=None, peer_rate_limit=0, read_rate_limit=0, poll=0.25,
-                 seed_wait=120.0, seed_stale=15.0, timeout=30.0, max_failures=MAX_PEER_TRIES):
+                 seed_wait=120.0, seed_stale=None, timeout=30.0, max_failures=MAX_PEER_TRIES):
         self.src = src
         self.partial = partial
         self.mode = mode
@@ -118,6 +124,9 @@ class Receiver(object):
         self.read_rate_limit = read_rate_limit
         self.poll = poll
         self.seed_wait = seed_wait
+        if seed_stale is None:  # the stall rule of a transfer (MIN_PEER_RATE), for the seed's next piece
+            rate = min(MIN_PEER_RATE, read_rate_limit) if read_rate_limit else MIN_PEER_RATE
+            seed_stale = timeout + piece_size / float(rate)
         self.seed_stale = seed_stale
         self.timeout = timeout
         self.max_failures = max_failures
@@ -183,9 +192,9 @@ class Receiver(object):
             # the pulling workers are woken only when there is something new to take: a piece list arrives
             # several times a second per peer, and waking every worker for each costs more CPU than the transfers
             state = doc["state"]
+            link.note_copy(state, files, time.monotonic())
             changed = state != link.state
             link.state = state
-            link.board_age = doc["board_age"]
             link.load = doc["load"]
             link.seen_at = time.monotonic()
             link.lists += 1
@@ -311,7 +320,9 @@ class Receiver(object):
             # a published seed still reading back the digests of a copy staged without them lists it later
             if link.state == "complete" and now - self._t0 < self.seed_wait:
                 return True
-            if link.state == "copying" and (link.board_age is None or link.board_age < self.seed_stale):
+            # a copying seed is worth waiting for while the pieces it holds grow, however late its board is
+            # rewritten (a loaded host writes it late; the pieces it lists are still new)
+            if link.state == "copying" and link.copy_moved_within(self.seed_stale, now):
                 return True
             if link.state in (None, "idle") and now - self._t0 < self.seed_wait:
                 return True

@@ -21,7 +21,7 @@ Failures are ``_http.HttpError``, whose messages name the URL without credential
 * :func:`parse_piece_list`, :func:`parse_digests` - a peer's ``/pieces`` and ``/digests`` answers, checked;
 * :func:`check_peer_url`, :func:`check_options` - the options that shape the protocol, refused before anything is
   prepared;
-* :class:`PeerLink` - one peer as a receiver sees it (its last piece list, its failures);
+* :class:`PeerLink` - one peer as a receiver sees it (its last piece list, its failures, whether its copy moves);
 * :class:`PeerClient` - the requests: a bounded body (:meth:`PeerClient.get_body`), a piece hashed as it comes in
   (:meth:`PeerClient.get_range`).
 """
@@ -86,6 +86,8 @@ def parse_piece_list(body, piece_size, max_bytes=PIECES_MAX_BYTES):
     Parsed with ``_untrusted.loads_json`` (``max_bytes``, ``PIECES_MAX_DEPTH``, finite numbers). Returns
     ``{"state", "board_age", "load", "files": {rel: {"size", "src", "header_sha256", "sha256", "have",
     "sent"}}}``; ``have`` is ASCII ``0``/``1`` per piece, ``sent`` ASCII ``0``-``9`` per piece or None.
+    ``board_age`` is checked like every field but judges nothing: a seed is judged by the pieces it holds
+    (:meth:`PeerLink.note_copy`).
     """
     try:
         doc = loads_json(body, "the piece list", max_depth=PIECES_MAX_DEPTH, max_bytes=max_bytes)
@@ -242,7 +244,7 @@ class _Watchdog(object):
 
 
 class PeerLink(object):
-    """One peer as a receiver sees it: its last piece list and its failures."""
+    """One peer as a receiver sees it: its last piece list, its failures, and when its own copy last moved."""
 
     def __init__(self, url, seed):
         self.url = url.rstrip("/")
@@ -261,7 +263,6 @@ class PeerLink(object):
         self.inflight = 0
         self.load = 0
         self.state = None          # the peer's last /pieces "state"
-        self.board_age = None
         self.have = {}             # rel -> "0101" as last seen
         self.sent = {}             # rel -> "0120": transfers of each piece a seed's server started
         self.entries = {}          # rel -> its /pieces entry
@@ -270,6 +271,8 @@ class PeerLink(object):
         self.seen_at = None
         self.mismatch = set()      # files whose entry here is not today's source file
         self.claimed = {}          # rel -> indices of the pieces whose digest this (seed) peer gave
+        self.copy_seen = None      # (state, pieces held) of its last piece list
+        self.moved_at = None       # when its copy was last seen to move (this receiver's monotonic clock)
 
     def holds(self, rel, i):
         h = self.have.get(rel)
@@ -278,6 +281,22 @@ class PeerLink(object):
     def sent_count(self, rel, i):
         c = self.sent.get(rel)
         return int(c[i]) if c is not None and i < len(c) else 0
+
+    def note_copy(self, state, files, now):
+        """Take in what a piece list (``state`` and ``files`` as :func:`parse_piece_list` gives them) says of the
+        peer's own copy: it moved at ``now`` when this is its first list, its state changed, or it holds more
+        pieces than in its last list. How late its board file was rewritten is no part of it: a board written
+        late still lists the pieces written meanwhile, and a board rewritten on time by a copy that holds no new
+        piece is no progress."""
+        held = sum(e["have"].count("1") for e in files.values())
+        last = self.copy_seen
+        if last is None or state != last[0] or held > last[1]:
+            self.moved_at = now
+        self.copy_seen = (state, held)
+
+    def copy_moved_within(self, seconds, now):
+        """Its copy moved less than ``seconds`` before ``now`` (True before any piece list: nothing is known)."""
+        return self.moved_at is None or now - self.moved_at < seconds
 
 
 class PeerClient(object):

@@ -425,7 +425,6 @@ def test_receiver_asks_a_seed_only_for_pieces_nobody_got_from_it(tmp_path):
     seed = _FakeLink("seed", True, "111100", "110000")
     peer = _FakeLink("peer", False, "100000")
     seed.state = "copying"
-    seed.board_age = 0.1
     rx, fs = _picker(tmp_path, [seed, peer])
     rx.poll = 0.02
     now = time.monotonic()
