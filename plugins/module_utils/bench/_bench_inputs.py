@@ -358,7 +358,7 @@ def secret_header_values(targets):
     """The header values of ``targets`` that are credentials (by the header's name or the value's shape): a module
     adds them to its ``no_log_values``."""
     return [v for t in targets for k, v in (t.get("headers") or {}).items()
-            if _secrets.is_credential_name(k) or _secrets.token_shape(v) is not None]
+            if _secrets.is_credential_header(k) or _secrets.token_shape(v) is not None]
 
 
 def failure(e):

@@ -115,6 +115,17 @@ def is_credential_name(name):
     return n in CREDENTIAL_NAMES or n.rsplit("_", 1)[-1] in CREDENTIAL_WORDS
 
 
+#: HTTP request headers that carry credentials whatever their value looks like: ``Authorization`` and
+#: ``Proxy-Authorization`` (RFC 9110 sections 11.6.2 and 11.7.2) and ``Cookie`` (RFC 6265 section 5.4).
+CREDENTIAL_HEADERS = frozenset({"AUTHORIZATION", "PROXY_AUTHORIZATION", "COOKIE"})
+
+
+def is_credential_header(name):
+    """True when an HTTP header of this name carries a credential: one of :data:`CREDENTIAL_HEADERS`, or a name
+    that is a credential name (``X-Api-Key``, ``X-Auth-Token``)."""
+    return normal_name(name) in CREDENTIAL_HEADERS or is_credential_name(name)
+
+
 def why_credential_name(name):
     """Why ``name`` is a credential name, for messages (``"the name ends in TOKEN"``)."""
     n = normal_name(name)

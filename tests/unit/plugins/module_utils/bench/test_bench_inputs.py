@@ -16,6 +16,15 @@ def test_credential_headers_are_the_values_never_shown():
     assert "pd" not in hidden
 
 
+def test_an_authorization_header_is_never_shown_whatever_its_value():
+    # RFC 9110 11.6.2 / 11.7.2 and RFC 6265 5.4: these headers carry credentials by their name alone; an opaque
+    # gateway key has no recognisable shape ("Bearer" + any string).
+    targets = [{"name": "gw", "headers": {"Authorization": "Bearer opaque-gateway-key", "model": "glm",
+                                          "proxy-authorization": "Basic dXNlcjpwdw==", "Cookie": "session=s3"}}]
+    hidden = _bench_inputs.secret_header_values(targets)
+    assert sorted(hidden) == sorted(["Bearer opaque-gateway-key", "Basic dXNlcjpwdw==", "session=s3"])
+
+
 def test_a_module_fails_with_the_message_and_what_the_error_carries():
     e = _bench_inputs.BenchError("benchmark_out_dir: bad", reason="bad_file", file="/x/plan.json")
     assert _bench_inputs.failure(e) == {"msg": "benchmark_out_dir: bad", "reason": "bad_file", "file": "/x/plan.json"}

@@ -359,3 +359,12 @@ def test_previous_file_of_several_documents_is_checked_in_each():
     assert _secrets.redact_rendered_text(clean) == clean
     leaked = clean + "---\nkind: Pod\nspec:\n  containers:\n  - env:\n    - {name: HF_TOKEN, value: %s}\n" % FAKE
     assert "plain-text credential" in _secrets.redact_rendered_text(leaked)
+
+
+@pytest.mark.parametrize("name,credential", [
+    ("Authorization", True), ("proxy-authorization", True), ("Cookie", True), ("X-Api-Key", True),
+    ("x-auth-token", True), ("routing-strategy", False), ("model", False), ("Content-Type", False)])
+def test_credential_headers_by_name(name, credential):
+    from ansible_collections.llmops.serving.plugins.module_utils.common import _secrets
+
+    assert _secrets.is_credential_header(name) is credential
