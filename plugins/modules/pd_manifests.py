@@ -478,7 +478,7 @@ file:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmops.serving.plugins.module_utils.kube import (
-    _aibrix_route, _k8s_engine, _pd_manifests, _render_dir,
+    _aibrix_route, _k8s_checks, _k8s_engine, _pd_manifests, _render_dir,
 )
 
 # Options rendered into the containers: kept out of the target's log (no_log), returned as rendered.
@@ -560,7 +560,7 @@ def main():
         ),
         supports_check_mode=True,
     )
-    _render_dir.run_module(module, _pd_manifests.render, _pd_manifests.SpecError, RENDERED_OPTIONS,
+    _render_dir.run_module(module, _pd_manifests.render, _k8s_checks.SpecError, RENDERED_OPTIONS,
                            result_keys=("objects", "service_name", "route_name", "reference_grant_name",
                                         "startup_window_seconds", "read_concurrency", "progress_deadline_seconds",
                                         "pod_selectors", "containers", "workloads", "replicas", "nodes"))

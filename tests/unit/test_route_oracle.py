@@ -20,6 +20,8 @@ import pytest
 import yaml
 
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_engine as k8s
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_checks
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _pd_checks
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _pd_manifests as pd
 from ansible_collections.llmops.serving.tests.lib import aibrix_oracle as oracle
 
@@ -167,8 +169,8 @@ def test_the_vllm_proxy_in_front_of_sglang_engines_does_not_serve():
     """pd_proxy.py speaks kv_transfer_params; SGLang's P/D engines need bootstrap_host/port/room."""
     vllm = pd_set("vllm", DOTTED, "deployments")
     sglang = pd_set("sglang", DOTTED, "deployments")
-    engines = [o for o in sglang if o["kind"] == "Deployment" and o["metadata"]["labels"].get(pd.ROLE_LABEL) in pd.ROLES]
-    mixed = [o for o in vllm if not (o["kind"] == "Deployment" and o["metadata"]["labels"].get(pd.ROLE_LABEL) in pd.ROLES)]
+    engines = [o for o in sglang if o["kind"] == "Deployment" and o["metadata"]["labels"].get(pd.ROLE_LABEL) in _pd_checks.ROLES]
+    mixed = [o for o in vllm if not (o["kind"] == "Deployment" and o["metadata"]["labels"].get(pd.ROLE_LABEL) in _pd_checks.ROLES)]
     v = oracle.route(mixed + engines, DOTTED)
     assert v.status == 502 and "not a vllm kv_both engine" in v.reason, v
 
@@ -408,7 +410,7 @@ def test_a_stormservice_answer_longer_than_original_route_is_caught_before_apply
                 "spec": {"jsonPatches": [{"operation": {"op": "add", "path": "/virtual_hosts/0/routes/0", "value": {
                     "name": "original_route", "route": {"cluster": "original_destination_cluster", "timeout": timeout}}}}]}}
 
-    with pytest.raises(pd.SpecError) as e:
+    with pytest.raises(_k8s_checks.SpecError) as e:
         pd.render(dict(params, gateway_policies=[epp("120s")]))
     assert "gateway.envoyPatchPolicy.route.timeout" in str(e.value)
     assert oracle.gateway(objs + [epp("0s")], "POST", "/v1/chat/completions", model=DOTTED).timeout_s == 0

@@ -126,7 +126,7 @@ PD_CASES = {
 @pytest.mark.parametrize("case", sorted(PD_CASES))
 def test_pd_renderer_refuses_credentials_without_echoing_them(case, mode):
     extra, field = PD_CASES[case]
-    with pytest.raises(pd.SpecError) as e:
+    with pytest.raises(_k8s_checks.SpecError) as e:
         pd.build(dict(PD, workload=mode, proxy_source="print('proxy')\n", **extra))
     msg = str(e.value)
     assert msg.startswith(field) and "secretKeyRef" in msg
@@ -145,12 +145,12 @@ def test_secret_references_render_and_plain_or_missing_references_do_not():
     with pytest.raises(_k8s_checks.SpecError, match=r"extra_args\[1\]: takes \$\(ENGINE_KEY\) from env.ENGINE_KEY, which has "
                                                     r"a plain-text value"):
         k8s.build(dict(ENGINE, env=[{"name": "ENGINE_KEY", "value": FAKE}], extra_args=["--api-key", "$(ENGINE_KEY)"]))
-    with pytest.raises(pd.SpecError, match=r"extra_args\[0\]: .*env has no entry NOPE.*unexpanded"):
+    with pytest.raises(_k8s_checks.SpecError, match=r"extra_args\[0\]: .*env has no entry NOPE.*unexpanded"):
         pd.build(dict(PD, extra_args=["--api-key=$(NOPE)"]))
 
 
 def test_pd_env_cannot_replace_what_the_renderer_sets():
-    with pytest.raises(pd.SpecError, match=r"^env: UCX_TLS is set by the collection"):
+    with pytest.raises(_k8s_checks.SpecError, match=r"^env: UCX_TLS is set by the collection"):
         pd.build(dict(PD, env=[{"name": "UCX_TLS", "value": "tcp"}]))
 
 

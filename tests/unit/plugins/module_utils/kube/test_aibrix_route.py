@@ -318,6 +318,7 @@ def test_original_route_findings_fail_in_apply_mode_and_warn_in_render_mode():
 
 
 def test_the_stormservice_render_checks_original_route():
+    from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_checks
     from ansible_collections.llmops.serving.plugins.module_utils.kube import _pd_manifests as pd
 
     params = dict(engine="vllm", workload="stormservice", transport="tcp", model_name="glm-5.2-fp8",
@@ -325,7 +326,7 @@ def test_the_stormservice_render_checks_original_route():
                   model_host_path="/mnt/nvme/models/glm/3f2a9c1", engine_args={"max-model-len": 131072})
     r = pd.render(dict(params))
     assert any("original_route" in w and "Rendered only" in w for w in r["warnings"])
-    with pytest.raises(pd.SpecError) as e:
+    with pytest.raises(_k8s_checks.SpecError) as e:
         pd.render(dict(params, gateway_policies=[_epp()]))
     assert str(e.value).startswith("gateway_policies: EnvoyPatchPolicy aibrix-system/aibrix-epp: original_route")
     r = pd.render(dict(params, gateway_policies=[_epp("0s")]))

@@ -13,6 +13,7 @@ import pytest
 
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_checks
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_engine as k8s
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _pd_checks
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _pd_manifests as pd
 from ansible_collections.llmops.serving.tests.lib import kube_scheduler as ks
 from ansible_collections.llmops.serving.tests.unit.plugins.module_utils.conftest import K8S_VERSION, ROOT
@@ -161,9 +162,9 @@ def test_pd_roles_stay_on_their_groups_nodes_and_the_front_off_gpu_nodes():
         placed = ks.schedule(r["objects"], nodes_)
         assert all(n and not errors for _o, n, errors in placed), placed
         assert r["nodes"] == {"prefill": sorted(prefill), "decode": decode}
-    with pytest.raises(pd.SpecError, match=r"prefill_nodes: the revision is staged on 1 node\(s\) \(h20-gpu-02\)"):
+    with pytest.raises(_k8s_checks.SpecError, match=r"prefill_nodes: the revision is staged on 1 node\(s\) \(h20-gpu-02\)"):
         pd.render(dict(PD, prefill_replicas=2, prefill_nodes=["h20-gpu-02"], decode_nodes=decode))
-    with pytest.raises(pd.SpecError, match="h20-gpu-03 are in both"):
+    with pytest.raises(_k8s_checks.SpecError, match="h20-gpu-03 are in both"):
         pd.render(dict(PD, prefill_nodes=["h20-gpu-03"], decode_nodes=decode))
 
 
@@ -214,7 +215,7 @@ def test_rdma_knobs_are_checked_and_not_set_twice():
         k8s.build(dict(ENGINE, rdma={"networks": "rdma-net", "host_network": True}))
     with pytest.raises(_k8s_checks.SpecError, match="env: NCCL_IB_HCA is set by rdma"):
         k8s.build(dict(ENGINE, rdma={"nccl_ib_hca": "mlx5_0"}, env=[{"name": "NCCL_IB_HCA", "value": "mlx5_1"}]))
-    with pytest.raises(pd.SpecError, match="env: NCCL_SOCKET_IFNAME is set by the collection"):
+    with pytest.raises(_k8s_checks.SpecError, match="env: NCCL_SOCKET_IFNAME is set by the collection"):
         pd.render(dict(PD, socket_ifname="net1", env=[{"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}]))
 
 
@@ -236,7 +237,7 @@ def test_pd_front_advertises_metrics_only_where_they_answer_and_is_a_site_image(
     rfront = [o for o in router["objects"] if o["kind"] == "Deployment"
               and o["spec"]["template"]["metadata"]["labels"].get(pd.ROLE_LABEL) == "front"][0]
     assert rfront["spec"]["template"]["metadata"]["labels"]["model.aibrix.ai/metric-port"] == str(pd.ROUTER_METRICS_PORT)
-    with pytest.raises(pd.SpecError, match="proxy_image: required .* a site choice"):
+    with pytest.raises(_k8s_checks.SpecError, match="proxy_image: required .* a site choice"):
         pd.render(dict(PD, workload="deployments", proxy_image=""))
     # the proxy answers a scrape of its default port, so port 8000 needs no warning any more
     assert not any("404" in w for w in pd.render(dict(PD, workload="deployments", proxy_port=8000))["warnings"])
@@ -245,7 +246,7 @@ def test_pd_front_advertises_metrics_only_where_they_answer_and_is_a_site_image(
 def test_pd_role_deployments_have_a_progress_deadline_from_the_startup_timeout():
     r = pd.render(dict(PD, workload="deployments", startup_timeout=5400))
     for o in r["objects"]:
-        if o["kind"] == "Deployment" and o["spec"]["template"]["metadata"]["labels"].get(pd.ROLE_LABEL) in pd.ROLES:
+        if o["kind"] == "Deployment" and o["spec"]["template"]["metadata"]["labels"].get(pd.ROLE_LABEL) in _pd_checks.ROLES:
             # the default 600 s would call a 90-minute cold start ProgressDeadlineExceeded
             assert o["spec"]["progressDeadlineSeconds"] > r["startup_window_seconds"] > 5400
     assert r["progress_deadline_seconds"] > r["startup_window_seconds"]

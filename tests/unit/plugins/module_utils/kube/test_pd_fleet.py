@@ -8,6 +8,8 @@ import pytest
 import yaml
 
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_engine as k8s
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_checks
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _pd_checks
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _pd_manifests as pd
 from ansible_collections.llmops.serving.tests.lib import aibrix_oracle as oracle
 
@@ -81,7 +83,7 @@ def test_no_pod_is_best_effort_and_engines_request_cpu_and_memory_for_8_gpus(eng
     assert {w for w, _s, _m in found} >= {"prefill", "decode"}
     for what, spec, _meta in found:
         assert qos_class(spec) == "Burstable", what
-        if what in pd.ROLES:
+        if what in _pd_checks.ROLES:
             req = spec["containers"][0]["resources"]["requests"]
             # the engine role's default: 4 CPUs and 32 GiB per GPU
             assert (req["cpu"], req["memory"], req["nvidia.com/gpu"]) == ("32", "256Gi", "8")
@@ -93,13 +95,13 @@ def test_requests_are_role_variables():
                   proxy_resources={"requests": {"cpu": "4", "memory": "4Gi"}, "limits": {"memory": "16Gi"}})["objects"]
     for what, spec, _meta in pods(objs):
         res = spec["containers"][0]["resources"]
-        if what in pd.ROLES:
+        if what in _pd_checks.ROLES:
             assert (res["requests"]["cpu"], res["requests"]["memory"]) == ("48", "512Gi")
         else:
             assert res == {"requests": {"cpu": "4", "memory": "4Gi"}, "limits": {"memory": "16Gi"}}
-    with pytest.raises(pd.SpecError, match="^engine_resources.requests: do not set nvidia.com/gpu"):
+    with pytest.raises(_k8s_checks.SpecError, match="^engine_resources.requests: do not set nvidia.com/gpu"):
         render(engine_resources={"requests": {"nvidia.com/gpu": "4"}})
-    with pytest.raises(pd.SpecError, match="^proxy_resources.limits.memory: '2 Gi' is not a Kubernetes quantity"):
+    with pytest.raises(_k8s_checks.SpecError, match="^proxy_resources.limits.memory: '2 Gi' is not a Kubernetes quantity"):
         render(workload="deployments", proxy_resources={"limits": {"memory": "2 Gi"}})
 
 
@@ -131,12 +133,12 @@ def test_a_single_device_string_is_the_rdma_value_and_tcp_keeps_a_netdev():
     ({"rdma": "", "tcp": "eth0"}, "^ucx_net_devices.rdma: empty"),
 ])
 def test_device_names_of_the_wrong_kind_are_refused(devices, message):
-    with pytest.raises(pd.SpecError, match=message):
+    with pytest.raises(_k8s_checks.SpecError, match=message):
         render(ucx_net_devices=devices)
 
 
 def test_mooncake_cannot_be_the_tcp_control():
-    with pytest.raises(pd.SpecError, match="^transport: tcp with sglang_transfer_backend mooncake"):
+    with pytest.raises(_k8s_checks.SpecError, match="^transport: tcp with sglang_transfer_backend mooncake"):
         render("sglang", transport="tcp", sglang_transfer_backend="mooncake")
 
 
@@ -163,7 +165,7 @@ def test_engine_pods_carry_what_an_rdma_cluster_needs(engine, workload):
     seen = set()
     for what, spec, meta in pods(objs):
         assert spec["imagePullSecrets"] == [{"name": "registry-pull"}], what
-        if what not in pd.ROLES:
+        if what not in _pd_checks.ROLES:
             # the front stays off GPU nodes: no GPU tolerations, a node without the GPU operator's label
             assert "tolerations" not in spec, what
             assert spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
@@ -214,7 +216,7 @@ def test_xpyd_replica_counts_render_and_route(engine, workload):
         roles = {r["name"]: r["replicas"] for r in objs[0]["spec"]["template"]["spec"]["roles"]}
     else:
         roles = {o["metadata"]["labels"][pd.ROLE_LABEL]: o["spec"]["replicas"] for o in objs
-                 if o["kind"] == "Deployment" and o["metadata"]["labels"].get(pd.ROLE_LABEL) in pd.ROLES}
+                 if o["kind"] == "Deployment" and o["metadata"]["labels"].get(pd.ROLE_LABEL) in _pd_checks.ROLES}
     assert roles == {"prefill": 2, "decode": 3}
     v = oracle.route(objs, MODEL)
     assert v.ok and v.disaggregated, v
@@ -286,11 +288,11 @@ def test_pd_engines_run_the_colocated_engine_command_line(engine, model_source):
 
 
 def test_pd_flags_cannot_be_given_through_engine_args():
-    with pytest.raises(pd.SpecError, match="^engine_args: 'kv-transfer-config' is set by pd_manifests"):
+    with pytest.raises(_k8s_checks.SpecError, match="^engine_args: 'kv-transfer-config' is set by pd_manifests"):
         render(engine_args={"kv-transfer-config": "{}"})
-    with pytest.raises(pd.SpecError, match="^extra_args: '--disaggregation-mode=decode' is set by pd_manifests"):
+    with pytest.raises(_k8s_checks.SpecError, match="^extra_args: '--disaggregation-mode=decode' is set by pd_manifests"):
         render("sglang", extra_args=["--disaggregation-mode=decode"])
-    with pytest.raises(pd.SpecError, match="^engine_args: 'served-model-name' is set by the collection"):
+    with pytest.raises(_k8s_checks.SpecError, match="^engine_args: 'served-model-name' is set by the collection"):
         render(engine_args={"served-model-name": "other"})
 
 

@@ -9,6 +9,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_checks
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _pd_checks
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _pd_manifests as pd
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,7 +51,7 @@ def _pods(objs):
             for r in o["spec"]["template"]["spec"]["roles"]:
                 t = r["template"]
                 out.append((r["name"], t["spec"], t["metadata"]["labels"], t["metadata"].get("annotations", {})))
-        elif o["kind"] == "Deployment" and o["metadata"]["labels"].get(pd.ROLE_LABEL) in pd.ROLES:
+        elif o["kind"] == "Deployment" and o["metadata"]["labels"].get(pd.ROLE_LABEL) in _pd_checks.ROLES:
             t = o["spec"]["template"]
             out.append((o["metadata"]["labels"][pd.ROLE_LABEL], t["spec"], t["metadata"]["labels"], {}))
     return out
@@ -214,6 +216,6 @@ def test_sglang_deployments_run_sglangs_router_with_service_discovery():
     (dict(namespace="LLM"), "namespace:"),
 ])
 def test_bad_input_names_the_field(change, field):
-    with pytest.raises(pd.SpecError) as e:
+    with pytest.raises(_k8s_checks.SpecError) as e:
         pd.build(dict(BASE, **change))
     assert str(e.value).startswith(field)
