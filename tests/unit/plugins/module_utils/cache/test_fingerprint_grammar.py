@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ansible_collections.llmops.serving.plugins.module_utils.cache import _engine_flags
 from ansible_collections.llmops.serving.plugins.module_utils.cache import _fingerprint as fpmod
 from ansible_collections.llmops.serving.tests.lib.no_hang import no_hang as _no_hang
 
@@ -194,12 +195,12 @@ def _argparse_parser(engine):
     """argparse built from the grammar table the way each engine builds its own parser."""
     ap = argparse.ArgumentParser(prog=engine, add_help=False, exit_on_error=False)
     ap.add_argument("model_tag", nargs="?")
-    for canon, (kind, aliases) in fpmod.ENGINE_FLAGS[engine].items():
+    for canon, (kind, aliases) in _engine_flags.ENGINE_FLAGS[engine].items():
         names = ["--" + canon] + list(aliases)
         kw = dict(dest=canon.replace("-", "_"), default=argparse.SUPPRESS)
-        if kind == fpmod.BOOL:
-            kw["action"] = argparse.BooleanOptionalAction if engine in fpmod.NEGATABLE else "store_true"
-        elif kind == fpmod.INTS:
+        if kind == _engine_flags.BOOL:
+            kw["action"] = argparse.BooleanOptionalAction if engine in _engine_flags.NEGATABLE else "store_true"
+        elif kind == _engine_flags.INTS:
             kw.update(nargs="+", type=int)
         ap.add_argument(*names, **kw)
     return ap
@@ -211,7 +212,7 @@ PARSERS = dict((engine, _argparse_parser(engine)) for engine in fpmod.ENGINES)
 def _spellings(engine, canon):
     """Every spelling argparse accepts for ``canon``: names, aliases and unique long prefixes."""
     parser = PARSERS[engine]
-    kind = fpmod.ENGINE_FLAGS[engine][canon][0]
+    kind = _engine_flags.ENGINE_FLAGS[engine][canon][0]
     out = []
     for action in parser._actions:
         if action.dest != canon.replace("-", "_"):
@@ -235,15 +236,15 @@ VALUES = st.sampled_from(["fp8", "EAGLE", "16", "-1", '{"mode": 3}', "org/draft"
 
 @st.composite
 def argv(draw, engine):
-    flags = sorted(fpmod.ENGINE_FLAGS[engine])
+    flags = sorted(_engine_flags.ENGINE_FLAGS[engine])
     tokens, positional_done = [], False
     for _i in range(draw(st.integers(0, 6))):
         canon = draw(st.sampled_from(flags))
-        kind = fpmod.ENGINE_FLAGS[engine][canon][0]
+        kind = _engine_flags.ENGINE_FLAGS[engine][canon][0]
         spelling, negated = draw(st.sampled_from(_spellings(engine, canon)))
-        if kind == fpmod.BOOL:
+        if kind == _engine_flags.BOOL:
             tokens.append(spelling)
-        elif kind == fpmod.INTS:
+        elif kind == _engine_flags.INTS:
             n = draw(st.integers(1, 3))
             ints = [str(draw(st.integers(-2, 512))) for _i in range(n)]
             if n == 1 and draw(st.booleans()):
@@ -275,8 +276,8 @@ def _expected(engine, tokens):
 def test_grammar_reads_argv_as_argparse_does(engine, data):
     tokens = data.draw(argv(engine))
     want = _expected(engine, tokens)
-    got, _ignored = fpmod.tokenize_engine_args(engine, tokens)
-    got = dict((k, [int(x) for x in v] if fpmod.ENGINE_FLAGS[engine][k][0] == fpmod.INTS else v) for k, v in got.items())
+    got, _ignored = _engine_flags.tokenize_engine_args(engine, tokens)
+    got = dict((k, [int(x) for x in v] if _engine_flags.ENGINE_FLAGS[engine][k][0] == _engine_flags.INTS else v) for k, v in got.items())
     assert got == want, tokens
 
 
