@@ -45,7 +45,7 @@ def _top_level(tree):
 def _imports(path):
     """``(module_utils names, third-party top-level names)`` imported by the Python file ``path``: every
     third-party import in its code (functions too), the module_utils it imports when it is imported (a
-    module_utils imported inside a function serves another module: benchmark_report's reader of rounds)."""
+    module_utils imported inside a function serves another module: the child-process helper _bench_round imports in run_client)."""
     with open(path, encoding="utf-8") as f:
         tree = ast.parse(f.read())
     utils, libs = set(), set()
