@@ -10,7 +10,10 @@ P/D pair's (:mod:`_pd_manifests`) and the benchmark Job run the same checks.
   then quote one); normalises ``env``, ``rdma`` and ``staged_nodes`` in place.
 * :func:`check_tolerations`, :func:`check_topology_spread`, :func:`check_quantity` / :func:`quantity_bytes`,
   :func:`check_command` (the engine is the container's main process), :func:`init_flavour`,
-  :func:`check_credentials` (the one rule of :mod:`_secrets`), :func:`check_args` (flags the collection sets).
+  :func:`check_credentials` (the one rule of :mod:`_secrets`), :func:`check_args` (flags the collection sets),
+  :func:`flag_name` (the flag a command-line word sets).
+* :func:`check_shm_size`, :func:`check_hf_token_secret`, :func:`check_image_pull_secret` - the pod inputs the
+  engine and the P/D pair take alike.
 * :func:`version_key`, :func:`parse_image`, :func:`profiles_table`, :func:`profile_entry`, :func:`check_image` -
   engine profiles, versions and images: an image too old for its profile is refused.
 * :func:`check_staged_nodes` - the nodes that staged the revision can hold the pods.
@@ -165,6 +168,24 @@ def quantity_bytes(value):
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
+def check_shm_size(value):
+    """``shm_size``: unset, or a Kubernetes quantity (the ``/dev/shm`` emptyDir's size limit)."""
+    if value and not QUANTITY.match(str(value)):
+        raise SpecError("shm_size: %r is not a Kubernetes quantity such as 64Gi" % (value,))
+
+
+def check_hf_token_secret(value):
+    """``hf_token_secret``: unset, or ``{name, key}`` naming the Secret that ``HF_TOKEN`` is rendered from."""
+    if value and not (isinstance(value, dict) and value.get("name")):
+        raise SpecError("hf_token_secret: must be {name: <Secret>, key: <key>} naming an existing Secret")
+
+
+def check_image_pull_secret(value):
+    """``image_pull_secret``: unset, or the name of a Secret (DNS-1123 subdomain)."""
+    if value and not names.is_dns1123_subdomain(value):
+        raise SpecError("image_pull_secret: %r is not a Secret name" % (value,))
+
+
 def check_topology_spread(spread, selector):
     """Validate topology spread constraints; fill maxSkew 1, ScheduleAnyway and the engine's pod selector."""
     if not isinstance(spread, list):
@@ -207,7 +228,8 @@ def check_credentials(p):
     scan.refuse(SpecError, hint="for the Hugging Face token, hf_token_secret renders HF_TOKEN from a Secret")
 
 
-def _flag_name(token):
+def flag_name(token):
+    """The flag a command-line word sets (``--port=8000`` -> ``port``); None for a word that is no ``--`` flag."""
     return token[2:].split("=", 1)[0] if token.startswith("--") else None
 
 
@@ -222,7 +244,7 @@ def check_args(engine, engine_args, extra_args):
     for tok in extra_args:
         if not isinstance(tok, str):
             raise SpecError("extra_args: every item must be a string, got %r" % (tok,))
-        name = _flag_name(tok)
+        name = flag_name(tok)
         if name in managed or tok in ("-tp",):
             raise SpecError(
                 "extra_args: %r is set by the collection; use the dedicated variable (served_model_name, "
@@ -491,14 +513,11 @@ def validate(p):
         raise SpecError("dist_port: %r must be a TCP port other than port (%d)" % (p["dist_port"], p["port"]))
     if p["loader_threads"] is not None and (not isinstance(p["loader_threads"], int) or p["loader_threads"] < 1):
         raise SpecError("loader_threads: must be an integer >= 1")
-    if p["shm_size"] and not QUANTITY.match(str(p["shm_size"])):
-        raise SpecError("shm_size: %r is not a Kubernetes quantity such as 64Gi" % (p["shm_size"],))
+    check_shm_size(p["shm_size"])
     check_quantity("cpu_request", p["cpu_request"], cpu=True)
     check_quantity("memory_request", p["memory_request"])
-    if p["hf_token_secret"] and not (isinstance(p["hf_token_secret"], dict) and p["hf_token_secret"].get("name")):
-        raise SpecError("hf_token_secret: must be {name: <Secret>, key: <key>} naming an existing Secret")
-    if p["image_pull_secret"] and not names.is_dns1123_subdomain(p["image_pull_secret"]):
-        raise SpecError("image_pull_secret: %r is not a Secret name" % (p["image_pull_secret"],))
+    check_hf_token_secret(p["hf_token_secret"])
+    check_image_pull_secret(p["image_pull_secret"])
     if p["priority_class_name"] and not names.is_dns1123_subdomain(p["priority_class_name"]):
         raise SpecError("priority_class_name: %r is not a PriorityClass name" % (p["priority_class_name"],))
     gpu_in_resources = [k for part in ("requests", "limits") for k in (p["resources"] or {}).get(part, {}) if k == p["gpu_resource"]]

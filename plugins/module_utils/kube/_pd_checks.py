@@ -120,7 +120,7 @@ def _check_flags(p):
             raise SpecError("engine_args: %r is set by pd_manifests for each role; use %s"
                             % (flag, owned[flag.lstrip("-")]))
     for tok in p["extra_args"]:
-        name = tok[2:].split("=", 1)[0] if tok.startswith("--") else None
+        name = _k8s_checks.flag_name(tok)
         if name in owned:
             raise SpecError("extra_args: %r is set by pd_manifests for each role; use %s" % (tok, owned[name]))
 
@@ -206,12 +206,9 @@ def validate(p):
     if p["router_policy"] and p["router_policy"] not in ROUTER_POLICIES:
         raise SpecError("router_policy: %r is not one of SGLang's router policies (%s)"
                         % (p["router_policy"], ", ".join(ROUTER_POLICIES)))
-    if p["shm_size"] and not _k8s_checks.QUANTITY.match(str(p["shm_size"])):
-        raise SpecError("shm_size: %r is not a Kubernetes quantity such as 64Gi" % (p["shm_size"],))
-    if p["hf_token_secret"] and not (isinstance(p["hf_token_secret"], dict) and p["hf_token_secret"].get("name")):
-        raise SpecError("hf_token_secret: must be {name: <Secret>, key: <key>} naming an existing Secret")
-    if p["image_pull_secret"] and not names.is_dns1123_subdomain(p["image_pull_secret"]):
-        raise SpecError("image_pull_secret: %r is not a Secret name" % (p["image_pull_secret"],))
+    _k8s_checks.check_shm_size(p["shm_size"])
+    _k8s_checks.check_hf_token_secret(p["hf_token_secret"])
+    _k8s_checks.check_image_pull_secret(p["image_pull_secret"])
     if not isinstance(p["pod_annotations"], dict) or not all(isinstance(v, str) for v in p["pod_annotations"].values()):
         raise SpecError("pod_annotations: must be a mapping of annotation name to string value "
                         "(e.g. k8s.v1.cni.cncf.io/networks: rdma-net)")

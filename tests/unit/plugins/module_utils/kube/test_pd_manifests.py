@@ -219,3 +219,27 @@ def test_bad_input_names_the_field(change, field):
     with pytest.raises(_k8s_checks.SpecError) as e:
         pd.build(dict(BASE, **change))
     assert str(e.value).startswith(field)
+
+
+@pytest.mark.parametrize("field,value,check", [
+    ("shm_size", "lots", _k8s_checks.check_shm_size),
+    ("hf_token_secret", {"key": "token"}, _k8s_checks.check_hf_token_secret),
+    ("image_pull_secret", "Not_A_Secret", _k8s_checks.check_image_pull_secret),
+])
+def test_the_pair_refuses_a_pod_input_as_the_engine_does(field, value, check):
+    with pytest.raises(_k8s_checks.SpecError) as engine:
+        check(value)
+    with pytest.raises(_k8s_checks.SpecError) as pair:
+        pd.build(dict(BASE, env=[], **{field: value}))
+    assert str(pair.value) == str(engine.value) and str(engine.value).startswith(field + ":")
+
+
+@pytest.mark.parametrize("token,name", [("--kv-transfer-config={}", "kv-transfer-config"), ("--port", "port"),
+                                        ("-tp", None), ("value", None)])
+def test_flag_name_is_the_flag_a_word_sets(token, name):
+    assert _k8s_checks.flag_name(token) == name
+
+
+def test_extra_args_cannot_set_a_flag_the_pair_sets():
+    with pytest.raises(_k8s_checks.SpecError, match=r"^extra_args: '--kv-transfer-config=\{\}' is set by pd_manifests"):
+        pd.build(dict(BASE, extra_args=["--kv-transfer-config={}"]))
