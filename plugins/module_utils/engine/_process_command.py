@@ -43,6 +43,14 @@ class _ShellSyntax(ValueError):
     pass
 
 
+def _scan_quoted(s, i):
+    """Index after the quote that closes ``s[i]`` (``'`` or a backtick): nothing inside escapes it."""
+    j = s.find(s[i], i + 1)
+    if j < 0:
+        raise _ShellSyntax("an unterminated %s quote" % s[i])
+    return j + 1
+
+
 def _scan_balanced(s, i, open_ch, close_ch):
     """Index after the ``close_ch`` matching ``s[i] == open_ch``, skipping quoted parts."""
     depth = 0
@@ -53,10 +61,7 @@ def _scan_balanced(s, i, open_ch, close_ch):
             i += 2
             continue
         if c == "'":
-            j = s.find("'", i + 1)
-            if j < 0:
-                raise _ShellSyntax("an unterminated ' quote")
-            i = j + 1
+            i = _scan_quoted(s, i)
             continue
         if c == '"':
             i = _scan_double(s, i)
@@ -84,10 +89,7 @@ def _scan_double(s, i):
         elif s.startswith("$(", i):
             i = _scan_balanced(s, i + 1, "(", ")")
         elif c == "`":
-            j = s.find("`", i + 1)
-            if j < 0:
-                raise _ShellSyntax("an unterminated ` quote")
-            i = j + 1
+            i = _scan_quoted(s, i)
         else:
             i += 1
     raise _ShellSyntax('an unterminated " quote')
@@ -127,12 +129,10 @@ def shell_tokens(script):
             else:
                 buf.append(script[i:i + 2])
                 i += 2
-        elif c == "'":
-            j = script.find("'", i + 1)
-            if j < 0:
-                raise _ShellSyntax("an unterminated ' quote")
-            buf.append(script[i:j + 1])
-            i = j + 1
+        elif c in "'`":
+            j = _scan_quoted(script, i)
+            buf.append(script[i:j])
+            i = j
         elif c == '"':
             j = _scan_double(script, i)
             buf.append(script[i:j])
@@ -145,12 +145,6 @@ def shell_tokens(script):
             j = _scan_balanced(script, i + 1, "{", "}")
             buf.append(script[i:j])
             i = j
-        elif c == "`":
-            j = script.find("`", i + 1)
-            if j < 0:
-                raise _ShellSyntax("an unterminated ` quote")
-            buf.append(script[i:j + 1])
-            i = j + 1
         elif c in "<>" and script.startswith("(", i + 1):
             j = _scan_balanced(script, i + 1, "(", ")")
             buf.append(script[i:j])

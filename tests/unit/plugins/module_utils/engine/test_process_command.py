@@ -120,3 +120,17 @@ def test_an_exec_of_something_that_is_not_an_engine_is_refused(script):
     # the one rule for local engines and container commands: the status would be that command's
     reasons = _process_command.command_problems(["bash", "-lc", script])
     assert any("not the engine" in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize("script,quote", [
+    ("exec vllm serve 'a b", "'"), ("exec vllm serve `date", "`"), ('exec vllm serve "x `date"', "`"),
+    ("exec vllm serve $(echo 'a)", "'"),
+])
+def test_an_unterminated_quote_is_named(script, quote):
+    with pytest.raises(ValueError, match="an unterminated %s quote" % quote):
+        _process_command.shell_tokens(script)
+
+
+def test_single_quotes_and_backticks_stay_inside_their_word():
+    assert _process_command.shell_tokens("exec vllm serve 'a b'`date`x") == [
+        ("word", "exec"), ("word", "vllm"), ("word", "serve"), ("word", "'a b'`date`x")]
