@@ -10,7 +10,7 @@ controller, reads names only (never values), and changes nothing.
 """
 from __future__ import annotations
 
-from ansible.plugins.action import ActionBase
+from ansible_collections.llmops.serving.plugins.plugin_utils._internal_action import InternalAction
 
 REMOVED_IN = "1.0.0"
 COLLECTION = "llmops.serving"
@@ -23,13 +23,8 @@ def deprecation(item):
                 version=REMOVED_IN, collection_name=COLLECTION)
 
 
-class ActionModule(ActionBase):
+class ActionModule(InternalAction):
     """Deprecation warnings for the renamed variables of a role that a play still sets."""
-
-    TRANSFERS_FILES = False
-    _requires_connection = False
-    _supports_check_mode = True
-    _supports_async = False
 
     ARGUMENT_SPEC = {
         "renamed": {"type": "list", "elements": "dict", "required": True, "options": {
@@ -39,13 +34,9 @@ class ActionModule(ActionBase):
         }},
     }
 
-    def run(self, tmp=None, task_vars=None):
-        result = super(ActionModule, self).run(tmp, task_vars)
-        del tmp
-        dummy, args = self.validate_argument_spec(argument_spec=self.ARGUMENT_SPEC)
-        defined = task_vars or {}
-        still = [item for item in args["renamed"] if item["old"] in defined]
-        result.update(changed=False, deprecated=[item["old"] for item in still])
+    def check(self, args, task_vars):
+        still = [item for item in args["renamed"] if item["old"] in task_vars]
+        result = dict(deprecated=[item["old"] for item in still])
         if still:
             result["deprecations"] = [deprecation(item) for item in still]
         return result
