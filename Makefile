@@ -12,19 +12,29 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_COLLECTIONS_PATH := $(COLL_DIR)
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: demo test venv install lint sanity docs-lint unit integration property fuzz molecule clean stop
+.PHONY: demo test check venv install lint sanity docs-lint unit integration property fuzz molecule clean stop
 
 demo: install
 	ansible-playbook -i inventories/local playbooks/site.yml playbooks/verify_transport.yml
 
 # The checks run two at a time (this is sized for 2 cores): first the two that only read the tree (lint, sanity),
 # then the two that read the built collection (docs-lint, molecule); each one's output is printed whole when it
-# ends. pytest runs last so that its summary line closes the output.
+# ends. pytest runs last so that its summary line closes the output, on TEST_JOBS workers (pytest-xdist; a worker
+# takes a whole test module, the session engine's tests are one group, the longest modules start first: conftest.py).
 CHECK_JOBS ?= 2
+TEST_JOBS ?= 3
+PYTEST_PARALLEL = -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 test: install
 	$(MAKE) --no-print-directory -j$(CHECK_JOBS) --output-sync=target lint sanity
 	$(MAKE) --no-print-directory -j$(CHECK_JOBS) --output-sync=target docs-lint molecule netns-deps
-	$(VPY) -m pytest -q -p no:cacheprovider tests/unit tests/property tests/integration
+	$(VPY) -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) tests/unit tests/property tests/integration
+
+# The fast loop for the change at hand: lint of the changed files (flake8, ansible-lint), then the unit and property
+# tests that import them, the tests of the changed areas and their molecule scenarios (tests/lib/areas.py), against
+# HEAD (the uncommitted change) or BASE=<rev>. `make test` stays the gate.
+.PHONY: check
+check: install
+	$(VPY) tests/check.py --jobs $(TEST_JOBS) $(if $(BASE),--base $(BASE))
 
 # ---- bootstrap -------------------------------------------------------------------------------
 venv: $(VENV)/.stamp-engine $(VENV)/.stamp-test
@@ -104,10 +114,10 @@ netns-deps:
 	fi
 
 unit: venv
-	$(VPY) -m pytest -q tests/unit
+	$(VPY) -m pytest -q $(PYTEST_PARALLEL) tests/unit
 
 integration: install
-	$(VPY) -m pytest -q tests/integration
+	$(VPY) -m pytest -q $(PYTEST_PARALLEL) tests/integration
 
 # model_stage's property harness: a bounded, fixed-seed run here and in `make test`; `make fuzz` runs many more
 # examples (FUZZ_EXAMPLES) with longer step sequences and shrinks what it finds.

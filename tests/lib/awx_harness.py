@@ -37,6 +37,7 @@ error messages never repeat a password answer.
 """
 from __future__ import annotations
 
+import atexit
 import copy
 import itertools
 import json
@@ -45,6 +46,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import yaml
 
@@ -64,6 +66,22 @@ MAX_EVENT_RES_DATA = 700000
 FAILED_EVENTS = ("runner_on_failed", "runner_on_unreachable", "runner_item_on_failed", "runner_on_async_failed")
 
 _JOB_IDS = itertools.count(4201)
+
+#: AWX runs a job in ``/tmp/awx_<job id>_<random>`` (``AWX_ISOLATION_BASE_PATH``; awx/main/tasks/jobs.py
+#: ``build_private_data_dir``) and ssh keeps its control sockets in that directory's ``cp/``. A Unix socket path holds
+#: at most 107 bytes (``sun_path``), so a job directory deep in a test's tmp path cannot hold them ("unix_listener:
+#: path ... too long for Unix domain socket"). The jobs here keep their private data dir under the test's workdir and
+#: their control sockets in a directory as short as AWX's, removed when this process exits.
+CONTROL_PATH_BASE = "/tmp"
+
+
+def control_path_dir(job_id):
+    """A short, private directory for a job's ssh control sockets (``ANSIBLE_SSH_CONTROL_PATH_DIR``)."""
+    path = tempfile.mkdtemp(prefix="awx_%d_cp_" % job_id, dir=CONTROL_PATH_BASE)
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -621,7 +639,7 @@ class Controller:
         env.update({"AWX_PRIVATE_DATA_DIR": croot, "JOB_ID": str(job_id), "INVENTORY_ID": str(inventory_id),
                     "PROJECT_REVISION": revision, "ANSIBLE_RETRY_FILES_ENABLED": "False",
                     "MAX_EVENT_RES": str(MAX_EVENT_RES_DATA), "AWX_HOST": "https://awx.invalid",
-                    "ANSIBLE_SSH_CONTROL_PATH_DIR": os.path.join(croot, "cp"),
+                    "ANSIBLE_SSH_CONTROL_PATH_DIR": os.path.join(croot, "cp") if container_root else control_path_dir(job_id),
                     # the project's ansible.cfg, as ansible finds it from the job's working directory (the project)
                     # in an execution environment, whatever ANSIBLE_CONFIG the test process has
                     "ANSIBLE_CONFIG": os.path.join(croot, "project", "ansible.cfg")})
