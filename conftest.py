@@ -151,7 +151,7 @@ def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argu
     """The longest modules first (see LONGEST_FIRST)."""
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
     order = sorted(enumerate(items), key=lambda pair: (rank.get(pair[1].nodeid.split("::", 1)[0], len(rank)), pair[0]))
-    items[:] = [item for _, item in order]
+    items[:] = [pair[1] for pair in order]
 
 
 if importlib.util.find_spec("xdist") is not None:

@@ -50,7 +50,7 @@ def lint_commands(changed):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     ap.add_argument("--base", default=os.environ.get("BASE") or "HEAD", help="compare the working tree with this revision")
     ap.add_argument("--jobs", default=os.environ.get("JOBS") or "3", help="pytest workers (pytest-xdist -n)")
     ap.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")

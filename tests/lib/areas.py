@@ -131,7 +131,7 @@ IMPORT_TREES = ("tests/unit", "tests/property")
 def area_of(path):
     """The areas that own ``path`` (a repo-relative path), longest prefix first; empty when none does."""
     hits = [(len(p), name) for name, a in AREAS.items() for p in a["paths"] if path.startswith(p)]
-    return [name for _, name in sorted(hits, reverse=True)]
+    return [hit[1] for hit in sorted(hits, reverse=True)]
 
 
 def _module_file(dotted):
@@ -236,10 +236,14 @@ def select(changed):
     # a directory makes its files redundant
     dirs = [t for t in tests if t.endswith("/")]
     tests = set(t for t in tests if t.endswith("/") or not _under(t, dirs))
-    exists = lambda p: os.path.exists(os.path.join(ROOT, p))  # noqa: E731  (a deleted test file is not run)
-    return {"areas": areas, "tests": sorted(t for t in tests if exists(t)),
-            "integration": sorted(t for t in integration if exists(t)), "molecule": sorted(molecule),
+    return {"areas": areas, "tests": sorted(t for t in tests if _exists(t)),
+            "integration": sorted(t for t in integration if _exists(t)), "molecule": sorted(molecule),
             "unowned": unowned}
+
+
+def _exists(path):
+    """A deleted test file is not run."""
+    return os.path.exists(os.path.join(ROOT, path))
 
 
 def main(argv):
