@@ -194,3 +194,18 @@ def same_tree(a, b):
                         out[rel] = hashlib.sha256(f.read()).hexdigest()
         return out
     return sums(a) == sums(b)
+
+
+def pick_within(receiver, seconds):
+    """``receiver._pick()`` if it returns within ``seconds``, else ``"waits"`` (the receiver is then stopped and
+    released again): how the fan-out tests see whether a receiver waits for a peer or takes a piece."""
+    out = []
+    t = threading.Thread(target=lambda: out.append(receiver._pick()), daemon=True)  # pylint: disable=protected-access
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        receiver._stop.set()  # pylint: disable=protected-access
+        t.join(5)
+        receiver._stop.clear()  # pylint: disable=protected-access
+        return "waits"
+    return out[0]

@@ -19,6 +19,7 @@ from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_peer
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_progress
 from ansible_collections.llmops.serving.tests.lib import stage_synth
+from ansible_collections.llmops.serving.tests.lib import fake_peers
 
 PIECE = 256 * 1024
 TOKEN = "fanout-test-token-0123456789abcdef"
@@ -407,20 +408,6 @@ def _picker(tmp_path, links, n=6):
     return rx, fs
 
 
-def _pick_within(rx, seconds):
-    """``rx._pick()`` if it returns within ``seconds``, else "waits" (the receiver is then stopped)."""
-    out = []
-    t = threading.Thread(target=lambda: out.append(rx._pick()), daemon=True)
-    t.start()
-    t.join(seconds)
-    if t.is_alive():
-        rx._stop.set()
-        t.join(5)
-        rx._stop.clear()
-        return "waits"
-    return out[0]
-
-
 def test_receiver_asks_a_seed_only_for_pieces_nobody_got_from_it(tmp_path):
     seed = _FakeLink("seed", True, "111100", "110000")
     peer = _FakeLink("peer", False, "100000")
@@ -437,12 +424,12 @@ def test_receiver_asks_a_seed_only_for_pieces_nobody_got_from_it(tmp_path):
     second = rx._pick()
     assert (second[1], second[2]) == (0, peer)
     # piece 1 went to somebody a moment ago, the other new piece waits for the seed: nothing to take
-    assert _pick_within(rx, 0.3) == "waits"
+    assert fake_peers.pick_within(rx, 0.3) == "waits"
     seed.inflight = 0
     third = rx._pick()
     assert third[1] == 5 - first[1] and third[2] is seed  # the other never-sent piece first
     seed.inflight = 0
-    assert _pick_within(rx, 0.3) == "waits"  # piece 1 has not been out long
+    assert fake_peers.pick_within(rx, 0.3) == "waits"  # piece 1 has not been out long
     fs.sent_at[1] = now - 10
     last = rx._pick()
     assert (last[1], last[2]) == (1, seed)  # out for 10 s and nobody lists it: asked of the seed again

@@ -5,13 +5,13 @@ seed has held the same pieces for longer than the bound, however fresh its board
 from __future__ import annotations
 
 import json
-import threading
 import types
 
 import pytest
 
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_fanout
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_fanout_wire
+from ansible_collections.llmops.serving.tests.lib import fake_peers
 
 PIECE = 4096
 N = 8
@@ -63,19 +63,6 @@ def _receive_held(fs, held):
         fs.held[i] = True
 
 
-def _pick_within(rx, seconds):
-    out = []
-    t = threading.Thread(target=lambda: out.append(rx._pick()), daemon=True)
-    t.start()
-    t.join(seconds)
-    if t.is_alive():
-        rx._stop.set()
-        t.join(5)
-        rx._stop.clear()
-        return "waits"
-    return out[0]
-
-
 def test_a_seed_whose_pieces_grow_is_waited_for_however_late_its_board_is_rewritten(tmp_path, clock):
     rx, fs, _seed = _receiver(tmp_path, clock)
     for step in range(1, N):
@@ -84,7 +71,7 @@ def test_a_seed_whose_pieces_grow_is_waited_for_however_late_its_board_is_rewrit
         assert rx._seed_can_provide("f"), "a seed whose copy moves was given up at step %d" % step
         clock.now += 4.0
     _receive_held(fs, N - 1)
-    assert _pick_within(rx, 0.3) == "waits"  # the last piece: from the seed once it has it, not from src
+    assert fake_peers.pick_within(rx, 0.3) == "waits"  # the last piece: from the seed once it has it, not from src
 
 
 def test_a_seed_that_holds_the_same_pieces_past_the_bound_is_given_up_however_fresh_its_board(tmp_path, clock):
@@ -95,7 +82,7 @@ def test_a_seed_that_holds_the_same_pieces_past_the_bound_is_given_up_however_fr
         clock.now += 1.0
         rx._absorb(seed, _list(3, board_age=0.1))  # its board rewritten on time, the same three pieces
         assert rx._seed_can_provide("f")
-    assert _pick_within(rx, 0.3) == "waits"
+    assert fake_peers.pick_within(rx, 0.3) == "waits"
     clock.now += 1.0
     rx._absorb(seed, _list(3, board_age=0.1))
     assert not rx._seed_can_provide("f")
