@@ -12,6 +12,8 @@ the target, runs the same in check mode, is never async and never reports a chan
 """
 from __future__ import annotations
 
+from abc import abstractmethod
+
 from ansible.plugins.action import ActionBase
 
 
@@ -33,6 +35,7 @@ class InternalAction(ActionBase):
         result.update(self.check(args, task_vars or {}))
         return result
 
+    @abstractmethod
     def check(self, args, task_vars):
-        """The result's keys for the validated ``args`` (``failed`` and ``msg`` when the check fails)."""
-        raise NotImplementedError
+        """The result's keys for the validated ``args`` (``failed`` and ``msg`` when the check fails); a subclass
+        without it cannot be instantiated (ActionBase is an ABC)."""

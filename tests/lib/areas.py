@@ -172,7 +172,7 @@ def imports_of(rel):
 
 
 def python_files(tree):
-    """The ``.py`` files under ``tree`` (repo-relative), fixtures and caches left out."""
+    """The test files (``test_*.py``) under ``tree``, repo-relative, fixtures and caches left out."""
     for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, tree)):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d not in ("__pycache__", "fixtures"))
         for name in sorted(filenames):
