@@ -164,7 +164,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.llmops.serving.plugins.module_utils.common import _http, _option_specs
 from ansible_collections.llmops.serving.plugins.module_utils.engine import _diagnose_local, _process_state
 from ansible_collections.llmops.serving.plugins.module_utils.kube import (
-    _aibrix_route, _diagnose_k8s, _k8s_client, _k8s_shape,
+    _aibrix_route, _diagnose_k8s, _k8s_client, _k8s_clock,
 )
 from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import UntrustedInput, check_value
 
@@ -227,13 +227,12 @@ def main():
             module.fail_json(msg=str(e), reason=e.limit)
         # judged when they were read (their newest time), not at this run's clock: a recording from last week
         # must not read as a week of waiting
-        now = _k8s_shape.recorded_at(objects)
+        now = _k8s_clock.read_time(objects)
     else:
-        now = None
         api = _api_client(module)
         try:
-            objects, logs, listed = _diagnose_k8s.fetch_kubernetes(api, p["namespace"], p["name"], p["gateway_namespace"],
-                                                                   p["log_tail_lines"])
+            objects, logs, listed, now = _diagnose_k8s.fetch_kubernetes(
+                api, p["namespace"], p["name"], p["gateway_namespace"], p["log_tail_lines"])
         except UntrustedInput as e:
             module.fail_json(msg="reading namespace %s from the cluster: %s" % (p["namespace"], e), reason=e.limit)
         except Exception as e:  # pylint: disable=broad-except  # ApiException, urllib3 and socket errors

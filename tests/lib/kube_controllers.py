@@ -87,6 +87,7 @@ cache is fed by informers (``pkg/cache/informers.go``) and trails the API: ``Clu
 from __future__ import annotations
 
 import copy
+import email.utils
 import json
 
 from ansible_collections.llmops.serving.plugins.module_utils.common import _timeline
@@ -662,7 +663,10 @@ class Cluster(object):
                     replicasets=[o for o in objs if o["kind"] == "ReplicaSet"],
                     events=[o for o in objs if o["kind"] == "Event"],
                     endpointslices=[o for o in objs if o["kind"] == "EndpointSlice"] if svc else None,
-                    service="%s/%s" % (self.ns, svc) if svc else None)
+                    service="%s/%s" % (self.ns, svc) if svc else None,
+                    # every API answer carries the server's clock (RFC 9110 section 6.6.1 Date, which Go's net/http
+                    # server behind kube-apiserver always sets)
+                    dates=[email.utils.formatdate(self.clock(), usegmt=True)])
 
     def gateway_completion(self, model="glm-5.2-fp8-vllm", strategy=None):
         """``(status, response headers)`` of one ``POST /v1/completions`` through AIBrix's gateway, or None when

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_names, _k8s_revision, _k8s_shape, _k8s_wait
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_clock, _k8s_names, _k8s_revision, _k8s_shape, _k8s_wait
 from ansible_collections.llmops.serving.plugins.module_utils.engine._diagnose import command_facts, finding, result
 from ansible_collections.llmops.serving.plugins.module_utils.kube._diagnose_pods import (
     KubeContext, container_argv, event_text, map_selects, obj_meta, obj_name, obj_ns, pod_findings, pod_ready, ref,
@@ -383,7 +383,9 @@ MAX_API_BYTES = 64 * 1024 * 1024
 
 
 def fetch_kubernetes(api_client, namespace, name, gateway_namespace="aibrix-system", log_tail_lines=LOG_TAIL_LINES):
-    """``(objects, logs, listed_kinds)`` for :func:`diagnose_kubernetes`, read with ``api_client``.
+    """``(objects, logs, listed_kinds, read_at)`` for :func:`diagnose_kubernetes`, read with ``api_client``;
+    ``read_at`` is the API server's time of the read (``_k8s_clock.read_time``: its answers' ``Date`` headers and the
+    objects' own times), the ``now`` to judge them at.
 
     Lists Pods, Events, Services, EndpointSlices and ReferenceGrants in ``namespace``, HTTPRoutes in both
     namespaces, the workload by name, and each engine pod's container logs (current and previous). A kind whose
@@ -397,8 +399,11 @@ def fetch_kubernetes(api_client, namespace, name, gateway_namespace="aibrix-syst
     apps = k8s_client.AppsV1Api(api_client)
     disc = k8s_client.DiscoveryV1Api(api_client)
 
+    dates = []
+
     def raw(call, *args, **kwargs):
         resp = call(*args, _preload_content=False, **kwargs)
+        dates.append((getattr(resp, "headers", None) or {}).get("Date"))  # the API server's clock (_k8s_clock)
         # the answer is untrusted input: size, nesting and numbers are checked before anything reads it
         return loads_json(resp.data, "the API server's answer (%s)" % getattr(call, "__name__", "list"),
                           max_bytes=MAX_API_BYTES)
@@ -458,4 +463,4 @@ def fetch_kubernetes(api_client, namespace, name, gateway_namespace="aibrix-syst
                     continue  # no such container instance (yet, or any more)
             if entry:
                 logs["%s/%s" % (obj_name(pod), cs.get("name"))] = entry
-    return objects, logs, sorted(kinds)
+    return objects, logs, sorted(kinds), _k8s_clock.read_time(objects, dates)

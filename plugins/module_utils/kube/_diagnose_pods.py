@@ -12,10 +12,9 @@ config errors, OOM kills, probe kills, crashes, a start longer than its probe wi
 from __future__ import annotations
 
 import re
-import time
 
 from ansible_collections.llmops.serving.plugins.module_utils.engine import _process_command
-from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_shape
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_clock, _k8s_shape
 from ansible_collections.llmops.serving.plugins.module_utils.engine._diagnose import (
     PLAUSIBLE_START_SECONDS, analyse_log, classify_exit, clip, command_facts, exception_evidence, finding, fmt_s,
     progress_text,
@@ -165,7 +164,9 @@ class KubeContext(object):
         self.name = name
         self.served_model_name = served_model_name
         self.gateway_namespace = gateway_namespace or "aibrix-system"
-        self.now = time.time() if now is None else now
+        # the API server's time of the read (``_k8s_clock``); without one, the newest time the objects carry: an age
+        # is one API time minus another, never this host's clock minus an API time
+        self.now = now if now is not None else _k8s_clock.read_time(list(self.o.by_kind.values()))
         self.events = [normalise_event(e) for e in self.o.of("Event")]
 
     def events_for(self, kind, name, uid=None, container=None):
@@ -216,7 +217,8 @@ def rule_unschedulable(ctx, pod, pod_ref):
     short = sorted({m.group("res") for m in _INSUFFICIENT.finditer(text)})
     accel = [r for r in short if _ACCEL.search(r) or (r in requested and "/" in r)]
     created = _time(obj_meta(pod).get("creationTimestamp"))
-    head = "not scheduled%s" % (" for %s" % fmt_s(ctx.now - created) if created else "")
+    waited = _k8s_clock.age(ctx.now, created)
+    head = "not scheduled%s" % (" for %s" % fmt_s(waited) if waited is not None else "")
     latest = (evs[-1]["message"] if evs else cond.get("message", "")).split("preemption:")[0]
     nodes = _AVAILABLE.search(latest)
     of = " of %s" % nodes.group("total") if nodes else ""
@@ -428,7 +430,7 @@ def rule_container(ctx, pod, pod_ref, cs, is_init=False):
     if not running or is_init:
         return None
     started_at = _time(running.get("startedAt"))
-    elapsed = ctx.now - started_at if started_at else None
+    elapsed = _k8s_clock.age(ctx.now, started_at)
     if cs.get("ready"):
         if logf["tracebacks"]:
             return finding("engine_traceback", obj,
@@ -525,8 +527,8 @@ def pod_blocked(ctx, pod):
         m = _NO_FIT.search(text.strip())
         since = _time(cond.get("lastTransitionTime")) or _time(obj_meta(pod).get("creationTimestamp"))
         scaling = [e for e in evs if e["reason"] == "TriggeredScaleUp"]
-        if m and m.group("n") == m.group("total") and not scaling and since is not None \
-                and ctx.now - since >= NO_FIT_PERSIST_SECONDS:
+        if m and m.group("n") == m.group("total") and not scaling \
+                and (_k8s_clock.age(ctx.now, since) or 0) >= NO_FIT_PERSIST_SECONDS:
             f["evidence"].insert(1, "no node can ever take it: the scheduler reports for all %s nodes that preemption "
                                     "would not help" % m.group("total"))
             return f
@@ -534,9 +536,10 @@ def pod_blocked(ctx, pod):
     f = rule_mount(ctx, pod, pod_ref)
     if f:
         mounts = [e for e in evs if e["reason"] in ("FailedMount", "FailedAttachVolume", "FailedMapVolume")]
-        first = min((_time(e.get("first")) or e["last"] or ctx.now for e in mounts), default=ctx.now)
-        if sum(e["count"] for e in mounts) >= 2 and ctx.now - first >= MOUNT_PERSIST_SECONDS:
-            f["evidence"].insert(1, "the mount has failed for %s" % fmt_s(ctx.now - first))
+        firsts = [t for t in (_time(e.get("first")) or e["last"] for e in mounts) if t is not None]
+        failing = _k8s_clock.age(ctx.now, min(firsts)) if firsts else None
+        if sum(e["count"] for e in mounts) >= 2 and (failing or 0) >= MOUNT_PERSIST_SECONDS:
+            f["evidence"].insert(1, "the mount has failed for %s" % fmt_s(failing))
             return f
         return None
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:

@@ -11,8 +11,9 @@
   ``max_restarts``): the restart hid the crash, it did not fix it. What never clears by waiting (a missing image,
   a mount that keeps failing, no feasible node, an eviction) fails at once.
 * :func:`evaluate` - one verdict for a rollout from the objects (shaped by :mod:`_k8s_shape`), the route, the
-  current revision and its proof (:mod:`_k8s_revision`), given the clock; :func:`judge` one poll of it,
-  :func:`wait_rollout` the polling loop (I/O injected), :func:`read_logs` the logs of the runs that ended.
+  current revision and its proof (:mod:`_k8s_revision`), at an API server time; :func:`judge` one poll of it,
+  :func:`wait_rollout` the polling loop (I/O injected), :func:`read_logs` the logs of the runs that ended. Every
+  age is one API time minus another (:mod:`_k8s_clock`): the controller's wall clock never enters a verdict.
 * :func:`cold_start_timeline` / :func:`pod_marks` - a pod's timestamps and probe marks as ``_timeline.staged``:
   pod created -> scheduled -> container started -> port open -> /health 200 -> model listed -> first correct
   response; the SLO figure is the first to the last.
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from ansible_collections.llmops.serving.plugins.module_utils.common import _timeline
 from ansible_collections.llmops.serving.plugins.module_utils.engine import _diagnose
-from ansible_collections.llmops.serving.plugins.module_utils.kube import _diagnose_pods, _k8s_revision, _k8s_shape
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _diagnose_pods, _k8s_clock, _k8s_revision, _k8s_shape
 
 # Why each Gateway API reason happens, and what fixes it (gateway-api apis/v1/shared_types.go).
 ROUTE_REASONS = {
@@ -266,7 +267,8 @@ def evaluate(pods, route=None, now=None, replicas=1, schedule_timeout=900, gatew
              models=None, served=None, endpointslices=None, service=None):
     """One verdict: ``dict(state=ready|waiting|failed, message, pods, route, rollout, revision, revision_proof)``.
 
-    ``failed`` is final (an engine restarted more than ``max_restarts`` times or exited, a container can
+    ``now`` is the API server's time the objects are judged at (:mod:`_k8s_clock`; None: the newest time they
+    carry). ``failed`` is final (an engine restarted more than ``max_restarts`` times or exited, a container can
     never be created, what never clears by waiting, a pod stayed unschedulable longer than ``schedule_timeout``
     seconds, a Deployment past its progress deadline). ``logs`` maps a pod name to the log text of its run that
     ended (:func:`ended_run`). Route conditions that are False are left to the caller's route deadline, because
@@ -280,6 +282,8 @@ def evaluate(pods, route=None, now=None, replicas=1, schedule_timeout=900, gatew
     logs = logs or {}
     events = [e for e in (_k8s_shape.shape(ev, "Event") for ev in events or []) if e is not None]
     shaped = [x for x in (_k8s_shape.shape(p, "Pod") for p in pods or []) if x is not None]
+    if now is None:
+        now = _k8s_clock.read_time(shaped + events + [o for o in (route, workload) if o is not None])
     live = [p for p in shaped if not (p.get("metadata") or {}).get("deletionTimestamp")]
     route = _k8s_shape.shape(route, "HTTPRoute") if route is not None else None
     ro = revision = None
@@ -305,12 +309,10 @@ def evaluate(pods, route=None, now=None, replicas=1, schedule_timeout=900, gatew
         return dict(verdict, state="failed", message="; ".join(p["message"] for p in failed))
     if ro is not None and ro["state"] == "failed":
         return dict(verdict, state="failed", message=ro["message"])
-    if now is not None:
-        stuck = [p for p in statuses if p["state"] == "unscheduled" and p["created"] is not None
-                 and now - p["created"] > schedule_timeout]
-        if stuck:
-            return dict(verdict, state="failed", message="; ".join(
-                "%s (for %ds, limit %ds)" % (p["message"], now - p["created"], schedule_timeout) for p in stuck))
+    stuck = [p for p in statuses if p["state"] == "unscheduled" and (_k8s_clock.age(now, p["created"]) or 0) > schedule_timeout]
+    if stuck:
+        return dict(verdict, state="failed", message="; ".join(
+            "%s (for %ds, limit %ds)" % (p["message"], _k8s_clock.age(now, p["created"]), schedule_timeout) for p in stuck))
     ready = [p for p in statuses if p["state"] == "ready"]
     waiting = []
     if ro is not None and ro["state"] != "done":
@@ -389,21 +391,33 @@ def read_logs(pods, read_log, container, names):
 
 def _read(fetch):
     """``fetch()`` answers ``(pods, route)`` or a dict with ``pods``, ``route``, ``workload``, ``replicasets``,
-    ``events``, ``endpointslices`` (None: not read) and ``service`` (``namespace/name``)."""
+    ``events``, ``endpointslices`` (None: not read), ``service`` (``namespace/name``) and ``dates`` (the ``Date``
+    headers of the API server's answers). ``read_at`` is the server's time of that read (:func:`_k8s_clock.read_time`)."""
     got = fetch()
     if isinstance(got, dict):
-        return dict(pods=got.get("pods") or [], route=got.get("route"), workload=got.get("workload"),
+        seen = dict(pods=got.get("pods") or [], route=got.get("route"), workload=got.get("workload"),
                     replicasets=got.get("replicasets"), events=got.get("events"),
                     endpointslices=got.get("endpointslices"), service=got.get("service"))
-    pods, route = got
-    return dict(pods=pods, route=route, workload=None, replicasets=None, events=None, endpointslices=None, service=None)
+        dates = got.get("dates") or ()
+    else:
+        pods, route = got
+        seen = dict(pods=pods, route=route, workload=None, replicasets=None, events=None, endpointslices=None,
+                    service=None)
+        dates = ()
+    objects = [o for o in [seen["route"], seen["workload"]] + list(seen["pods"] or []) + list(seen["replicasets"] or [])
+               + list(seen["events"] or []) if o is not None]
+    seen["read_at"] = _k8s_clock.read_time(objects, dates)
+    return seen
 
 
-def judge(fetch, now, read_log=None, answer=None, served=None, **kw):
-    """One poll: read, judge (:func:`evaluate`); a failure is judged again with the logs of the runs that ended,
-    and a rollout that is otherwise ready asks ``answer()`` (the ``/v1/models`` answer, or None) and
-    ``served(revision)`` (the response headers of an answer through the gateway, or None) for its proof."""
+def judge(fetch, server_clock=None, read_log=None, answer=None, served=None, **kw):
+    """One poll: read, judge (:func:`evaluate`) at the API server's time of the read (``server_clock``, a
+    :class:`_k8s_clock.ServerClock`, carries it across the polls of a wait; without one, a recorded read is judged
+    at its own newest time); a failure is judged again with the logs of the runs that ended, and a rollout that is
+    otherwise ready asks ``answer()`` (the ``/v1/models`` answer, or None) and ``served(revision)`` (the response
+    headers of an answer through the gateway, or None) for its proof."""
     seen = _read(fetch)
+    now = server_clock.at(seen["read_at"]) if server_clock is not None else seen["read_at"]
     slices = seen["endpointslices"]
     args = dict(kw, workload=seen["workload"], replicasets=seen["replicasets"], events=seen["events"],
                 endpointslices=[x for x in (_k8s_shape.shape(e, "EndpointSlice") for e in slices) if x is not None]
@@ -424,7 +438,7 @@ def judge(fetch, now, read_log=None, answer=None, served=None, **kw):
 
 
 def wait_rollout(fetch, timeout, route_condition_timeout=300, schedule_timeout=900, poll_interval=10, replicas=1,
-                 gateway_name=None, check_route=True, container="engine", clock=None, sleep=None, now=None,
+                 gateway_name=None, check_route=True, container="engine", clock=None, sleep=None,
                  read_log=None, max_restarts=0, answer=None, served=None):
     """Poll ``fetch()`` (see :func:`_read`) until the rollout is ready, failed, or ``timeout`` seconds pass.
 
@@ -434,6 +448,9 @@ def wait_rollout(fetch, timeout, route_condition_timeout=300, schedule_timeout=9
     and ``served(revision) -> gateway response headers or None`` prove that the current revision answers
     (:func:`revision_proof`).
 
+    ``clock`` (``time.monotonic``) measures the wait and carries the API server's time between reads
+    (:class:`_k8s_clock.ServerClock`); this host's wall clock is never read.
+
     A route condition that stays False for ``route_condition_timeout`` seconds fails the wait with its reason.
     Returns the last :func:`evaluate` verdict with ``elapsed`` and ``polls`` added; ``state`` is
     ``ready``, ``failed`` or ``timeout``.
@@ -442,13 +459,13 @@ def wait_rollout(fetch, timeout, route_condition_timeout=300, schedule_timeout=9
 
     clock = clock or time.monotonic
     sleep = sleep or time.sleep
-    now = now or time.time
+    server_clock = _k8s_clock.ServerClock(clock)
     start = clock()
     route_bad_since = None
     polls = 0
     while True:
         polls += 1
-        verdict = judge(fetch, now(), read_log=read_log, answer=answer, served=served, replicas=replicas,
+        verdict = judge(fetch, server_clock, read_log=read_log, answer=answer, served=served, replicas=replicas,
                         schedule_timeout=schedule_timeout, gateway_name=gateway_name, check_route=check_route,
                         container=container, max_restarts=max_restarts)
         elapsed = clock() - start

@@ -31,8 +31,7 @@ def cluster(monkeypatch):
     real = _k8s_wait.wait_rollout
 
     def fast(fetch, **kw):
-        return real(fetch, clock=lambda: clock["t"], sleep=lambda s: clock.__setitem__("t", clock["t"] + s),
-                    now=lambda: _k8s_shape.parse_time("2026-08-02T08:00:05Z") + clock["t"], **kw)
+        return real(fetch, clock=lambda: clock["t"], sleep=lambda s: clock.__setitem__("t", clock["t"] + s), **kw)
 
     monkeypatch.setattr(_k8s_wait, "wait_rollout", fast)
     return state
@@ -75,7 +74,7 @@ def test_empty_selector_is_refused(run_module):
 class _FakeApiServer:
     """A minimal API server on a port of 18300-18309 serving recorded objects through the real client."""
 
-    def __init__(self, pods, route, logs=None):
+    def __init__(self, pods, route, logs=None, date=None):
         import http.server
         import threading
         from urllib.parse import urlparse, parse_qs
@@ -86,6 +85,12 @@ class _FakeApiServer:
         class Handler(http.server.BaseHTTPRequestHandler):
             def log_message(self, *args):
                 pass
+
+            def date_time_string(self, timestamp=None):
+                # the API server's clock (the Date header every answer carries), when the test sets it apart
+                import email.utils
+                return email.utils.formatdate(date, usegmt=True) if date is not None else \
+                    http.server.BaseHTTPRequestHandler.date_time_string(self, timestamp)
 
             def do_GET(self):
                 url = urlparse(self.path)
@@ -306,3 +311,23 @@ def test_objects_are_judged_at_the_time_they_were_recorded(run_module):
     import re
     waited = re.search(r"not scheduled for (\d+) s", r["msg"])
     assert waited and 60 <= int(waited.group(1)) <= 90, r["msg"]
+
+
+def test_real_client_judges_a_pending_pod_by_the_api_servers_date_not_the_controllers_clock(run_module, tmp_path,
+                                                                                            monkeypatch):
+    """The controller's clock 20 minutes ahead of the cluster: a pod the API server has held Pending for 5 s (its
+    answers' Date header, RFC 9110 section 6.6.1) waits; the same pod at Date +901 s fails on schedule_timeout."""
+    pytest.importorskip("kubernetes")
+    import time
+
+    created = _k8s_shape.parse_time(PODS["never_scheduled"]["metadata"]["creationTimestamp"])
+    monkeypatch.setattr(time, "time", lambda: created + 5 + 20 * 60)
+    for age, state in ((5, "timeout"), (901, "failed")):
+        srv = _FakeApiServer([PODS["never_scheduled"]], ROUTES["accepted"], date=created + age)
+        try:
+            r = run_module(k8s_engine_wait, dict(ARGS, kubeconfig=srv.kubeconfig(tmp_path / "kubeconfig"), timeout=1,
+                                                 poll_interval=1))
+        finally:
+            srv.close()
+        assert r["state"] == state, (age, r["msg"])
+        assert ("limit 900s" in r["msg"]) == (state == "failed"), r["msg"]

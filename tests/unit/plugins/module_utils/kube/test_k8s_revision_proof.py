@@ -52,7 +52,7 @@ def _poll_every_second(cluster, limit=240, step=1, **kw):
     seen = []
     for _s in range(limit // step):
         objects = cluster.objects()
-        v = _k8s_wait.judge(cluster.fetch, cluster.clock(), replicas=1, check_route=False, **kw)
+        v = _k8s_wait.judge(cluster.fetch, replicas=1, check_route=False, **kw)
         seen.append((objects, v))
         if v["state"] in ("ready", "failed"):
             break
@@ -109,7 +109,7 @@ def test_a_leftover_pod_the_service_selects_keeps_the_rollout_waiting_until_it_i
     assert "deleted or relabelled" in v["message"]
     del cluster.pods["glm-5-2-fp8-vllm-old-0"]
     cluster.advance(1)
-    v = _k8s_wait.judge(cluster.fetch, cluster.clock(), replicas=1, check_route=False, answer=lambda: GATEWAY_MODELS)
+    v = _k8s_wait.judge(cluster.fetch, replicas=1, check_route=False, answer=lambda: GATEWAY_MODELS)
     assert v["state"] == "ready" and v["revision_proof"]["by"] == "endpoints", v["message"]
 
 

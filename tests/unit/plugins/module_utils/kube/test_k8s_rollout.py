@@ -15,7 +15,7 @@ B = "/mnt/nvme/models/GLM-5.2-FP8/rev-b"
 
 
 def _poll(cluster, replicas, answer=True, **kw):
-    return _k8s_wait.judge(cluster.fetch, cluster.clock(), answer=cluster.models if answer else None,
+    return _k8s_wait.judge(cluster.fetch, answer=cluster.models if answer else None,
                            replicas=replicas, check_route=False, **kw)
 
 
@@ -100,10 +100,10 @@ def test_an_answer_from_the_old_revision_keeps_the_rollout_waiting():
     seen = _roll_until_settled(cluster, 1)
     assert seen[-1][1]["state"] == "ready"
     stale = {"object": "list", "data": [{"id": "glm-5.2-fp8-vllm", "root": A}]}
-    v = _k8s_wait.judge(cluster.fetch, cluster.clock(), answer=lambda: stale, replicas=1, check_route=False)
+    v = _k8s_wait.judge(cluster.fetch, answer=lambda: stale, replicas=1, check_route=False)
     assert v["state"] == "waiting" and v["revision"]["proven"] is False
     assert "answers from %s, not from the current revision's %s" % (A, B) in v["message"]
-    none = _k8s_wait.judge(cluster.fetch, cluster.clock(), answer=lambda: None, replicas=1, check_route=False)
+    none = _k8s_wait.judge(cluster.fetch, answer=lambda: None, replicas=1, check_route=False)
     assert none["state"] == "waiting"
 
 

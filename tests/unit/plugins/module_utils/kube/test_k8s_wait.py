@@ -128,14 +128,14 @@ def test_wait_rollout_reaches_ready_through_loading():
            ([PODS["loading"]], ROUTES["accepted"]), ([PODS["ready"]], ROUTES["accepted"])]
     fc = FakeClock()
     v = w.wait_rollout(lambda: seq.pop(0) if len(seq) > 1 else seq[0], timeout=600, poll_interval=10,
-                       clock=fc.clock, sleep=fc.sleep, now=lambda: T0 + fc.t)
+                       clock=fc.clock, sleep=fc.sleep)
     assert v["state"] == "ready" and v["polls"] == 4 and v["elapsed"] == 30
 
 
 def test_wait_rollout_fails_when_route_stays_broken():
     fc = FakeClock()
     v = w.wait_rollout(lambda: ([PODS["ready"]], ROUTES["backend_not_found"]), timeout=3600, route_condition_timeout=60,
-                       poll_interval=10, clock=fc.clock, sleep=fc.sleep, now=lambda: T0)
+                       poll_interval=10, clock=fc.clock, sleep=fc.sleep)
     assert v["state"] == "failed"
     assert "BackendNotFound" in v["message"] and "route not usable for 60s" in v["message"]
 
@@ -143,7 +143,7 @@ def test_wait_rollout_fails_when_route_stays_broken():
 def test_wait_rollout_times_out_on_a_slow_load():
     fc = FakeClock()
     v = w.wait_rollout(lambda: ([PODS["loading"]], ROUTES["accepted"]), timeout=100, poll_interval=30,
-                       clock=fc.clock, sleep=fc.sleep, now=lambda: T0)
+                       clock=fc.clock, sleep=fc.sleep)
     assert v["state"] == "timeout" and "not ready after 100s" in v["message"]
 
 
@@ -257,7 +257,7 @@ def test_wait_rollout_reads_the_previous_log_of_the_failed_pod_only():
     fc = FakeClock()
     pods = [RESTARTS["pods"]["ready_after_exit0"], PODS["ready"]]
     v = w.wait_rollout(lambda: (pods, ROUTES["accepted"]), timeout=60, clock=fc.clock, sleep=fc.sleep,
-                       now=lambda: T0, read_log=read_log, replicas=2)
+                       read_log=read_log, replicas=2)
     assert v["state"] == "failed" and v["polls"] == 1
     assert asked == [("glm-5-2-fp8-vllm-7d9c6b5f4-r1a2b", "engine", True)]
     assert "illegal memory access" in v["message"]
