@@ -273,7 +273,11 @@ options:
     type: int
     default: 16
   service_name:
-    description: Service (and Deployment) name; derived from O(served_model_name) when unset.
+    description:
+      - Service (and Deployment) name; derived from O(served_model_name) when unset.
+      - The derived name is O(served_model_name) itself when that is a DNS-1035 label, else its DNS-1035 spelling with
+        8 hex characters of the served name's SHA-256 (C(glm-5.2-fp8-vllm) -> C(glm-5-2-fp8-vllm-019f2c25)), so two
+        models whose names spell the same never share objects. Set it to keep a name an older version derived.
     type: str
   manage_route:
     description: Create the HTTPRoute (and ReferenceGrant) here instead of leaving it to the AIBrix controller.
@@ -372,7 +376,7 @@ service_name:
   description: DNS-1035 Service (and Deployment) name.
   returned: always
   type: str
-  sample: glm-5-2-fp8-vllm
+  sample: glm-5-2-fp8-vllm-019f2c25
 deployment_name:
   description: Deployment name; null for a multi-node engine (see RV(workload)).
   returned: always

@@ -121,9 +121,9 @@ def test_the_controller_keeps_a_route_that_already_exists_but_deletes_it_with_th
     # by name, ours included
     assert [o["kind"] for o in cluster.controller_made] == ["HTTPRoute", "ReferenceGrant"]
     ours = cluster.get("gateway.networking.k8s.io", "HTTPRoute", "aibrix-system", "glm-5.2-fp8-router")
-    assert ours["spec"]["rules"][0]["backendRefs"][0]["name"] == "glm-5-2-fp8"
+    assert ours["spec"]["rules"][0]["backendRefs"][0]["name"] == "glm-5-2-fp8-320dd373"
     assert oracle.route(labelled, DOTTED).ok
-    assert oracle.hazards(labelled) == ["Deployment glm-5-2-fp8-pd-proxy: AIBrix's route controller creates/deletes "
+    assert oracle.hazards(labelled) == ["Deployment glm-5-2-fp8-320dd373-pd-proxy: AIBrix's route controller creates/deletes "
                                         "glm-5.2-fp8-router for it"]
     assert oracle.hazards(objs) == []
 
@@ -139,7 +139,7 @@ def test_a_cross_namespace_backend_needs_a_grant_for_that_service():
     assert "RefNotPermitted" in oracle.route(other, DOTTED).reason
     del grant["spec"]["to"][0]["name"]  # a grant without a name covers every Service of the namespace
     assert oracle.route(other, DOTTED).ok
-    no_service = [o for o in objs if not (o["kind"] == "Service" and o["metadata"]["name"] == "glm-5-2-fp8")]
+    no_service = [o for o in objs if not (o["kind"] == "Service" and o["metadata"]["name"] == "glm-5-2-fp8-320dd373")]
     assert "BackendNotFound" in oracle.route(no_service, DOTTED).reason
 
 
@@ -274,7 +274,7 @@ def test_the_route_table_is_aibrix_v070s():
               oracle.gateway(objs, "POST", "/v1/completions", model=DOTTED, gateway_default="least-request")):
         assert a.ok and a.route == "original_route" and a.timeout_s == 120
         assert set(a.headers) == {"request-id", "x-went-into-req-headers", "routing-strategy", "target-pod",
-                                  "target-pod-ip"} and a.headers["target-pod"] == "glm-5-2-fp8-0"
+                                  "target-pod-ip"} and a.headers["target-pod"] == "glm-5-2-fp8-320dd373-0"
     # a StormService always goes that way (its pods' profile says pd); the prefill pod is named too
     a = oracle.gateway(pd_set("vllm", DOTTED, "stormservice"), "POST", "/v1/chat/completions", model=DOTTED)
     assert a.ok and a.route == "original_route" and a.timeout_s == 120 and a.verdict.disaggregated

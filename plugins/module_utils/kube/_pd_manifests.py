@@ -129,8 +129,8 @@ def pd_flags(p, role):
 
 
 def base_name(model_name):
-    """DNS-1035 object name for the model (Service names are the strictest)."""
-    return names.dns1035_name(model_name)
+    """DNS-1035 object name for the model (``_k8s_names.object_name``; Service names are the strictest)."""
+    return names.object_name(model_name)
 
 
 # --------------------------------------------------------------------------------------------- #
@@ -288,7 +288,7 @@ def _engine_annotations(p, role, workload):
 
 
 def storm_service(p):
-    name = base_name(p["model_name"])
+    name = names.stormservice_name(p["model_name"])
     roles = []
     for role in _pd_checks.ROLES:
         labels = dict(_labels(p, role), **_aibrix_pod_labels(p, p["port"], p["port"]))
@@ -358,8 +358,8 @@ def _front_resources(p, kind):
     return dict(p["proxy_resources"]) if p["proxy_resources"] else json.loads(json.dumps(DEFAULT_FRONT_RESOURCES[kind]))
 
 
-def _proxy(p, base, urls):
-    proxy = names.dns1035_name("%s-pd-proxy" % base)
+def _proxy(p, urls):
+    proxy = names.object_name(p["model_name"], "pd-proxy")
     config = {
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": _meta(proxy, p, {"app.kubernetes.io/managed-by": MANAGED_BY}),
@@ -409,8 +409,8 @@ def router_args(p):
     return args
 
 
-def _router(p, base):
-    router = names.dns1035_name("%s-sglang-router" % base)
+def _router(p):
+    router = names.object_name(p["model_name"], "sglang-router")
     labels = {"app.kubernetes.io/managed-by": MANAGED_BY, MODEL_LABEL: p["model_name"]}
     # Service discovery lists and watches pods (sgl_model_gateway.md: "RBAC must allow get, list, and watch on pods").
     rbac = [
@@ -447,7 +447,7 @@ def deployments(p):
     base = base_name(p["model_name"])
     objs, urls = [], {}
     for role in _pd_checks.ROLES:
-        name = names.dns1035_name("%s-%s" % (base, role))
+        name = names.object_name(p["model_name"], role)
         objs.append(_deployment(name, p, _labels(p, role), pod_spec(p, role), replicas=p["%s_replicas" % role],
                                 annotations=_engine_annotations(p, role, "deployments"),
                                 # one GPU node at a time: a surge pod could never schedule beside a TP=8 pod
@@ -458,9 +458,9 @@ def deployments(p):
             objs.append(_service(name, p, {"app.kubernetes.io/name": name}, p["port"]))
         urls[role] = "http://%s.%s.svc:%d" % (name, p["namespace"], p["port"])
     if p["engine"] == "vllm":
-        front, extra, pod, info = _proxy(p, base, urls)
+        front, extra, pod, info = _proxy(p, urls)
     else:
-        front, extra, pod, info = _router(p, base)
+        front, extra, pod, info = _router(p)
     objs.extend(extra)
     front_labels = dict(_labels(p, "front"), **_aibrix_pod_labels(p, p["proxy_port"], info.get("metric_port")))
     annotations = {AIBRIX_CONFIG: _aibrix_config(p["routing_strategy"])} if p["routing_strategy"] else None
@@ -527,18 +527,18 @@ def render(params):
     reads = _k8s_argv.read_concurrency(p["engine"], p["model_source"], p["prefill_replicas"] + p["decode_replicas"],
                                        p["tp_size"], final)
     startup, _readiness, _liveness = _k8s_engine.probes(p["startup_timeout"], p["probe_period"], p["engine"])
-    base = base_name(p["model_name"])
     selectors = {role: _labels(p, role) for role in _pd_checks.ROLES}
     containers = {role: "engine" for role in _pd_checks.ROLES}
     if p["workload"] == "deployments":
         selectors["front"] = _labels(p, "front")
         containers["front"] = "pd-proxy" if p["engine"] == "vllm" else "sglang-router"
-        workloads = {role: dict(kind="Deployment", name=names.dns1035_name("%s-%s" % (base, role)))
+        workloads = {role: dict(kind="Deployment", name=names.object_name(p["model_name"], role))
                      for role in _pd_checks.ROLES}
-        workloads["front"] = dict(kind="Deployment", name=names.dns1035_name(
-            "%s-%s" % (base, "pd-proxy" if p["engine"] == "vllm" else "sglang-router")))
+        workloads["front"] = dict(kind="Deployment", name=names.object_name(
+            p["model_name"], "pd-proxy" if p["engine"] == "vllm" else "sglang-router"))
     else:
-        workloads = {role: dict(kind="StormService", name=base) for role in _pd_checks.ROLES}
+        workloads = {role: dict(kind="StormService", name=names.stormservice_name(p["model_name"]))
+                     for role in _pd_checks.ROLES}
     return dict(
         pod_selectors=selectors,
         containers=containers,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 MODEL = "glm-5.2-fp8"               # engine_served_model_name in converge.yml
-NAME = "glm-5-2-fp8"                # the DNS-1035 name derived from it
+NAME = "glm-5-2-fp8-320dd373"       # the DNS-1035 name derived from it (the dot: with the served name's hash)
 MODEL_PATH = "/mnt/nvme/models/glm-5.2-fp8/3f2a9c1"
 LABEL = "model.aibrix.ai/name"
 

@@ -22,7 +22,7 @@ def test_returns_objects_without_writing(run_module, tmp_path):
     r = run_module(engine_manifests, ARGS)
     assert not r.get("failed"), r
     assert r["changed"] is False and r["files"] == []
-    assert r["service_name"] == "glm-5-2-fp8-vllm"
+    assert r["service_name"] == "glm-5-2-fp8-vllm-019f2c25"
     assert r["route_name"] == "glm-5.2-fp8-vllm-router"
     assert [o["kind"] for o in r["objects"]] == ["Service", "ReferenceGrant", "HTTPRoute", "Deployment"]
     assert r["read_concurrency"]["concurrent_reads"] == 8
@@ -33,7 +33,7 @@ def test_render_then_idempotent(run_module, tmp_path):
     r1 = run_module(engine_manifests, dict(ARGS, render_dir=str(out)))
     assert r1["changed"] is True
     assert sorted(os.listdir(out)) == sorted(r1["files"] + [".llmops-manifests.json"])
-    dep = yaml.safe_load((out / "40-deployment-glm-5-2-fp8-vllm.yaml").read_text())
+    dep = yaml.safe_load((out / "40-deployment-glm-5-2-fp8-vllm-019f2c25.yaml").read_text())
     assert dep["spec"]["template"]["metadata"]["labels"]["model.aibrix.ai/name"] == "glm-5.2-fp8-vllm"
     r2 = run_module(engine_manifests, dict(ARGS, render_dir=str(out)))
     assert r2["changed"] is False
@@ -51,11 +51,11 @@ def test_diff_shows_the_changed_file_only(run_module, tmp_path):
     run_module(engine_manifests, dict(ARGS, render_dir=str(out)))
     r = run_module(engine_manifests, dict(ARGS, render_dir=str(out), startup_timeout=5400), check_mode=True, diff=True)
     assert r["changed"] is True
-    assert [d["after_header"] for d in r["diff"]] == ["40-deployment-glm-5-2-fp8-vllm.yaml"]
+    assert [d["after_header"] for d in r["diff"]] == ["40-deployment-glm-5-2-fp8-vllm-019f2c25.yaml"]
     # the startup window is the timeout plus max(300 s, 10 %): 3960 s and 5940 s at a 10 s period
     assert "failureThreshold: 396" in r["diff"][0]["before"] and "failureThreshold: 594" in r["diff"][0]["after"]
     # check mode left the file as it was
-    assert "failureThreshold: 396" in (out / "40-deployment-glm-5-2-fp8-vllm.yaml").read_text()
+    assert "failureThreshold: 396" in (out / "40-deployment-glm-5-2-fp8-vllm-019f2c25.yaml").read_text()
 
 
 def test_refuses_key_less_exists_toleration_before_writing(run_module, tmp_path):

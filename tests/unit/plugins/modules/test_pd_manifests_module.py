@@ -15,11 +15,11 @@ def test_renders_writes_and_is_idempotent(run_module, tmp_path):
     dest = str(tmp_path / "pd")
     check = run_module(pd_manifests, dict(ARGS, render_dir=dest), check_mode=True, diff=True)
     assert check["changed"] is True and not os.path.exists(dest)
-    assert any(d["after_header"].endswith("stormservice-glm-5-2-fp8.yaml") for d in check["diff"])
+    assert any(d["after_header"].endswith("stormservice-glm-5-2-fp8-320dd373.yaml") for d in check["diff"])
     first = run_module(pd_manifests, dict(ARGS, render_dir=dest))
     assert first["changed"] is True
     # the render's warnings (a tag-only image, AIBrix's original_route timeout unchecked) lie next to the objects
-    assert first["files"] == ["10-stormservice-glm-5-2-fp8.yaml", "NOTES.txt", "kustomization.yaml"]
+    assert first["files"] == ["10-stormservice-glm-5-2-fp8-320dd373.yaml", "NOTES.txt", "kustomization.yaml"]
     with open(os.path.join(dest, "NOTES.txt")) as f:
         notes = f.read()
     assert "original_route" in notes and "pinned by tag only" in notes
@@ -48,11 +48,11 @@ def test_switching_mode_removes_stale_files(run_module, tmp_path):
     dest = str(tmp_path / "pd")
     run_module(pd_manifests, dict(ARGS, render_dir=dest))
     r = run_module(pd_manifests, dict(ARGS, render_dir=dest, workload="deployments", proxy_source="print('proxy')\n"))
-    assert r["removed"] == ["10-stormservice-glm-5-2-fp8.yaml"]
-    assert not os.path.exists(os.path.join(dest, "10-stormservice-glm-5-2-fp8.yaml"))
+    assert r["removed"] == ["10-stormservice-glm-5-2-fp8-320dd373.yaml"]
+    assert not os.path.exists(os.path.join(dest, "10-stormservice-glm-5-2-fp8-320dd373.yaml"))
     assert [o["kind"] for o in r["objects"]] == ["Deployment", "Service", "Deployment", "Service", "ConfigMap",
                                                  "Deployment", "Service", "ReferenceGrant", "HTTPRoute"]
-    assert r["route_name"] == "glm-5.2-fp8-router" and r["service_name"] == "glm-5-2-fp8"
+    assert r["route_name"] == "glm-5.2-fp8-router" and r["service_name"] == "glm-5-2-fp8-320dd373"
 
 
 def test_bad_input_fails_before_writing(run_module, tmp_path):

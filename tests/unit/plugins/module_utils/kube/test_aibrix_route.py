@@ -69,11 +69,11 @@ def test_dotted_model_routes_to_the_dns1035_service_across_namespaces():
     assert http["metadata"]["name"] == "glm-5.2-fp8-router" == out["route_name"]
     assert http["metadata"]["namespace"] == "aibrix-system"
     backend = http["spec"]["rules"][0]["backendRefs"]
-    assert backend == [{"group": "", "kind": "Service", "name": "glm-5-2-fp8", "namespace": "llm-serving", "port": 8000}]
+    assert backend == [{"group": "", "kind": "Service", "name": "glm-5-2-fp8-320dd373", "namespace": "llm-serving", "port": 8000}]
     # the grant sits beside the Service and admits routes from the gateway namespace to that Service only
     assert grant["metadata"]["namespace"] == "llm-serving"
     assert grant["spec"]["from"] == [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": "aibrix-system"}]
-    assert grant["spec"]["to"] == [{"group": "", "kind": "Service", "name": "glm-5-2-fp8"}]
+    assert grant["spec"]["to"] == [{"group": "", "kind": "Service", "name": "glm-5-2-fp8-320dd373"}]
     # every path is matched together with the model header (AIBrix's match)
     matches = http["spec"]["rules"][0]["matches"]
     assert [m["path"]["value"] for m in matches] == AIBRIX_V070_MODEL_PATHS

@@ -1,6 +1,7 @@
 """The engine objects for both engines: structure users rely on, validated against the real schemas."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -97,7 +98,8 @@ def test_aibrix_names_labels_and_route(built):
     kinds = _by_kind(b)
     svc, route, grant, dep = kinds["Service"], kinds["HTTPRoute"], kinds["ReferenceGrant"], kinds["Deployment"]
     # Service: DNS-safe name derived from the model; in the engine namespace, not the gateway's
-    assert svc["metadata"]["name"] == model.replace(".", "-")
+    # (the dot makes the DNS-1035 spelling lossy: the served name's hash keeps it apart from glm-5-2-...)
+    assert svc["metadata"]["name"] == "%s-%s" % (model.replace(".", "-"), hashlib.sha256(model.encode()).hexdigest()[:8])
     assert svc["metadata"]["namespace"] == "llm-lab"
     # pod labels: the model name, byte-identical to --served-model-name
     labels = dep["spec"]["template"]["metadata"]["labels"]
@@ -328,9 +330,9 @@ def test_render_writes_yaml_and_kustomization(tmp_path):
     # the model changes: the old files are stale and removed
     b2 = k8s.build(dict(VLLM, served_model_name="glm-5.3-fp8-vllm"))
     plan2 = _render_dir.plan(str(tmp_path), _render_dir.manifest_files(b2["objects"]))
-    assert "10-service-glm-5-2-fp8-vllm.yaml" in plan2.stale
+    assert "10-service-glm-5-2-fp8-vllm-019f2c25.yaml" in plan2.stale
     _render_dir.write(plan2)
-    assert not (tmp_path / "10-service-glm-5-2-fp8-vllm.yaml").exists()
+    assert not (tmp_path / "10-service-glm-5-2-fp8-vllm-019f2c25.yaml").exists()
 
 
 def test_env_values_are_strings_and_secret_references_render():
@@ -361,3 +363,15 @@ def test_container_command_follows_engine_process_rule(command):
 def test_container_command_that_execs_the_engine_is_accepted():
     _k8s_checks.check_command(["bash", "-lc", "source /opt/venv/bin/activate && exec vllm serve /m"])
     _k8s_checks.check_command(["vllm", "serve", "/m"])
+
+
+def test_two_served_names_with_one_dns1035_spelling_render_no_common_object():
+    """glm-5.2-fp8-vllm and glm-5-2-fp8-vllm both rendered Service/Deployment/PDB glm-5-2-fp8-vllm: the second apply
+    took over the first model's objects. Object names are unique per kind and namespace, so the two sets must not
+    meet (kube/_k8s_names.object_name: a lossy spelling carries the served name's hash)."""
+    def keys(served):
+        return {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"])
+                for o in k8s.build(dict(VLLM, served_model_name=served, replicas=2))["objects"]}
+    dotted, dashed = keys("glm-5.2-fp8-vllm"), keys("glm-5-2-fp8-vllm")
+    assert {k[0] for k in dotted} >= {"Deployment", "Service", "HTTPRoute", "ReferenceGrant", "PodDisruptionBudget"}
+    assert not dotted & dashed, dotted & dashed

@@ -164,7 +164,7 @@ def test_sglang_pods_use_disaggregation_mode_backend_and_ib_device():
 def test_deployments_route_through_the_proxy_named_after_the_model():
     objs = pd.build(dict(BASE, workload="deployments"))
     kinds = [(o["kind"], o["metadata"]["name"]) for o in objs]
-    assert ("Service", "glm-5-2-fp8") in kinds  # DNS-1035 form of the model name
+    assert ("Service", "glm-5-2-fp8-320dd373") in kinds  # DNS-1035 form of the model name
     assert ("HTTPRoute", "glm-5.2-fp8-router") in kinds  # our own route, the name the gateway looks up
     proxy = [o for o in objs if o["kind"] == "Deployment" and o["metadata"]["labels"].get(pd.ROLE_LABEL) == "front"][0]
     # Only the proxy's pods carry the AIBrix labels: the gateway never sends traffic to a bare engine, and no
@@ -175,8 +175,8 @@ def test_deployments_route_through_the_proxy_named_after_the_model():
     for _role, _spec, labels, _ann in _pods(objs):
         assert "model.aibrix.ai/name" not in labels
     args = proxy["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[args.index("--prefill") + 1] == "http://glm-5-2-fp8-prefill.llm-lab.svc:8000"
-    assert args[args.index("--decode") + 1] == "http://glm-5-2-fp8-decode.llm-lab.svc:8000"
+    assert args[args.index("--prefill") + 1] == "http://glm-5-2-fp8-320dd373-prefill.llm-lab.svc:8000"
+    assert args[args.index("--decode") + 1] == "http://glm-5-2-fp8-320dd373-decode.llm-lab.svc:8000"
     cm = [o for o in objs if o["kind"] == "ConfigMap"][0]
     assert "def prefill_body" in cm["data"]["pd_proxy.py"]
 
@@ -196,7 +196,7 @@ def test_sglang_deployments_run_sglangs_router_with_service_discovery():
     assert argv[i + 1:i + 3] == ["llmops.serving/pd-model=glm-5.2-fp8", "llmops.serving/pd-role=prefill"]
     assert argv[argv.index("--service-discovery-namespace") + 1] == "llm-lab"
     assert argv[argv.index("--service-discovery-port") + 1] == "8000"
-    assert router["spec"]["template"]["spec"]["serviceAccountName"] == "glm-5-2-fp8-sglang-router"
+    assert router["spec"]["template"]["spec"]["serviceAccountName"] == "glm-5-2-fp8-320dd373-sglang-router"
     role = [o for o in objs if o["kind"] == "Role"][0]
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
     prefill = [o for o in objs if o["metadata"]["labels"].get(pd.ROLE_LABEL) == "prefill"][0]
@@ -243,3 +243,26 @@ def test_flag_name_is_the_flag_a_word_sets(token, name):
 def test_extra_args_cannot_set_a_flag_the_pair_sets():
     with pytest.raises(_k8s_checks.SpecError, match=r"^extra_args: '--kv-transfer-config=\{\}' is set by pd_manifests"):
         pd.build(dict(BASE, extra_args=["--kv-transfer-config={}"]))
+
+
+@pytest.mark.parametrize("workload", ["deployments", "stormservice"])
+def test_two_served_names_with_one_dns1035_spelling_render_no_common_object(workload):
+    """glm-5.2-fp8 and glm-5-2-fp8 rendered the same Deployments, Services, ConfigMap and StormService: object names
+    are unique per kind and namespace, so the two sets must not meet (kube/_k8s_names.object_name)."""
+    def keys(served):
+        return {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"])
+                for o in pd.build(dict(BASE, model_name=served, workload=workload))}
+    dotted, dashed = keys("glm-5.2-fp8"), keys("glm-5-2-fp8")
+    assert dotted and not dotted & dashed, dotted & dashed
+
+
+def test_storm_service_name_leaves_room_for_the_pod_hostnames_aibrix_derives():
+    """m9: AIBrix v0.7.0 names a stateful role's pod <storm>-roleset-<5>-<role>-<templateHash (<= 10)>-<index> and
+    makes it the pod's hostname (pkg/controller/roleset/utils.go renderStormServicePod), a DNS-1123 label of at most
+    63 characters (k8s.io/kubernetes pkg/apis/core/validation ValidatePodSpec, IsDNS1123Label)."""
+    served = "qwen3-235b-a22b-instruct-2507-fp8-pd"
+    out = pd.render(dict(BASE, model_name=served, workload="stormservice"))
+    storm = [o for o in out["objects"] if o["kind"] == "StormService"][0]["metadata"]["name"]
+    assert out["workloads"]["prefill"]["name"] == storm
+    for role in ("prefill", "decode"):
+        assert len("%s-roleset-abcde-%s-%s-%d" % (storm, role, "b" * 10, 99)) <= 63
