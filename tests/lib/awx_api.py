@@ -23,7 +23,13 @@ modules named below), nothing more:
   by ``project.py`` ``wait_for_project_update``); ``POST`` to an inventory source's ``related.update`` answers 202 with
   an inventory update that ``wait_on_url`` polls until ``finished`` (``inventory_source_update.py``);
 * workflow nodes are found by ``unified_job_templates/?name=&type=&organization=`` and stored at
-  ``workflow_job_template_nodes/`` (``workflow_job_template.py`` ``create_workflow_nodes``);
+  ``workflow_job_template_nodes/`` (``workflow_job_template.py`` ``create_workflow_nodes``); an approval node's
+  template is ``POST``ed to the node's ``create_approval_template/`` (201; only name, description and timeout are
+  kept: ``WorkflowJobTemplateNodeCreateApprovalSerializer``), after which the node's ``unified_job_template`` and
+  ``related.unified_job_template`` name it (type ``workflow_approval_template``, so the module's lookup by
+  ``type=workflow_approval`` never finds it and it reads it through the node instead, as against AWX). The module
+  compares that template with the node's fields (``identifier``, ``workflow_job_template``), which it never has, so
+  every run - ``--check`` too - reports the workflow changed, as against AWX;
 * secret inputs (the credential type's ``secret: true`` fields, survey password defaults) read back as
   ``$encrypted$``, as AWX answers them;
 * ``/api/v2/ping/`` and ``/api/v2/config/`` answer as a controller does (version, active node).
@@ -53,9 +59,10 @@ TYPES = {
     "job_templates": "job_template", "workflow_job_templates": "workflow_job_template",
     "workflow_job_template_nodes": "workflow_job_template_node", "notification_templates": "notification_template",
     "instance_groups": "instance_group", "labels": "label", "users": "user", "teams": "team",
+    "workflow_approval_templates": "workflow_approval_template",
 }
 # unified job templates (/api/v2/unified_job_templates/) are the union of these
-UNIFIED = ("job_templates", "workflow_job_templates", "projects", "inventory_sources")
+UNIFIED = ("job_templates", "workflow_job_templates", "projects", "inventory_sources", "workflow_approval_templates")
 ASSOCIATIONS = {
     "organizations": ("instance_groups", "galaxy_credentials", "notification_templates_started",
                       "notification_templates_success", "notification_templates_error",
@@ -75,6 +82,10 @@ ASSOCIATIONS = {
 ASSOCIATED = {"galaxy_credentials": "credentials", "input_inventories": "inventories", "success_nodes":
               "workflow_job_template_nodes", "failure_nodes": "workflow_job_template_nodes",
               "always_nodes": "workflow_job_template_nodes"}
+
+
+# what an approval template keeps of a create or update body (WorkflowJobTemplateNodeCreateApprovalSerializer)
+APPROVAL_FIELDS = ("name", "description", "timeout")
 
 
 def _target(association):
@@ -162,6 +173,8 @@ class StandInAWX:
             related["survey_spec"] = url + "survey_spec/"
         if endpoint in ("projects", "inventory_sources"):
             related["update"] = url + "update/"
+        if endpoint == "workflow_job_template_nodes":
+            related["create_approval_template"] = url + "create_approval_template/"
         obj.update(id=oid, type=TYPES[endpoint], url=url, related=related, summary_fields={})
         if endpoint == "projects":
             obj.setdefault("scm_revision", "")
@@ -223,6 +236,8 @@ class StandInAWX:
             if method == "GET":
                 return 200, self._public(endpoint, obj)
             if method == "PATCH":
+                if endpoint == "workflow_approval_templates":  # the serializer's fields only; the rest is ignored
+                    body = {k: body[k] for k in APPROVAL_FIELDS if k in body}
                 obj.update(copy.deepcopy(body))
                 return 200, self._public(endpoint, obj)
             if method == "DELETE":
@@ -245,6 +260,11 @@ class StandInAWX:
             else:
                 job = self._job("inventory_updates", {"inventory_source": oid})
             return 202, dict(self._public(job["url"].split("/")[3], job))
+        if sub == "create_approval_template" and endpoint == "workflow_job_template_nodes" and method == "POST":
+            approval = self._create("workflow_approval_templates", {k: body[k] for k in APPROVAL_FIELDS if k in body})
+            obj["unified_job_template"] = approval["id"]
+            obj["related"]["unified_job_template"] = approval["url"]
+            return 201, self._public("workflow_approval_templates", approval)
         if sub in ASSOCIATIONS.get(endpoint, ()):
             key = (endpoint, oid, sub)
             current = self.associations.setdefault(key, [])

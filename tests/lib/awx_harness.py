@@ -26,13 +26,17 @@ AWX's task does:
   (``RunInventoryUpdate.build_args``) and a job gets it back as a script (``BaseTask.write_inventory_file``,
   ``Inventory.get_script_data(hostvars=True, towervars=True)`` in ``awx/main/models/inventory.py``);
 * artifacts: the ``artifact_data`` of the ``playbook_on_stats`` event (``set_stats``), ``awx/main/tasks/callback.py``;
-* workflows: ``awx/main/models/workflow.py`` ``WorkflowJobNode.get_job_kwargs`` (ancestor artifacts become the
-  next job's extra vars; the workflow's own extra vars rank above them; survey errors of a node's template are only
-  logged) and the success / failure / always edges of ``awx/main/scheduler/task_manager.py``.
+* workflows: ``awx/main/models/workflow.py`` ``WorkflowJobNode.get_job_kwargs`` (a node's extra_data and the
+  workflow's limit pass the template's prompts; ancestor artifacts become the next job's extra vars; the workflow's
+  own extra vars rank above them; survey errors of a node's template are only logged), and which node runs next,
+  which never runs and the workflow job's own status and notifications: ``WorkflowDAG`` of
+  ``awx/main/scheduler/dag_workflow.py`` (``bfs_nodes_to_run``, ``mark_dnr_nodes``, ``is_workflow_done``,
+  ``has_workflow_failed``) as ``awx/main/scheduler/task_manager.py`` applies it.
 
 What differs, on purpose: no container (ansible-runner runs ansible-playbook of the test virtual environment, whose
 ``bin`` is put first on PATH), the collection built from this working tree is installed into
-``requirements_collections/`` (where a project sync puts collections, ahead of the execution environment's), and
+``requirements_collections/`` (standing in for the execution environment's copy: a project sync of awx/ installs
+nothing there, its organization having no Galaxy credential, ``project_update_installs_collections``), and
 error messages never repeat a password answer.
 """
 from __future__ import annotations
@@ -426,6 +430,55 @@ def script_data(imported, inventory_id):
     return data
 
 
+def project_update_installs_collections(organization, collections_enabled_setting=True):
+    """Whether a project update of a project of ``organization`` installs requirements.yml from Galaxy:
+    ``RunProjectUpdate.build_extra_vars_file`` (awx/main/tasks/jobs.py) passes ``collections_enabled =
+    galaxy_creds_are_defined and settings.AWX_COLLECTIONS_ENABLED`` (the setting defaults to True) to
+    ``project_update.yml``, whose install tasks run only when it is true."""
+    return bool(organization.get("galaxy_credentials")) and collections_enabled_setting
+
+
+def effective_slice_count(template, inventory_hosts, prompts=None):
+    """How many slice jobs a launch of ``template`` makes (``JobTemplate.get_effective_slice_ct``,
+    awx/main/models/jobs.py): the template's ``job_slice_count`` (or the launch's, where it asks for one), at most
+    the number of hosts of the WHOLE inventory - not of the limit."""
+    count = template.get("job_slice_count") or 1
+    if template.get("ask_job_slice_count_on_launch") and "job_slice_count" in (prompts or {}):
+        count = prompts["job_slice_count"]
+    return min(count, len(inventory_hosts)) if inventory_hosts else count
+
+
+def slice_hosts(inventory_hosts, slice_number, slice_count):
+    """The hosts of slice ``slice_number`` of ``slice_count`` (1-based): ``Inventory.get_script_data`` orders the
+    inventory's enabled hosts by name and takes ``hosts[slice_number - 1::slice_count]``. Every slice job still gets
+    the template's limit (``-l``), so a slice whose hosts the limit does not name has nothing to target, and
+    ansible-playbook fails it ("--limit leaves us with no hosts to target"), failing the whole sliced job."""
+    hosts = sorted(inventory_hosts)
+    return hosts[slice_number - 1::slice_count] if slice_count > 1 else hosts
+
+
+def limit_hosts(imported, limit):
+    """Hosts an ``-l`` of group and host names joined by ``:`` or ``,`` names in an imported inventory
+    (``import_inventory``); other pattern forms (``&``, ``!``, ranges, regexes) are refused, not guessed."""
+    groups = {k: v for k, v in imported.items() if k != "_meta"}
+
+    def members(name, seen=()):
+        group = groups.get(name)
+        if group is None:
+            return {name} if name in imported.get("_meta", {}).get("hostvars", {}) else set()
+        out = set(group.get("hosts", []))
+        for child in group.get("children", []):
+            if child not in seen:
+                out |= members(child, seen + (name,))
+        return out
+
+    names = [p for p in re.split(r"[:,]", limit) if p]
+    bad = [p for p in names if not re.match(r"^[A-Za-z0-9_.-]+$", p)]
+    if bad:
+        raise ValueError("limit_hosts reads group and host names only, not %s" % bad)
+    return set().union(*(members(p) for p in names)) if names else set()
+
+
 def write_inventory_script(private_data_dir, data):
     """inventory/hosts as ``BaseTask.write_inventory_file`` writes it (an executable printing the JSON)."""
     path = os.path.join(private_data_dir, "inventory", "hosts")
@@ -684,43 +737,249 @@ class Controller:
         return result
 
     # -- workflows -----------------------------------------------------------------------------------------------
-    def run_workflow(self, name, answers=None, node_prompts=None, node_run_kw=None):
-        """Run workflow ``name`` node by node as AWX's workflow manager does; returns {identifier: Job}.
+    def run_workflow(self, name, answers=None, node_prompts=None, node_run_kw=None, approvals=None, limit=None):
+        """Run workflow ``name`` as AWX's workflow manager does (``drive_workflow``); returns its WorkflowJob.
 
-        node_prompts: {identifier: prompts} (e.g. job_type check); node_run_kw: {identifier: launch keywords}.
+        node_prompts: {identifier: prompts} (e.g. job_type check); node_run_kw: {identifier: launch keywords};
+        approvals: {identifier: approve | deny | timeout} for the approval nodes; limit: the workflow's limit on
+        launch (the workflow must ask for it).
+
+        Each node's job (``WorkflowJobNode.get_job_kwargs``): the node's prompts, then the workflow job's (a limit
+        only where the template asks for one), pass the template's ``_accept_or_ignore_job_kwargs`` (the node's
+        ``extra_data`` only where the template's survey asks for the variable or it asks for variables; errors are
+        logged, not blocking); ancestor artifacts rank above them, the workflow job's extra vars above all.
         """
         wfjt = self.workflow(name)
         data = dict(ui_answers(wfjt.get("survey_spec")) if answers is None else answers)
         accepted = accept_or_ignore_variables(wfjt, data, blocking=True)[0]
         wj_vars = job_extra_vars(wfjt, accepted)
+        if limit is not None and not wfjt.get("ask_limit_on_launch"):
+            raise SurveyError(["limit is not prompted on launch by %r" % name])
+        wj_limit = wfjt.get("limit") if limit is None else limit
         workflow_job = {"id": next(_JOB_IDS), "name": name}
-        nodes = {n["identifier"]: n for n in wfjt["workflow_nodes"]}
-        parents = {i: [] for i in nodes}
-        for ident, node in nodes.items():
-            for kind in ("success_nodes", "failure_nodes", "always_nodes"):
-                for child in node.get("related", {}).get(kind, []):
-                    parents[child["identifier"]].append((ident, kind))
-        jobs, ancestor_artifacts = {}, {}
-        ready = [i for i in nodes if not parents[i]]
-        while ready:
-            ident = ready.pop(0)
-            node = nodes[ident]
+        dag = WorkflowDAG(wfjt["workflow_nodes"])
+        ancestor_artifacts = {}
+        jobs = {}
+
+        def run_node(ident, node):
+            ujt = node["unified_job_template"]
+            if ujt.get("type") == "workflow_approval":
+                if ident not in (approvals or {}):
+                    raise KeyError("approval node %r needs a decision (approvals={%r: 'approve'})" % (ident, ident))
+                jobs[ident] = Approval(approvals[ident])
+                return jobs[ident]
+            template = self.template(ujt["name"])
             aa = {}
-            for parent, _kind in parents[ident]:
+            for parent, _kind in dag.parents[ident]:
                 aa.update(ancestor_artifacts.get(parent, {}))
                 aa.update(jobs[parent].artifacts if parent in jobs else {})
             ancestor_artifacts[ident] = aa
-            node_vars = dict(node.get("extra_data") or {})
-            node_vars.update({k: v for k, v in aa.items() if k != "_ansible_no_log"})
-            node_vars.update(wj_vars)  # the workflow job's extra vars rank above ancestor artifacts
-            job = self.launch(node["unified_job_template"]["name"], answers={}, prompts=(node_prompts or {}).get(ident),
-                              workflow=(workflow_job, node_vars), blocking=False, **(node_run_kw or {}).get(ident, {}))
+            node_vars = node_runtime_vars(template, node, aa, wj_vars)
+            prompts = dict((node_prompts or {}).get(ident) or {})
+            if wj_limit and template.get("ask_limit_on_launch"):
+                prompts["limit"] = wj_limit
+            jobs[ident] = self.launch(ujt["name"], answers={}, prompts=prompts, workflow=(workflow_job, node_vars),
+                                      blocking=False, **(node_run_kw or {}).get(ident, {}))
+            return jobs[ident]
+
+        return drive_workflow(wfjt, run_node, dag=dag)
+
+
+# ---- workflows (AWX's rules) -----------------------------------------------------------------------------------
+
+#: A node's job ended in one of these: its failure and always edges are followed (``bfs_nodes_to_run``).
+FAILED_STATUSES = ("failed", "error", "canceled")
+FINISHED_STATUSES = ("successful",) + FAILED_STATUSES
+EDGES = ("success_nodes", "failure_nodes", "always_nodes")
+
+
+class WorkflowDAG:
+    """The decisions of AWX's workflow manager over one workflow job, restated from ``WorkflowDAG`` in
+    ``awx/main/scheduler/dag_workflow.py`` (ansible/awx devel; the task manager's ``process_finished_workflow_jobs``
+    in ``awx/main/scheduler/task_manager.py`` calls them):
+
+    * ``bfs_nodes_to_run``: from the roots, a node with a finished job opens its ``failure_nodes`` + ``always_nodes``
+      (failed, error, canceled) or its ``success_nodes`` + ``always_nodes`` (successful); a node without a job and not
+      ``do_not_run`` runs once every parent that may still run has finished (``_are_relevant_parents_finished``), and
+      a node with ``all_parents_must_converge`` only when each parent ended on an edge that leads to it
+      (``_all_parents_met_convergence_criteria``: successful - a success or always edge, failed - a failure or always
+      edge);
+    * ``mark_dnr_nodes``: in topological order, a node no parent can still reach is marked ``do_not_run``
+      (``_should_mark_node_dnr``; for a convergence node, any parent ``do_not_run`` or a criterion unmet);
+    * ``is_workflow_done``: every node has a finished job or is ``do_not_run``;
+    * ``has_workflow_failed``: the workflow job is **failed** only when some node's job failed (failed, canceled,
+      error) and that node has **no** failure and no always edge ("No error handling path for workflow job
+      node(s)"). A failed node with a failure or always child counts as handled, whatever that child then does:
+      the workflow's status is the status of the ends of its paths. The task manager then sends the workflow's
+      ``succeeded`` notifications when the status is successful, else ``failed``
+      (``workflow_job.send_notification_templates('succeeded' if workflow_job.status == 'successful' else 'failed')``).
+
+    Nodes are the awx.awx ``workflow_nodes`` of ``awx/controller_workflows.yml`` (identifier, unified_job_template,
+    related.success_nodes / failure_nodes / always_nodes, all_parents_must_converge). A node whose template is
+    missing (``unified_job_template`` None: deleted) is not modelled: the data names every template.
+    """
+
+    def __init__(self, workflow_nodes):
+        self.nodes = {n["identifier"]: n for n in workflow_nodes}
+        if len(self.nodes) != len(workflow_nodes):
+            raise ValueError("two workflow nodes share an identifier")
+        self.children = {i: {kind: [c["identifier"] for c in (n.get("related") or {}).get(kind, [])] for kind in EDGES}
+                         for i, n in self.nodes.items()}
+        self.parents = {i: [] for i in self.nodes}  # [(parent, edge kind)]
+        for ident, edges in self.children.items():
+            for kind, kids in edges.items():
+                for kid in kids:
+                    self.parents[kid].append((ident, kind))
+        self.status = {}  # identifier -> the status its job ended in
+        self.do_not_run = set()
+
+    def _order(self):
+        """Topological order (``SimpleDAG.sort_nodes_topological``); a cycle is refused, as AWX refuses to save it."""
+        order, seen, pending = [], set(), [i for i in self.nodes if not self.parents[i]]
+        while pending:
+            ident = pending.pop(0)
+            order.append(ident)
+            seen.add(ident)
+            for kid in sorted({k for kids in self.children[ident].values() for k in kids}):
+                if kid not in seen and all(p in seen for p, _kind in self.parents[kid]) and kid not in pending:
+                    pending.append(kid)
+        if len(order) != len(self.nodes):
+            raise ValueError("the workflow's edges form a cycle")
+        return order
+
+    def _opened_by(self, parent):
+        """Children of a finished parent its status opens."""
+        status = self.status[parent]
+        kinds = ("failure_nodes", "always_nodes") if status in FAILED_STATUSES else ("success_nodes", "always_nodes")
+        return [k for kind in kinds for k in self.children[parent][kind]]
+
+    def _relevant_parents_finished(self, ident):
+        return all(p in self.do_not_run or self.status.get(p) in FINISHED_STATUSES for p, _kind in self.parents[ident])
+
+    def _convergence_met(self, ident):
+        for parent, kind in self.parents[ident]:
+            status = self.status.get(parent)
+            if status in ("successful", "failed"):
+                want = "success_nodes" if status == "successful" else "failure_nodes"
+                if not any(p == parent and k in (want, "always_nodes") for p, k in self.parents[ident]):
+                    return False
+        return True
+
+    def bfs_nodes_to_run(self):
+        found, visited = [], set()
+        queue = [i for i in self.nodes if not self.parents[i]]
+        for ident in queue:
+            if ident in visited:
+                continue
+            visited.add(ident)
+            if ident in self.do_not_run:
+                continue
+            if ident in self.status:
+                if self.status[ident] in FINISHED_STATUSES:
+                    queue.extend(self._opened_by(ident))
+            elif self._relevant_parents_finished(ident):
+                converge = self.nodes[ident].get("all_parents_must_converge")
+                if not converge or self._convergence_met(ident):
+                    found.append(ident)
+        return found
+
+    def mark_dnr_nodes(self):
+        marked = []
+        for ident in self._order():
+            parents = self.parents[ident]
+            if ident in self.do_not_run or ident in self.status or not parents:
+                continue
+            if self.nodes[ident].get("all_parents_must_converge"):
+                if any(p in self.do_not_run for p, _kind in parents) or not self._convergence_met(ident):
+                    self.do_not_run.add(ident)
+                    marked.append(ident)
+                continue
+            live = [p for p, _kind in parents if p not in self.do_not_run]
+            if any(p not in self.status for p in live):
+                continue  # a parent may still run: not decided
+            if not any(ident in self._opened_by(p) for p in live):
+                self.do_not_run.add(ident)
+                marked.append(ident)
+        return marked
+
+    def is_workflow_done(self):
+        return all(i in self.do_not_run or self.status.get(i) in FINISHED_STATUSES for i in self.nodes)
+
+    def has_workflow_failed(self):
+        """(failed, reason): a failed node with neither a failure nor an always child fails the workflow."""
+        unhandled = ["(%s,%s)" % (i, s) for i, s in self.status.items() if s in FAILED_STATUSES
+                     and not self.children[i]["failure_nodes"] and not self.children[i]["always_nodes"]]
+        if unhandled:
+            return True, "No error handling path for workflow job node(s) [%s]." % ",".join(unhandled)
+        return False, None
+
+
+def node_runtime_vars(template, node, ancestor_artifacts, workflow_vars):
+    """The launch extra vars a workflow node gives its job template (``WorkflowJobNode.get_job_kwargs``).
+
+    The node's ``extra_data`` is a prompt: the template's ``_accept_or_ignore_job_kwargs`` keeps only what its survey
+    asks for (and passes) or everything when it asks for variables, and only logs the rest. Ancestor artifacts
+    (``_ansible_no_log`` aside) rank above it, the workflow job's extra vars above all (they bypass the template's
+    prompts: "WFJT extra_vars ignored JobTemplate.ask_variables_on_launch"). The job's extra vars are then
+    ``job_extra_vars(template, <this>)``.
+    """
+    runtime = accept_or_ignore_variables(template, node.get("extra_data") or {}, blocking=False)[0]
+    runtime.update({k: v for k, v in (ancestor_artifacts or {}).items() if k != "_ansible_no_log"})
+    runtime.update(workflow_vars or {})
+    return runtime
+
+
+class WorkflowJob(dict):
+    """A finished workflow job: {identifier: job} of the nodes that ran, and the workflow's own outcome.
+
+    status: successful or failed (``has_workflow_failed``); reason: AWX's job explanation when failed; notified: the
+    notification templates the workflow sent (its ``notification_templates_success`` or ``_error``); not_run: the
+    nodes marked do_not_run.
+    """
+
+    status = None
+    reason = None
+    notified = ()
+    not_run = ()
+
+
+def drive_workflow(wfjt, run_node, dag=None):
+    """Run workflow template ``wfjt`` to its end the way AWX's task manager does; returns a WorkflowJob.
+
+    run_node(identifier, node) -> a finished job (anything with ``status``): launches the node's template. Each pass
+    marks do_not_run nodes, stops when the workflow is done, and otherwise spawns every node ``bfs_nodes_to_run``
+    returns (AWX runs them at once; here one after the other, in that order).
+    """
+    dag = dag or WorkflowDAG(wfjt["workflow_nodes"])
+    jobs = WorkflowJob()
+    while True:
+        dag.mark_dnr_nodes()
+        if dag.is_workflow_done():
+            break
+        ready = dag.bfs_nodes_to_run()
+        if not ready:
+            raise RuntimeError("workflow %r is stuck: no node can run and it is not done" % wfjt["name"])
+        for ident in ready:
+            job = run_node(ident, dag.nodes[ident])
             jobs[ident] = job
-            ok = job.status == "successful"
-            for kind in ("success_nodes", "failure_nodes", "always_nodes"):
-                if kind == "always_nodes" or (kind == "success_nodes") == ok:
-                    ready.extend(c["identifier"] for c in node.get("related", {}).get(kind, []))
-        return jobs
+            dag.status[ident] = job.status if job.status in FINISHED_STATUSES else "error"
+    failed, jobs.reason = dag.has_workflow_failed()
+    jobs.status = "failed" if failed else "successful"
+    jobs.not_run = sorted(dag.do_not_run)
+    jobs.notified = tuple(wfjt.get("notification_templates_error" if failed else "notification_templates_success") or ())
+    return jobs
+
+
+class Approval:
+    """A workflow approval node's outcome (``awx/main/models/workflow.py`` ``WorkflowApproval``): approve -
+    successful; deny, or no answer within ``timeout`` - failed (``deny``, ``timed_out``)."""
+
+    def __init__(self, decision):
+        if decision not in ("approve", "deny", "timeout"):
+            raise ValueError("an approval is approved, denied or times out, not %r" % (decision,))
+        self.decision = decision
+        self.status = "successful" if decision == "approve" else "failed"
+        self.artifacts = {}
 
 
 # ---- execution environment inputs ------------------------------------------------------------------------------

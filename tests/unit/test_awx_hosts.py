@@ -76,7 +76,9 @@ def list_hosts(playbook, limit=None, inventory=EXAMPLE):
 @pytest.mark.parametrize("template", TEMPLATES, ids=[t["name"] for t in TEMPLATES])
 def test_each_template_runs_its_plays_on_the_hosts_its_limit_names(template):
     assert template.get("limit"), "%s has no limit" % template["name"]
-    assert template.get("ask_limit_on_launch") is True
+    # diagnose's limit is already once per engine; a workflow's limit reaches only templates that ask for one, so a
+    # narrowed workflow still diagnoses (and its failure path still ends failed: tests/unit/test_awx_workflow.py)
+    assert template.get("ask_limit_on_launch") is (template["name"] != "llmops diagnose")
     assert list_hosts(template["playbook"], template["limit"]) == EXPECTED[template["name"]]
 
 
@@ -88,12 +90,25 @@ def test_no_staging_or_deploy_step_reaches_the_kubernetes_api_host():
 
 
 def test_the_workflow_limit_keeps_every_node_on_its_hosts():
-    """The workflow's limit replaces each node's: every node still reaches exactly its own template's hosts."""
+    """The workflow's limit replaces the limit of each node whose template asks for one (the others keep their
+    own): every node still reaches exactly its own template's hosts."""
     (wf,) = OBJECTS["controller_workflows"]
     assert wf["ask_limit_on_launch"] is True
     for node in wf["workflow_nodes"]:
+        if node["unified_job_template"]["type"] == "workflow_approval":
+            continue  # an approval runs nothing on any host
         template = awx.by_name(TEMPLATES, node["unified_job_template"]["name"])
-        assert list_hosts(template["playbook"], wf["limit"]) == EXPECTED[template["name"]], node["identifier"]
+        limit = wf["limit"] if template["ask_limit_on_launch"] else template["limit"]
+        assert list_hosts(template["playbook"], limit) == EXPECTED[template["name"]], node["identifier"]
+
+
+def test_a_narrowed_workflow_still_diagnoses_the_engine():
+    """A workflow launched on one GPU node that runs no engine: the diagnose node keeps its own limit."""
+    diagnose = awx.by_name(TEMPLATES, "llmops diagnose")
+    assert not diagnose["ask_limit_on_launch"]
+    assert list_hosts("playbooks/diagnose.yml", diagnose["limit"]) == EXPECTED["llmops diagnose"]
+    assert list_hosts("playbooks/diagnose.yml", "h20-gpu-02") == [("Diagnose the Kubernetes engine", []),
+                                                                  ("Diagnose the local engine of each colocated node", [])]
 
 
 def test_a_narrower_limit_on_launch_narrows_the_plays():
@@ -172,3 +187,40 @@ def test_kubernetes_calls_follow_the_one_switch():
     assert awx_like["k8s-api-01"][:2] == ("localhost", False)
     # with no cluster to read, the failure names the credential the EE would have had
     assert "K8S_AUTH_HOST" in awx_like["k8s-api-01"][2]
+
+
+@functools.lru_cache(maxsize=None)
+def _imported(inventory=EXAMPLE):
+    return awx.import_inventory(ROOT, inventory)
+
+
+def test_the_slicing_model_reproduces_the_empty_slice_of_four_slices_over_the_example_fleet():
+    """AWX slices the whole inventory by name, not the limit: with 4 slices of example-h20's 5 hosts, slice 1 holds
+    bench-01 and k8s-api-01, which the stage limit gpu_nodes does not name (the failure seen on the controller)."""
+    imported = _imported()
+    hosts = set(imported["_meta"]["hostvars"])
+    stage = dict(awx.by_name(TEMPLATES, "llmops stage model"), job_slice_count=4)
+    count = awx.effective_slice_count(stage, hosts)
+    assert count == 4
+    assert awx.slice_hosts(hosts, 1, count) == ["bench-01", "k8s-api-01"]
+    assert not set(awx.slice_hosts(hosts, 1, count)) & awx.limit_hosts(imported, "gpu_nodes")
+    with pytest.raises(ValueError, match="group and host names only"):
+        awx.limit_hosts(imported, "gpu_nodes:&rack1")
+
+
+@pytest.mark.parametrize("template", TEMPLATES, ids=[t["name"] for t in TEMPLATES])
+def test_no_slice_of_any_template_is_left_without_a_host_of_its_limit(template):
+    """Every slice job of every template, on the example fleet, with the template's limit and the workflow's (and
+    a launch-time slice count where the template asks for one), has a host to target."""
+    imported = _imported()
+    hosts = set(imported["_meta"]["hostvars"])
+    (wf,) = OBJECTS["controller_workflows"]
+    limits = [template["limit"]] + ([wf["limit"]] if template.get("ask_limit_on_launch") else [])
+    prompted = [{}] + ([{"job_slice_count": n} for n in range(2, len(hosts) + 1)]
+                       if template.get("ask_job_slice_count_on_launch") else [])
+    for prompts in prompted:
+        count = awx.effective_slice_count(template, hosts, prompts)
+        for limit in limits:
+            for number in range(1, count + 1):
+                part = set(awx.slice_hosts(hosts, number, count)) & awx.limit_hosts(imported, limit)
+                assert part, "slice %d/%d of %r has no host of the limit %r" % (number, count, template["name"], limit)

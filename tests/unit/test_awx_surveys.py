@@ -66,8 +66,29 @@ def test_the_benchmark_survey_scalars_become_the_role_s_target_list(answers, tar
     extra = awx.job_extra_vars(bench, answers)
     rendered = jinja2.Environment().from_string(expr).render(**{k: v for k, v in extra.items() if k.startswith("benchmark_")})
     assert ast.literal_eval(rendered.strip()) == targets
-    for name in ("benchmark_concurrency", "benchmark_seeds", "benchmark_lengths"):
-        assert isinstance(bench["extra_vars"][name], list) and bench["ask_variables_on_launch"] is True
+
+
+def test_no_template_lets_a_launcher_set_arbitrary_extra_vars():
+    """AWX strips ansible_* variables only from ad hoc commands (AdHocCommandSerializer.validate_extra_vars), not
+    from job launches: a template that asks for variables lets its launcher set connection variables that run in the
+    execution environment holding the credentials. Surveys ask for what a launch may change."""
+    assert [t["name"] for t in TEMPLATES + WORKFLOWS if t.get("ask_variables_on_launch")] == []
+    bench = awx.by_name(TEMPLATES, "llmops benchmark")
+    data = {"benchmark_a_url": "http://e:8000", "benchmark_a_model": "glm", "benchmark_tokenizer": "/t",
+            "ansible_ssh_common_args": "-o ProxyCommand=sh"}
+    accepted, ignored = awx.accept_or_ignore_variables(bench, data)[:2]
+    assert "ansible_ssh_common_args" in ignored and "ansible_ssh_common_args" not in accepted
+
+
+def test_a_benchmark_launch_leaves_the_site_s_benchmark_values_alone():
+    """The ladder, seeds, length pairs and the round sizes are the inventory's: a launch answering only the required
+    questions adds none of them as extra vars (which would rank above the site's inventory)."""
+    bench = awx.by_name(TEMPLATES, "llmops benchmark")
+    extra = awx.job_extra_vars(bench, {"benchmark_a_url": "http://e:8000", "benchmark_a_model": "glm",
+                                       "benchmark_tokenizer": "/t"})
+    site = ("benchmark_concurrency", "benchmark_seeds", "benchmark_lengths", "benchmark_requests_per_round",
+            "benchmark_warmup_rounds", "benchmark_time_budget", "benchmark_out_dir")
+    assert [k for k in site if k in extra] == []
 
 
 @pytest.mark.parametrize("template", SURVEYED, ids=_ids(SURVEYED))
@@ -130,9 +151,13 @@ def test_templates_and_workflow_reference_objects_that_exist():
     edges = {i: [c["identifier"] for k in ("success_nodes", "failure_nodes", "always_nodes")
                  for c in n.get("related", {}).get(k, [])] for i, n in nodes.items()}
     assert all(c in nodes for cs in edges.values() for c in cs)
-    assert {n["unified_job_template"]["name"] for n in nodes.values()} <= names["controller_templates"]
-    # stage -> deploy -> verify on success, a failed deploy is diagnosed
-    assert [c["identifier"] for c in nodes["stage"]["related"]["success_nodes"]] == ["deploy"]
+    assert {n["unified_job_template"]["name"] for n in nodes.values()
+            if n["unified_job_template"]["type"] == "job_template"} <= names["controller_templates"]
+    approvals = [n for n in nodes.values() if n["unified_job_template"]["type"] == "workflow_approval"]
+    assert all(n["unified_job_template"].get("timeout", 0) > 0 for n in approvals)  # never waits forever
+    # stage -> approval -> deploy -> verify on success, a failed deploy is diagnosed
+    assert [c["identifier"] for c in nodes["stage"]["related"]["success_nodes"]] == ["approve deploy"]
+    assert [c["identifier"] for c in nodes["approve deploy"]["related"]["success_nodes"]] == ["deploy"]
     assert [c["identifier"] for c in nodes["deploy"]["related"]["success_nodes"]] == ["verify"]
     assert [c["identifier"] for c in nodes["deploy"]["related"]["failure_nodes"]] == ["diagnose"]
     roots = set(nodes) - {c for cs in edges.values() for c in cs}
@@ -389,3 +414,16 @@ def test_awx_configure_names_a_missing_awx_directory(tmp_path):
     assert proc.returncode == 2, out
     assert "llmops_awx_config_dir=%s has no controller_templates.yml" % tmp_path in out
     assert "TASK [Organization]" not in out
+
+
+def test_no_launch_needs_galaxy():
+    """Air-gapped: no project of awx/ has an organization with a Galaxy credential, so no project update (nor a
+    launch that triggers one) installs requirements.yml from Galaxy; the jobs' collections are the EE's."""
+    orgs = {o["name"]: o for o in OBJECTS["controller_organizations"]}
+    for project in OBJECTS["controller_projects"]:
+        assert not awx.project_update_installs_collections(orgs[project["organization"]]), project["name"]
+    # what the EE must then carry: every collection the job templates' playbooks call, but awx.awx (for
+    # playbooks/awx_configure.yml only, which no template runs)
+    assert "playbooks/awx_configure.yml" not in [t["playbook"] for t in TEMPLATES]
+    text = "\n".join(open(os.path.join(ROOT, t["playbook"]), encoding="utf-8").read() for t in TEMPLATES)
+    assert "awx.awx." not in text
