@@ -63,7 +63,10 @@ options:
         type: str
         required: true
       dest:
-        description: The staged revision directory on this node (O(llmops.serving.model_stage#module:dest)).
+        description:
+          - The staged revision directory on this node (O(llmops.serving.model_stage#module:dest)).
+          - An absolute path that names a directory, as O(llmops.serving.model_stage#module:dest) must (not C(/), not
+            ending in C(.) or C(..)); another value fails before anything starts, naming C(revisions[<i>].dest).
         type: path
         required: true
   piece_size:
@@ -125,12 +128,12 @@ revisions:
   elements: str
 """
 
-import os
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_fanout_wire
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_peer
+from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_marker import StageError
 
 
 def _url(address, port):
@@ -157,15 +160,12 @@ def main():
     )
     p = module.params
     if not 0 < p["port"] < 65536:
-        module.fail_json(msg="port: must be 1-65535 (got %d)" % p["port"])
-    revisions = {}
-    for i, r in enumerate(p["revisions"]):
-        for key in ("name", "revision"):
-            v = r[key]
-            if not v or "/" in v or v in (".", "..") or "\x00" in v:
-                module.fail_json(msg="revisions[%d].%s: must be a directory name (no '/', not '.' or '..')" % (i, key))
-        revisions[_stage_peer.revision_id(r["name"], r["revision"])] = os.path.abspath(r["dest"])
+        module.fail_json(msg="port: must be 1-65535 (got %d)" % p["port"], option="port", reason="bad_port")
     url = _url(p["address"], p["port"])
+    try:
+        revisions = _stage_peer.check_revisions(p["revisions"])
+    except _stage_peer.PeerError as e:
+        module.fail_json(msg=str(e), changed=False, pid=None, url=url, **e.fields())
     result = dict(changed=False, pid=None, url=url, revisions=sorted(revisions))
     cur = _stage_peer.running(p["state_dir"], p["address"], p["port"])
     if p["state"] == "stopped":
@@ -177,13 +177,14 @@ def main():
     try:
         token_sha256 = _stage_peer.parse_token_sha256(p["token_sha256"])
     except _stage_peer.PeerError as e:
-        module.fail_json(msg=str(e), **result)
+        module.fail_json(msg=str(e), **dict(result, **e.fields()))
     try:
         _stage_fanout_wire.check_options(piece_size=p["piece_size"])
     except ValueError as e:
-        module.fail_json(msg=str(e), **result)
+        module.fail_json(msg=str(e), option="piece_size", reason="bad_piece_size", **result)
     if p["lifetime"] < 0:
-        module.fail_json(msg="lifetime: must not be negative (got %d)" % p["lifetime"])
+        module.fail_json(msg="lifetime: must not be negative (got %d)" % p["lifetime"], option="lifetime",
+                         reason="bad_lifetime", **result)
     if module.check_mode:
         digest = _stage_peer.config_digest(p["address"], p["port"], token_sha256, revisions, p["piece_size"])
         same = cur is not None and cur.get("config") == digest
@@ -192,8 +193,12 @@ def main():
     try:
         changed, rec = _stage_peer.start(p["state_dir"], p["address"], p["port"], token_sha256, revisions,
                                          p["piece_size"], p["lifetime"])
-    except (_stage_peer.PeerError, OSError) as e:
-        module.fail_json(msg=str(e), **result)
+    except _stage_peer.PeerError as e:  # address/port taken, or the daemon did not report
+        module.fail_json(msg=str(e), **dict(dict(result, reason="start_failed"), **e.fields()))
+    except StageError as e:  # every refusal of the stage package is a failed result, never a traceback
+        module.fail_json(msg=str(e), reason=e.reason or "refused", **result)
+    except OSError as e:
+        module.fail_json(msg=str(e), reason="start_failed", **result)
     result.update(changed=changed, pid=rec.get("pid"))
     module.exit_json(**result)
 

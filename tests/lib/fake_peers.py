@@ -13,7 +13,13 @@ Behaviours (``BEHAVIOURS``):
   counters, wrong types, not JSON, oversized, non-finite numbers;
 * ``lie_bytes``: its board claims the seed's digests for pieces whose bytes it flipped;
 * ``lie_seed``: (as a seed) flipped bytes *and* digests recomputed from them, so it is consistent with itself
-  and only the shared filesystem can tell it lied.
+  and only the shared filesystem can tell it lied;
+* ``oscillate``: (as a seed) a copy that never ends: its lists say ``copying`` and hold the first two pieces of
+  each file, then only the first, then two again, forever (it serves what it lists): a list that shrinks and grows
+  back, which is no progress.
+
+:func:`board_copy` makes a peer's partial build of given source files under any names (a name that is not UTF-8
+included), for tests that hand a receiver files directly.
 """
 from __future__ import annotations
 
@@ -56,7 +62,7 @@ RAW = {
     "big_int": b'{"piece_size": %(ps)d, "load": 1' + b"0" * 500 + b', "files": {}}',
     "oversized": b'{"piece_size": %(ps)d, "pad": "' + b"x" * (9 * 1024 * 1024) + b'", "files": {}}',
 }
-BEHAVIOURS = (["honest", "unserved", "errors", "stall", "truncated", "stall_list", "lie_bytes", "lie_seed"]
+BEHAVIOURS = (["honest", "unserved", "errors", "stall", "truncated", "stall_list", "lie_bytes", "lie_seed", "oscillate"]
               + ["malformed:" + k for k in sorted(MALFORMED)] + ["malformed:" + k for k in sorted(RAW)])
 #: behaviours of a peer that sends bytes or digests the authority contradicts (reported ``lied``)
 LYING = ("lie_bytes", "lie_seed")
@@ -83,6 +89,8 @@ class _Handler(_stage_peer._Handler):
             return self._send_raw(200, self._malformed(b.split(":", 1)[1]))
         if b == "stall_list" and path.endswith("/pieces"):
             return self._stall(b"{")
+        if b == "oscillate" and path.endswith("/pieces") and self._authorized():
+            return self._send_raw(200, self._oscillating())
         if "/files/" in path and b in ("unserved", "errors", "stall", "truncated"):
             self.server.transfers += 1
             if b == "unserved":
@@ -106,6 +114,16 @@ class _Handler(_stage_peer._Handler):
             return RAW[kind] % {b"ps": self.server.piece_size}
         offer = list(self.server.offers.values())[0]
         return json.dumps(MALFORMED[kind](offer.public(0)), ensure_ascii=False).encode("utf-8")
+
+    def _oscillating(self):
+        with self.server._count_lock:  # pylint: disable=protected-access
+            self.server.lists += 1
+            keep = 2 if self.server.lists % 2 else 1
+        doc = list(self.server.offers.values())[0].public(0)
+        doc["state"] = "copying"
+        for e in doc["files"].values():
+            e["have"] = "".join(h if i < keep else "0" for i, h in enumerate(e["have"]))
+        return json.dumps(doc).encode("utf-8")
 
     def _send_raw(self, code, body):
         self.send_response(code)
@@ -136,6 +154,7 @@ class FakePeer(object):
         self.server.behaviour = behaviour
         self.server.piece_size = piece_size
         self.server.transfers = 0
+        self.server.lists = 0
         self.server.stalled = threading.Event()
         self.server.handle_error = lambda *_args: None  # a receiver hanging up on a lie is no news here
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
@@ -177,6 +196,24 @@ def flipped_copy(seed_dest, where, piece_size, consistent, flip=None):
                     digests[i] = hashlib.sha256(f.read(min(piece_size, rec.size - i * piece_size))).hexdigest()
         f = {"size": rec.size, "ino": rec.src[1], "mtime_ns": rec.src[2], "ctime_ns": rec.src[3], "mode": 0o644}
         board.add(rec.path, f, rec.header_sha256, None if consistent else rec.sha256, digests, held=True, done=True)
+    board.write()
+    return where
+
+
+def board_copy(src, files, where, piece_size):
+    """A peer's partial build of ``files`` (the source listing's dicts, ``path`` as ``os.fsdecode`` gives it) from
+    ``src``: ``<where>.partial`` holds a copy of each and a board listing every piece held with its digest, under the
+    names given (no marker: a name need not be one the marker can record). Returns ``where``, for :class:`FakePeer`."""
+    partial = where + ".partial"
+    os.makedirs(partial)
+    board = _stage_peer.Board(partial, piece_size)
+    for f in files:
+        with open(os.path.join(src, f["path"]), "rb") as fin:
+            data = fin.read()
+        with open(os.path.join(partial, f["path"]), "wb") as fout:
+            fout.write(data)
+        digests = [hashlib.sha256(data[i:i + piece_size]).hexdigest() for i in range(0, len(data), piece_size)]
+        board.add(f["path"], f, None, hashlib.sha256(data).hexdigest(), digests, held=True, done=True)
     board.write()
     return where
 

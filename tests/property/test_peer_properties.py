@@ -40,7 +40,7 @@ PIECE = 256 * 1024
 TIMEOUT = 1.5        # the receiver's per-request timeout here (30 s in a real run)
 TOKEN = fake_peers.TOKEN
 # peers whose bytes can be verified at all (the others never get a piece list in, or never deliver)
-DELIVERING = ("honest", "lie_bytes", "lie_seed")
+DELIVERING = ("honest", "lie_bytes", "lie_seed", "oscillate")
 
 _TREE = {}
 
@@ -164,3 +164,94 @@ def test_the_piece_list_parser_returns_a_wellformed_list_or_peerlie(field, value
         n = (e["size"] + PIECE - 1) // PIECE
         assert len(e["have"]) == n and set(e["have"]) <= set("01")
         assert e["sent"] is None or (len(e["sent"]) == n and set(e["sent"]) <= set("0123456789"))
+
+
+# ---- progress: new pieces, never a list that shrinks and grows back --------------------------------------------
+N_PIECES = 6
+have_strings = st.text(alphabet="01", min_size=N_PIECES, max_size=N_PIECES)
+piece_lists = st.lists(st.tuples(st.sampled_from(_stage_fanout_wire.PEER_STATES + (None,)),
+                                 st.fixed_dictionaries({"f": have_strings, "g": have_strings})),
+                       min_size=1, max_size=30)
+
+
+@_settings(EXAMPLES * 8)
+@given(lists=piece_lists)
+def test_a_peers_progress_counts_only_pieces_it_never_listed_before(lists):
+    """Over any sequence of piece lists, ``count`` is the number of distinct pieces ever listed held (so it only
+    grows), and the copy moves exactly at a list that adds such a piece or raises the state's rank."""
+    progress = _stage_fanout_wire.CopyProgress()
+    seen, rank, before = set(), -1, 0
+    for t, (state, haves) in enumerate(lists):
+        held = set((rel, i) for rel, have in haves.items() for i, h in enumerate(have) if h == "1")
+        new = held - seen
+        moved_at = progress.moved_at
+        assert progress.note(state, haves, float(t)) == len(new)
+        seen |= held
+        r = _stage_fanout_wire.STATE_RANK[state]
+        assert progress.moved_at == (float(t) if new or r > rank else moved_at)
+        rank = max(rank, r)
+        assert progress.count == len(seen) >= before
+        before = progress.count
+
+
+class _Clock(object):
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self):
+        return self.now
+
+
+@_settings(EXAMPLES * 4)
+@given(grow=st.lists(have_strings, min_size=1, max_size=8),
+       replay=st.lists(st.integers(min_value=0, max_value=100), min_size=1, max_size=40),
+       step=st.floats(min_value=0.1, max_value=3.0))
+def test_a_seed_whose_pieces_stop_growing_is_given_up_within_the_bound(grow, replay, step):
+    """A copying seed sends the lists ``grow`` (one every ``step`` seconds), then replays lists it already sent
+    (shrinking and growing back, in any order) forever: the receiver waits for it while a list brought a new
+    piece less than ``seed_stale`` ago, and never longer, whatever the replayed lists are."""
+    bound = 5.0
+    clock = _Clock()
+    real_time = _stage_fanout.time
+    _stage_fanout.time = clock  # the receiver's monotonic clock, driven by the test
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            rx = _stage_fanout.Receiver(tmp, os.path.join(tmp, "p"), "headers", _Content(), [{"url": SEED, "seed": True}],
+                                        TOKEN, 4096, 1, None, None, False, seed_stale=bound, seed_wait=bound)
+            rx._t0 = clock.now
+            rx._files = [_stage_fanout._FileState(dict(FILE, path=rel), os.path.join(tmp, "p"), 4096) for rel in ("f", "g")]
+            seed = rx.links[0]
+            seed.claimed.update(f=set(range(N_PIECES)), g=set(range(N_PIECES)))  # the digests are in
+            seen, last_new = set(), None
+            sent = [(h, grow[(k + 1) % len(grow)]) for k, h in enumerate(grow)]
+            for k in list(range(len(sent))) + [j % len(sent) for j in replay]:
+                f, g = sent[k]
+                held = set(("f", i) for i, c in enumerate(f) if c == "1") | set(("g", i) for i, c in enumerate(g) if c == "1")
+                if held - seen or last_new is None:
+                    last_new = clock.now
+                seen |= held
+                rx._absorb(seed, _copying_list({"f": f, "g": g}))
+                assert seed.progress.count == len(seen)
+                for rel in ("f", "g"):
+                    assert rx._seed_can_provide(rel) == (clock.now - last_new < bound), (clock.now, last_new)
+                clock.now += step
+            clock.now = last_new + bound  # however the lists go on from here, no new piece: given up
+            rx._absorb(seed, _copying_list({"f": sent[0][0], "g": sent[0][1]}))
+            assert not rx._seed_can_provide("f") and not rx._seed_can_provide("g")
+    finally:
+        _stage_fanout.time = real_time
+
+
+SEED = "http://seed:1/r/m/r1"
+FILE = {"size": N_PIECES * 4096, "ino": 7, "mtime_ns": 8, "ctime_ns": 9}
+
+
+class _Content(object):
+    header_digests = {}
+
+
+def _copying_list(haves):
+    body = json.dumps({"piece_size": 4096, "state": "copying", "board_age": 0.1, "load": 0,
+                       "files": dict((rel, {"size": FILE["size"], "src": [7, 8, 9], "header_sha256": None,
+                                            "sha256": None, "have": have}) for rel, have in haves.items())})
+    return _stage_fanout_wire.parse_piece_list(body.encode(), 4096)

@@ -27,10 +27,19 @@ the source's, sha256 in ``verify=sha256``: the seed's digest of the whole file w
 a read of the copy), the source's mode and mtime, fsync, its name, and its journal line: resume, publish and the
 marker are the copy's.
 
-A copying seed is judged by its progress, not by its board's age: its copy moves while the pieces it lists
-grow (``_stage_fanout_wire.PeerLink.note_copy``). ``seed_stale`` is by default the stall rule of a transfer
+A seed is waited for by one rule, its progress, never its board's age: its copy moves only when it lists held,
+with their digests, pieces of this run it never listed before (``_stage_fanout_wire.CopyProgress``, a high-water
+set: a list that shrinks and grows back is no progress). ``seed_stale`` is by default the stall rule of a transfer
 applied to the seed's next piece, ``timeout + piece_size / MIN_PEER_RATE`` (``read_rate_limit`` instead of
 ``MIN_PEER_RATE`` when lower): a seed reading the shared filesystem no slower than that gains a piece within it.
+So a seed that lies slowly (a list that oscillates, a copy that never ends, a published state with pieces
+missing) keeps this receiver from the shared filesystem at most ``seed_stale`` after its last new piece, and
+``seed_wait`` before its first list; each piece of the run counts once, so at most ``seed_wait + (pieces + 2) *
+seed_stale`` in all, the time an honest seed copying at the stall rule's rate takes.
+
+Every thread of a run (the poll of each peer, the pulling workers) is started by :meth:`Receiver._spawn`: what a
+thread raises ends the run with that error (a ``StageError`` naming the thread when it is not one already), so no
+thread dies while the others wait for what it would have brought.
 
 Every peer may lie, and lying costs bounded time (the protocol's checks and the requests are
 ``_stage_fanout_wire``'s). A piece list that is not one, or none within ``timeout``, is a failed try. Transfers
@@ -54,7 +63,6 @@ import random
 import threading
 import time
 from collections import deque
-from urllib.parse import quote
 
 from ansible_collections.llmops.serving.plugins.module_utils.common import _fsutil
 from ansible_collections.llmops.serving.plugins.module_utils.common import _http
@@ -66,7 +74,7 @@ from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_copy import RawFile
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_fanout_wire import (
     DIGESTS_MAX_BYTES, MAX_PEER_TRIES, MIN_PEER_RATE, PIECES_BYTES_PER_PIECE, PIECES_MAX_BYTES, PeerClient, PeerLie,
-    PeerLink, parse_digests, parse_piece_list)
+    PeerLink, name_to_url, parse_digests, parse_piece_list)
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_marker import StageError
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_progress import SourcedProgress, Throttle
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_progress import human_bytes
@@ -146,6 +154,30 @@ class Receiver(object):
         self.wire = PeerClient(token, timeout)
         self._piece_secs = deque(maxlen=16)  # the last peer transfers (s): how long a handed-out piece may take
 
+    # ---- threads -----------------------------------------------------------------------------------
+    def _fail(self, error):
+        """End the run with ``error``: every worker and wait sees ``_errors`` at once."""
+        with self._cond:
+            self._errors.append(error)
+            self._cond.notify_all()
+
+    def _spawn(self, target, name, *args):
+        """Start ``target(*args)`` on a daemon thread of this run whose death is the run's failure: what it raises
+        goes to :meth:`_fail` (as a ``StageError`` naming the thread unless it is one of the run's own errors), so
+        a thread never dies silently while the workers wait for it."""
+        def body():
+            try:
+                target(*args)
+            except (StageError, _safetensors.CheckpointError, OSError) as e:
+                self._fail(e)
+            except BaseException as e:  # a defect or an input no rule foresaw: named, never a silent dead thread
+                self._fail(StageError("fan-out: the %s thread failed (%s: %s); the run is stopped, nothing is "
+                                      "published: run again, and report it if it repeats"
+                                      % (name, type(e).__name__, e), reason="thread_failed"))
+        t = threading.Thread(target=body, name=name, daemon=True)
+        t.start()
+        return t
+
     # ---- peers -----------------------------------------------------------------------------------
     def _drop(self, link, why, lied=False):
         with self._cond:
@@ -177,22 +209,17 @@ class Receiver(object):
                     self._drop(link, "answered %d times with something that is not a piece list (%s)"
                                % (link.failures, e))
                     return
-            except (StageError, _safetensors.CheckpointError) as e:  # judging a dispute could not read src
-                with self._cond:
-                    self._errors.append(e)
-                    self._cond.notify_all()
-                return
             self._stop.wait(self.poll)
 
     def _absorb(self, link, doc):
         """Take in a piece list (:func:`parse_piece_list`'s form) from ``link``."""
         files = doc["files"]
         fetch = []
+        haves = {}  # the pieces it lists of this run's files, as they are today: its progress, once their digests are in
         with self._cond:
             # the pulling workers are woken only when there is something new to take: a piece list arrives
             # several times a second per peer, and waking every worker for each costs more CPU than the transfers
             state = doc["state"]
-            link.note_copy(state, files, time.monotonic())
             changed = state != link.state
             link.state = state
             link.load = doc["load"]
@@ -208,6 +235,7 @@ class Receiver(object):
                     link.mismatch.add(fs.rel)
                     continue
                 have = e["have"]
+                haves[fs.rel] = have
                 changed = changed or link.have.get(fs.rel) != have
                 link.have[fs.rel] = have
                 link.entries[fs.rel] = e
@@ -227,6 +255,8 @@ class Receiver(object):
         for fs in fetch:
             if link.alive:
                 self._fetch_digests(link, fs)
+        with self._cond:  # a seed's new pieces count once their digests are in (a silent one raised above)
+            link.progress.note(state, haves, time.monotonic())
 
     def _matches(self, fs, e):
         """The peer's entry describes today's source file (size, inode, mtime, ctime, header digest)."""
@@ -239,7 +269,7 @@ class Receiver(object):
     def _fetch_digests(self, link, fs):
         """Take a seed's digests of ``fs``'s pieces. The first seed's digest of a piece is trusted; a seed that
         gives another one starts a dispute the shared filesystem settles (:meth:`_judge`)."""
-        digests = parse_digests(self.wire.get_body(link, "/digests?file=" + quote(fs.rel, safe=""),
+        digests = parse_digests(self.wire.get_body(link, "/digests?file=" + name_to_url(fs.rel),
                                                    DIGESTS_MAX_BYTES + 80 * fs.n), fs.n)
         e = link.entries.get(fs.rel) or {}
         disputes, lies = [], []
@@ -310,21 +340,19 @@ class Receiver(object):
                                  fs.rel, i, ", ".join(p.url for p in liars)))
 
     def _seed_can_provide(self, rel):
-        """Some seed may still give ``rel``'s digests: waiting for it beats reading the shared filesystem."""
+        """Some seed may still give ``rel``'s pieces this receiver has no other holder for: waiting for it beats
+        reading the shared filesystem. One rule, bounded (see the module docstring): a seed not started yet, or a
+        published one still reading back its digests, within ``seed_wait`` of the start; any other only while its
+        copy moves (``CopyProgress``: a new piece of the run within ``seed_stale``), whatever its state says."""
         now = time.monotonic()
         for link in self.links:
-            if not link.seed or not link.alive or rel in link.mismatch:
+            if not link.seed or not link.alive or rel in link.mismatch or link.state == "failed":
                 continue
-            if link.state in ("complete", "done") and rel in link.have:
+            if link.state in (None, "idle", "complete") and now - self._t0 < self.seed_wait:
                 return True
-            # a published seed still reading back the digests of a copy staged without them lists it later
-            if link.state == "complete" and now - self._t0 < self.seed_wait:
-                return True
-            # a copying seed is worth waiting for while the pieces it holds grow, however late its board is
-            # rewritten (a loaded host writes it late; the pieces it lists are still new)
-            if link.state == "copying" and link.copy_moved_within(self.seed_stale, now):
-                return True
-            if link.state in (None, "idle") and now - self._t0 < self.seed_wait:
+            # a seed is worth waiting for while the pieces it holds grow, however late its board is rewritten (a
+            # loaded host writes it late; the pieces it lists are still new) and whatever its lists do meanwhile
+            if link.state in ("copying", "complete", "done") and link.progress.moved_within(self.seed_stale, now):
                 return True
         return False
 
@@ -452,12 +480,10 @@ class Receiver(object):
                             fs.finished = True
                     if last:
                         self._finish(fs)
-                except BaseException as e:
+                except BaseException:
                     with self._cond:
                         fs.inflight.discard(i)
-                        self._errors.append(e)
-                        self._cond.notify_all()
-                    return
+                    raise  # the run's failure (_spawn)
         finally:
             buf.close()
 
@@ -693,13 +719,10 @@ class Receiver(object):
             if fs.n == 0:
                 fs.finished = True
                 self._finish(fs)
-        pollers = [threading.Thread(target=self._poll_loop, args=(link,), name="stage-peer-poll", daemon=True)
-                   for link in self.links]
-        workers = [threading.Thread(target=self._worker, name="stage-peer-pull", daemon=True)
-                   for _i in range(self.workers)]
-        for t in pollers + workers:
-            t.start()
+        workers, pollers = [], []
         try:
+            pollers += [self._spawn(self._poll_loop, "poll of %s" % link.url, link) for link in self.links]
+            workers += [self._spawn(self._worker, "pull %d" % k) for k in range(self.workers)]
             for t in workers:
                 t.join()
         finally:

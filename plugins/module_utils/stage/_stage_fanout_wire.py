@@ -18,10 +18,19 @@ Peers are spoken to over one persistent ``http.client`` connection per stream an
 TLS context per request, as ``_http.open_response`` makes, costs more than the transfer on a loaded host).
 Failures are ``_http.HttpError``, whose messages name the URL without credentials; the token is only ever a header.
 
+A file name is a path's bytes, not necessarily UTF-8: on this side of the kernel it is the ``str`` Python decodes it
+to (``os.fsdecode``, undecodable bytes as lone surrogates), in JSON that ``str`` escaped (``\\udcXX``, which
+``json`` reads back), and in a URL its bytes percent-encoded (:func:`name_to_url`, read back by
+:func:`name_from_url`), so a name that is not UTF-8 travels like any other instead of failing to encode.
+
 * :func:`parse_piece_list`, :func:`parse_digests` - a peer's ``/pieces`` and ``/digests`` answers, checked;
 * :func:`check_peer_url`, :func:`check_options` - the options that shape the protocol, refused before anything is
   prepared;
-* :class:`PeerLink` - one peer as a receiver sees it (its last piece list, its failures, whether its copy moves);
+* :class:`CopyProgress` - the one rule of whether a peer's own copy moves: new pieces of the run, never a list that
+  shrinks and grows back;
+* :class:`PeerLink` - one peer as a receiver sees it (its last piece list, its failures, its :class:`CopyProgress`);
+* :func:`name_to_url`, :func:`name_from_url` - a file name in a request path or query, byte for byte (names need not
+  be UTF-8);
 * :class:`PeerClient` - the requests: a bounded body (:meth:`PeerClient.get_body`), a piece hashed as it comes in
   (:meth:`PeerClient.get_range`).
 """
@@ -60,8 +69,24 @@ DIGESTS_MAX_BYTES = 64 * 1024
 #: Largest ``load`` (transfers in flight) a peer may report; a peer's server admits far fewer connections.
 MAX_PEER_LOAD = 4096
 PEER_STATES = ("idle", "copying", "failed", "done", "complete")
+#: Where each state stands in a peer's own copy: idle (nothing yet), copying, then an end. A copy moves forward
+#: only; a state that goes back to an earlier rank is no progress (:class:`CopyProgress`).
+STATE_RANK = {None: 0, "idle": 0, "copying": 1, "failed": 2, "done": 2, "complete": 2}
 #: Largest piece: a piece is one buffer per pulling worker.
 MAX_PIECE_SIZE = 1024 * 1024 * 1024
+
+
+def name_to_url(rel):
+    """``rel`` (a relative file name as ``os.fsdecode`` gives it) percent-encoded from its bytes, ``/`` kept: the
+    peer's server reads it back with :func:`name_from_url`. ``urllib.parse.quote`` of the ``str`` itself encodes
+    UTF-8 strictly and raises on a name that is not UTF-8."""
+    return quote(os.fsencode(rel), safe="/")
+
+
+def name_from_url(text):
+    """A file name from its percent-encoded form in a request path or query (:func:`name_to_url`'s inverse):
+    bytes that are not UTF-8 come back as the lone surrogates ``os.fsdecode`` gives them."""
+    return unquote(text, encoding="utf-8", errors="surrogateescape")
 
 
 class PeerLie(ValueError):
@@ -87,7 +112,7 @@ def parse_piece_list(body, piece_size, max_bytes=PIECES_MAX_BYTES):
     ``{"state", "board_age", "load", "files": {rel: {"size", "src", "header_sha256", "sha256", "have",
     "sent"}}}``; ``have`` is ASCII ``0``/``1`` per piece, ``sent`` ASCII ``0``-``9`` per piece or None.
     ``board_age`` is checked like every field but judges nothing: a seed is judged by the pieces it holds
-    (:meth:`PeerLink.note_copy`).
+    (:class:`CopyProgress`).
     """
     try:
         doc = loads_json(body, "the piece list", max_depth=PIECES_MAX_DEPTH, max_bytes=max_bytes)
@@ -243,8 +268,51 @@ class _Watchdog(object):
         self._timer.cancel()
 
 
+class CopyProgress(object):
+    """Whether a peer's own copy moves, by one rule: it moves when it lists held a piece of this run it never listed
+    before, or when its state moves forward (:data:`STATE_RANK`; its first list counts as a step forward).
+
+    What it has listed held is kept as a high-water set per file, so a list that shrinks and grows back again adds
+    nothing, and a board rewritten on time without a new piece is no progress either. Each piece of the run, and
+    each step of its state, counts once: a peer judged by ``moved_within(seconds, now)`` keeps a receiver waiting at
+    most ``seconds`` after the last new piece, and at most ``(pieces of the run + 2) * seconds`` in all, the time an
+    honest copy gaining one piece every ``seconds`` takes; whatever its lists do meanwhile. ``count`` is the number
+    of distinct pieces it has listed held, and never goes down.
+    """
+
+    def __init__(self):
+        self.pieces = {}        # rel -> int whose bit i is set once piece i was listed held
+        self.count = 0
+        self.rank = -1          # the highest STATE_RANK seen (-1: no list yet)
+        self.moved_at = None    # when it last moved (the caller's monotonic clock)
+
+    def note(self, state, haves, now):
+        """Take in one list: ``state`` and ``haves`` (``{rel: "0110"}``, only the files of this run whose entry
+        matches the source) at ``now``. Returns how many pieces it listed held for the first time."""
+        new = 0
+        for rel, have in haves.items():
+            if "1" not in have:
+                continue
+            bits = int(have[::-1], 2)  # bit i is piece i
+            seen = self.pieces.get(rel, 0)
+            gain = bits & ~seen
+            if gain:
+                new += bin(gain).count("1")
+                self.pieces[rel] = seen | bits
+        rank = STATE_RANK.get(state, 0)
+        if new or rank > self.rank:
+            self.moved_at = now
+        self.rank = max(self.rank, rank)
+        self.count += new
+        return new
+
+    def moved_within(self, seconds, now):
+        """It moved less than ``seconds`` before ``now`` (True before any list: nothing is known yet)."""
+        return self.moved_at is None or now - self.moved_at < seconds
+
+
 class PeerLink(object):
-    """One peer as a receiver sees it: its last piece list, its failures, and when its own copy last moved."""
+    """One peer as a receiver sees it: its last piece list, its failures, and whether its own copy moves."""
 
     def __init__(self, url, seed):
         self.url = url.rstrip("/")
@@ -271,8 +339,7 @@ class PeerLink(object):
         self.seen_at = None
         self.mismatch = set()      # files whose entry here is not today's source file
         self.claimed = {}          # rel -> indices of the pieces whose digest this (seed) peer gave
-        self.copy_seen = None      # (state, pieces held) of its last piece list
-        self.moved_at = None       # when its copy was last seen to move (this receiver's monotonic clock)
+        self.progress = CopyProgress()  # whether its own copy moves (new pieces of the run)
 
     def holds(self, rel, i):
         h = self.have.get(rel)
@@ -281,22 +348,6 @@ class PeerLink(object):
     def sent_count(self, rel, i):
         c = self.sent.get(rel)
         return int(c[i]) if c is not None and i < len(c) else 0
-
-    def note_copy(self, state, files, now):
-        """Take in what a piece list (``state`` and ``files`` as :func:`parse_piece_list` gives them) says of the
-        peer's own copy: it moved at ``now`` when this is its first list, its state changed, or it holds more
-        pieces than in its last list. How late its board file was rewritten is no part of it: a board written
-        late still lists the pieces written meanwhile, and a board rewritten on time by a copy that holds no new
-        piece is no progress."""
-        held = sum(e["have"].count("1") for e in files.values())
-        last = self.copy_seen
-        if last is None or state != last[0] or held > last[1]:
-            self.moved_at = now
-        self.copy_seen = (state, held)
-
-    def copy_moved_within(self, seconds, now):
-        """Its copy moved less than ``seconds`` before ``now`` (True before any piece list: nothing is known)."""
-        return self.moved_at is None or now - self.moved_at < seconds
 
 
 class PeerClient(object):
@@ -372,7 +423,7 @@ class PeerClient(object):
         ``rate_limit`` bytes/s (``throttle``; 0: no limit); returns their sha256. All of it within ``timeout +
         n / min(MIN_PEER_RATE, rate_limit)`` seconds, else it stalled: ``_http.HttpError`` (``timed_out``), as
         for an answer that is not 206, breaks off or is not ``n`` bytes."""
-        path = "/files/" + quote(rel)
+        path = "/files/" + name_to_url(rel)
         headers = self.headers()
         headers["Range"] = "bytes=%d-%d" % (off, off + n - 1)
         h = hashlib.sha256()

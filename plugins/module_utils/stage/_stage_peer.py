@@ -25,6 +25,9 @@ given (``/r/<name>/<revision>``):
 * ``GET R/files/<path>`` with one ``Range: bytes=a-b``: those bytes (206), only when every piece they touch is
   held; otherwise 404 (not held) or 416 (bad range).
 
+``<path>`` is the file name's bytes percent-encoded (``_stage_fanout_wire.name_to_url`` and ``name_from_url``), and
+JSON carries a name as Python's ``str`` of it, escaped: a name that is not UTF-8 is served like any other.
+
 Every request needs ``Authorization: Bearer <token>``, the per-run token; its sha256 is compared in constant time
 with the digest the server was given (the controller gives servers only the digest: the token itself is in no
 memory, file, argument or environment of the daemon), and anything else gets 403 and the connection closed.
@@ -56,12 +59,14 @@ import stat
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from ansible_collections.llmops.serving.plugins.module_utils.common import _fsutil
 from ansible_collections.llmops.serving.plugins.module_utils.common import _paths
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_layout
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_marker as _marker
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_fanout_wire
+from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_fanout_wire import name_from_url
 
 BOARD = ".llmops-staged.pieces.json"
 BOARD_FORMAT = 1
@@ -83,7 +88,20 @@ REAP_INTERVAL = 0.25
 
 
 class PeerError(Exception):
-    """The server could not be started or stopped; ``str()`` names the option and the fix."""
+    """The server could not be started or stopped; ``str()`` names the option and the fix.
+
+    ``option`` (the option's path, such as ``revisions[0].dest``) and ``reason`` (a short machine-readable cause)
+    go into the module's failed result (:meth:`fields`).
+    """
+
+    def __init__(self, msg, option=None, reason=None):
+        super(PeerError, self).__init__(msg)
+        self.option = option
+        self.reason = reason
+
+    def fields(self):
+        """``{"option", "reason"}`` as set, for ``fail_json``."""
+        return dict((k, v) for k, v in (("option", self.option), ("reason", self.reason)) if v)
 
 
 def token_digest(token):
@@ -495,7 +513,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return self._send_json(503, {"error": "busy: %d peers are served; try again" % self.server.max_connections})
         url = urlsplit(self.path)
-        path = unquote(url.path)
+        path = name_from_url(url.path)  # a file name's bytes, UTF-8 or not
         if path == "/healthz":
             return self._send_json(200, {"ok": True, "revisions": sorted(self.server.offers)})
         parts = path.split("/", 5)
@@ -509,7 +527,7 @@ class _Handler(BaseHTTPRequestHandler):
         if what == "pieces" and len(parts) == 5:
             return self._send_json(200, offer.public(self.server.active))
         if what == "digests" and len(parts) == 5:
-            rel = (parse_qs(url.query).get("file") or [""])[0]
+            rel = (parse_qs(url.query, errors="surrogateescape").get("file") or [""])[0]
             e = offer.snapshot()["files"].get(rel)
             if e is None:
                 return self._send_json(404, {"error": "file not listed"})
@@ -609,11 +627,41 @@ def running(state_dir, address, port):
         os.close(fd)
 
 
+def check_revisions(revisions):
+    """``{"<name>/<revision>": dest}`` of the ``revisions`` option (``[{name, revision, dest}]``), every entry checked
+    before anything starts; :class:`PeerError` names the entry's option (``revisions[<i>].dest``) and the fix.
+
+    ``name`` and ``revision`` are directory names; ``dest`` is what ``model_stage`` would accept as its own ``dest``
+    (``_stage_fanout_wire.check_options`` and ``_stage_layout.Layout``: absolute, not the root, naming a
+    directory), so the server is never started over a path no staging run writes.
+    """
+    out = {}
+    for i, r in enumerate(revisions):
+        for key in ("name", "revision"):
+            v = r.get(key)
+            if not isinstance(v, str) or not v or "/" in v or v in (".", "..") or "\x00" in v:
+                raise PeerError("revisions[%d].%s: must be a directory name (no '/', not '.' or '..')" % (i, key),
+                                option="revisions[%d].%s" % (i, key), reason="not_a_directory_name")
+        dest = r.get("dest")
+        try:
+            _stage_fanout_wire.check_options(dest=dest)
+            _stage_layout.Layout(dest)
+        except (ValueError, _marker.StageError) as e:  # both say "dest: <why and fix>"
+            raise PeerError("revisions[%d].%s" % (i, e), option="revisions[%d].dest" % i, reason="bad_dest")
+        rid = revision_id(r["name"], r["revision"])
+        if rid in out:
+            raise PeerError("revisions[%d]: %s is listed twice; list each revision once" % (i, rid),
+                            option="revisions[%d]" % i, reason="duplicate_revision")
+        out[rid] = os.path.abspath(dest)
+    return out
+
+
 def parse_token_sha256(value):
     """The 32-byte digest from ``token_sha256`` (64 hex digits) or :class:`PeerError` naming the option."""
     if not isinstance(value, str) or len(value.strip()) != 64 or not set(value.strip().lower()) <= set("0123456789abcdef"):
         raise PeerError("token_sha256: must be the sha256 of the run's token as 64 hex digits (the role passes "
-                        "model_stage_fanout_token | hash('sha256')); the token itself never goes to the server")
+                        "model_stage_fanout_token | hash('sha256')); the token itself never goes to the server",
+                        option="token_sha256", reason="bad_token_sha256")
     return bytes.fromhex(value.strip().lower())
 
 
@@ -631,7 +679,10 @@ def start(state_dir, address, port, token_sha256, revisions, piece_size, lifetim
     if cur is not None:
         stop(state_dir, address, port)
     os.makedirs(state_dir, mode=0o700, exist_ok=True)
-    offers = dict((rid, Offer(dest, piece_size)) for rid, dest in revisions.items())
+    try:
+        offers = dict((rid, Offer(dest, piece_size)) for rid, dest in revisions.items())
+    except _marker.StageError as e:  # a dest check_revisions would have refused (a caller that skipped it)
+        raise PeerError("revisions: %s" % e, option="revisions", reason="bad_dest")
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child

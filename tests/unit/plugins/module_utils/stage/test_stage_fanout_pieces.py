@@ -20,6 +20,7 @@ from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_progress
 from ansible_collections.llmops.serving.tests.lib import stage_synth
 from ansible_collections.llmops.serving.tests.lib import fake_peers
+from ansible_collections.llmops.serving.tests.lib.refusals import assert_refused
 
 PIECE = 256 * 1024
 TOKEN = "fanout-test-token-0123456789abcdef"
@@ -218,15 +219,16 @@ def test_throttle_keeps_the_rate():
     assert now[0] == pytest.approx(5.0, abs=0.01)
 
 
-@pytest.mark.parametrize("bad", [{"peers": [{"url": "ftp://x/r/m/r1"}], "peer_token": TOKEN},
-                                 {"peers": [{"url": "http://u:p@h:1/r/m/r1"}], "peer_token": TOKEN},
-                                 {"peers": [{"url": "http://h:1/r/m/r1"}]},
-                                 {"record_pieces": True, "piece_size": 1000},
-                                 {"read_rate_limit": -1}])
-def test_bad_fanout_options_are_refused_before_anything_changes(src, tmp_path, bad):
+@pytest.mark.parametrize("bad, option", [({"peers": [{"url": "ftp://x/r/m/r1"}], "peer_token": TOKEN}, "peers[0].url"),
+                                         ({"peers": [{"url": "http://u:p@h:1/r/m/r1"}], "peer_token": TOKEN}, "peers[0].url"),
+                                         ({"peers": [{"url": "http://h:1/r/m/r1"}]}, "peer_token"),
+                                         ({"record_pieces": True, "piece_size": 1000}, "piece_size"),
+                                         ({"read_rate_limit": -1}, "read_rate_limit")])
+def test_bad_fanout_options_are_refused_before_anything_changes(src, tmp_path, bad, option):
     d = str(tmp_path / "n1" / "m" / "r1")
     with pytest.raises(_stage.StageError) as e:
         _stage.stage(src, d, **bad)
+    assert_refused(e.value, option=option)
     assert TOKEN not in str(e.value) and "u:p" not in str(e.value)
     assert not os.path.exists(os.path.dirname(d))
 

@@ -1,17 +1,22 @@
-"""A copying seed is judged by whether its copy moves, not by how late its board file is rewritten: a receiver
-waits for a seed whose listed pieces keep growing, however old its board looks (a loaded host rewrites it late,
+"""A seed is judged by whether its copy moves, not by how late its board file is rewritten: a receiver waits for a
+seed that keeps listing pieces it never listed before, however old its board looks (a loaded host rewrites it late,
 and a board written late still lists the pieces written meanwhile), and reads the shared filesystem itself once a
-seed has held the same pieces for longer than the bound, however fresh its board is."""
+seed has listed no new piece for longer than the bound, however fresh its board is and however its list shrinks
+and grows back meanwhile: a seed that lies slowly costs bounded time."""
 from __future__ import annotations
 
 import json
+import os
+import threading
+import time
 import types
 
 import pytest
 
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_fanout
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_fanout_wire
-from ansible_collections.llmops.serving.tests.lib import fake_peers
+from ansible_collections.llmops.serving.tests.lib import fake_peers, stage_synth
 
 PIECE = 4096
 N = 8
@@ -49,9 +54,9 @@ def _receiver(tmp_path, clock):
     return rx, fs, seed
 
 
-def _list(held, board_age):
-    """The seed's piece list as it comes off the wire: copying, ``held`` pieces of ``f`` held."""
-    body = json.dumps({"piece_size": PIECE, "state": "copying", "board_age": board_age, "load": 0,
+def _list(held, board_age, state="copying"):
+    """The seed's piece list as it comes off the wire: ``state``, ``held`` pieces of ``f`` held."""
+    body = json.dumps({"piece_size": PIECE, "state": state, "board_age": board_age, "load": 0,
                        "files": {"f": {"size": FILE["size"], "src": [7, 8, 9], "header_sha256": None, "sha256": None,
                                        "have": "1" * held + "0" * (N - held)}}})
     return _stage_fanout_wire.parse_piece_list(body.encode(), PIECE)
@@ -115,17 +120,94 @@ def test_the_default_bound_is_the_stall_rule_of_a_transfer_for_the_seeds_next_pi
     assert bound(seed_stale=7.0) == 7.0
 
 
-def test_the_copy_moves_on_its_first_list_a_new_state_or_more_pieces_held():
-    link = _stage_fanout_wire.PeerLink(SEED, True)
-    assert link.copy_moved_within(1.0, 50.0)  # nothing known yet
-    files = {"f": {"have": "1100"}, "g": {"have": "10"}}
-    link.note_copy("idle", files, 10.0)
-    assert link.moved_at == 10.0
-    link.note_copy("idle", files, 11.0)
-    assert link.moved_at == 10.0 and not link.copy_moved_within(1.0, 11.0)
-    link.note_copy("copying", files, 12.0)
-    assert link.moved_at == 12.0
-    link.note_copy("copying", {"f": {"have": "1110"}, "g": {"have": "10"}}, 13.0)
-    assert link.moved_at == 13.0 and link.copy_moved_within(1.0, 13.5)
-    link.note_copy("copying", {"f": {"have": "1100"}, "g": {"have": "10"}}, 14.0)  # fewer: no progress
-    assert link.moved_at == 13.0
+def test_the_copy_moves_on_its_first_list_a_state_step_forward_or_a_piece_never_listed_before():
+    progress = _stage_fanout_wire.CopyProgress()
+    assert progress.moved_within(1.0, 50.0)  # nothing known yet
+    files = {"f": "1100", "g": "10"}
+    assert progress.note("idle", files, 10.0) == 3 and progress.moved_at == 10.0
+    progress.note("idle", files, 11.0)
+    assert progress.moved_at == 10.0 and not progress.moved_within(1.0, 11.0)
+    progress.note("copying", files, 12.0)
+    assert progress.moved_at == 12.0
+    assert progress.note("copying", {"f": "1110", "g": "10"}, 13.0) == 1
+    assert progress.moved_at == 13.0 and progress.moved_within(1.0, 13.5)
+    progress.note("copying", {"f": "1100", "g": "10"}, 14.0)  # fewer: no progress
+    assert progress.note("copying", {"f": "1110", "g": "10"}, 15.0) == 0  # and back again: none either
+    assert progress.moved_at == 13.0 and progress.count == 4
+    progress.note("idle", {"f": "1110", "g": "10"}, 16.0)  # a state going back is no step forward
+    progress.note("copying", {"f": "1110", "g": "10"}, 17.0)
+    assert progress.moved_at == 13.0
+    progress.note("complete", {"f": "1110", "g": "10"}, 18.0)
+    assert progress.moved_at == 18.0
+
+
+def test_a_seed_whose_list_shrinks_and_grows_back_is_given_up_after_the_bound(tmp_path, clock):
+    rx, fs, seed = _receiver(tmp_path, clock)
+    rx._absorb(seed, _list(3, board_age=0.1))
+    _receive_held(fs, 3)
+    last_new = clock.now
+    while clock.now - last_new < 3 * BOUND:
+        clock.now += 1.0
+        held = 2 if int(clock.now) % 2 else 3  # shrinks, grows back, forever
+        rx._absorb(seed, _list(held, board_age=0.1))
+        assert seed.progress.count == 3
+        assert rx._seed_can_provide("f") == (clock.now - last_new < BOUND), clock.now - last_new
+    fs_, i, link = rx._pick()
+    assert (fs_, i, link) == (fs, 3, None)  # the next piece from the shared filesystem
+
+
+def test_a_published_seed_that_lists_a_file_with_pieces_missing_is_waited_for_at_most_the_bound(tmp_path, clock):
+    rx, fs, seed = _receiver(tmp_path, clock)
+    rx.seed_wait = BOUND
+    rx._absorb(seed, _list(3, board_age=0.1, state="complete"))  # published, yet pieces 3.. are not listed
+    _receive_held(fs, 3)
+    assert rx._seed_can_provide("f")
+    for _step in range(int(BOUND)):
+        clock.now += 1.0
+        rx._absorb(seed, _list(3, board_age=0.1, state="complete"))
+    assert not rx._seed_can_provide("f")
+    fs_, i, link = rx._pick()
+    assert (fs_, i, link) == (fs, 3, None)
+
+
+@pytest.fixture
+def src(tmp_path):
+    root = str(tmp_path / "shared" / "m" / "r1")
+    stage_synth.write_checkpoint(root, 2 * 1024 * 1024, shards=2, seed=5)
+    return root
+
+
+def test_a_seed_whose_list_oscillates_forever_costs_at_most_the_bound_over_the_wire(src, tmp_path, monkeypatch):
+    """The real receiver and a real piece server whose copy never ends (``oscillate``): the run completes from
+    the shared filesystem within ``seed_stale`` of the seed's last new piece, plus the transfers."""
+    piece = 256 * 1024
+    seed_dest = str(tmp_path / "seed" / "m" / "r1")
+    _stage.stage(src, seed_dest, record_pieces=True, piece_size=piece, fsync=False)
+    init = _stage_fanout.Receiver.__init__
+    stale = 1.0
+
+    def short(self, *args, **kwargs):
+        kwargs.update(timeout=1.0, seed_stale=stale)
+        init(self, *args, **kwargs)
+    monkeypatch.setattr(_stage_fanout.Receiver, "__init__", short)
+    seed = fake_peers.FakePeer(seed_dest, piece, "oscillate")
+    out, d = {}, str(tmp_path / "n1" / "m" / "r1")
+
+    def run():
+        out["result"] = _stage.stage(src, d, peers=[{"url": seed.url, "seed": True}], peer_token=TOKEN,
+                                     piece_size=piece, read_streams=1, fsync=False)
+    try:
+        t0 = time.monotonic()
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        budget = stale + 6.0  # the bound, plus reading 2 MiB and the seed's two pieces a file (took 1.4 s here)
+        t.join(budget)
+        took = time.monotonic() - t0
+        assert not t.is_alive(), "an oscillating seed kept the receiver waiting past %g s" % budget
+    finally:
+        seed.close()
+    r = out["result"]
+    assert fake_peers.same_tree(src, d) and took < budget
+    assert seed.server.lists >= 3  # it did oscillate meanwhile
+    assert r["bytes_from_source"] > 0 and r["bytes_from_peers"] + r["bytes_from_source"] == r["bytes_total"]
+    assert os.path.isdir(d)
