@@ -178,9 +178,11 @@ piece_lists = st.lists(st.tuples(st.sampled_from(_stage_fanout_wire.PEER_STATES 
 @given(lists=piece_lists)
 def test_a_peers_progress_counts_only_pieces_it_never_listed_before(lists):
     """Over any sequence of piece lists, ``count`` is the number of distinct pieces ever listed held (so it only
-    grows), and the copy moves exactly at a list that adds such a piece or raises the state's rank."""
+    grows), and the copy moves exactly at a list that adds such a piece or raises the state's rank: at most
+    ``count + 3`` times in all, so a peer judged by ``moved_within(bound)`` is waited for at most
+    ``(count + 3) * bound`` (the bound the receiver states), whatever its lists do."""
     progress = _stage_fanout_wire.CopyProgress()
-    seen, rank, before = set(), -1, 0
+    seen, rank, before, moves = set(), -1, 0, 0
     for t, (state, haves) in enumerate(lists):
         held = set((rel, i) for rel, have in haves.items() for i, h in enumerate(have) if h == "1")
         new = held - seen
@@ -189,8 +191,10 @@ def test_a_peers_progress_counts_only_pieces_it_never_listed_before(lists):
         seen |= held
         r = _stage_fanout_wire.STATE_RANK[state]
         assert progress.moved_at == (float(t) if new or r > rank else moved_at)
+        moves += progress.moved_at == float(t)
         rank = max(rank, r)
         assert progress.count == len(seen) >= before
+        assert moves <= progress.count + 3
         before = progress.count
 
 

@@ -34,8 +34,9 @@ applied to the seed's next piece, ``timeout + piece_size / MIN_PEER_RATE`` (``re
 ``MIN_PEER_RATE`` when lower): a seed reading the shared filesystem no slower than that gains a piece within it.
 So a seed that lies slowly (a list that oscillates, a copy that never ends, a published state with pieces
 missing) keeps this receiver from the shared filesystem at most ``seed_stale`` after its last new piece, and
-``seed_wait`` before its first list; each piece of the run counts once, so at most ``seed_wait + (pieces + 2) *
-seed_stale`` in all, the time an honest seed copying at the stall rule's rate takes.
+``seed_wait`` before its first list; each piece of the run and each of its three state steps (first list,
+copying, an end) count once, so a seed costs at most ``seed_wait + (pieces + 3) * seed_stale`` in all, the time an
+honest seed copying at the stall rule's rate takes.
 
 Every thread of a run (the poll of each peer, the pulling workers) is started by :meth:`Receiver._spawn`: what a
 thread raises ends the run with that error (a ``StageError`` naming the thread when it is not one already), so no

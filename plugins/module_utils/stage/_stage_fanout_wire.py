@@ -274,10 +274,11 @@ class CopyProgress(object):
 
     What it has listed held is kept as a high-water set per file, so a list that shrinks and grows back again adds
     nothing, and a board rewritten on time without a new piece is no progress either. Each piece of the run, and
-    each step of its state, counts once: a peer judged by ``moved_within(seconds, now)`` keeps a receiver waiting at
-    most ``seconds`` after the last new piece, and at most ``(pieces of the run + 2) * seconds`` in all, the time an
-    honest copy gaining one piece every ``seconds`` takes; whatever its lists do meanwhile. ``count`` is the number
-    of distinct pieces it has listed held, and never goes down.
+    each of the three steps of its state (first list, copying, an end), counts once: a peer judged by
+    ``moved_within(seconds, now)`` keeps a receiver waiting at most ``seconds`` after it last moved, and at most
+    ``(pieces of the run + 3) * seconds`` in all, the time an honest copy gaining one piece every ``seconds`` takes;
+    whatever its lists do meanwhile. ``count`` is the number of distinct pieces it has listed held, and never goes
+    down.
     """
 
     def __init__(self):
