@@ -35,7 +35,10 @@ description:
     and Triton groups pointed at O(mount_path). The copy keeps its path from run to run (an engine left
     running keeps its spec); it is left alone while a process uses it, kept while it equals the published
     files, and replaced otherwise. RV(engine_dir) and RV(env) are what the engine must use.
-  - O(operation=gc) keeps the newest O(keep) fingerprints of O(engine). A fingerprint listed in
+  - O(operation=gc) keeps the newest O(keep) fingerprints of O(engine), newest by the order they were
+    published on this node (a sequence number each manifest records when O(operation=prebuild) or
+    O(operation=sync) puts it in place; no clock takes part, so a cache built while a clock was wrong keeps its
+    place; caches published by an older version, without one, count as older). A fingerprint listed in
     O(in_use), or whose published directory or C(.run/) copy a running process uses, is never removed.
     Copies no process uses go with their fingerprint; stale C(.partial-*) directories whose lock is free
     are removed too. Only real directories count; a symlink where a fingerprint directory, an engine copy or
@@ -160,6 +163,8 @@ options:
       - Fingerprints that O(operation=gc) must keep (mounted by running pods), each a fingerprint or a path to
         its directory or below (for example an engine's C(TRITON_CACHE_DIR)). A path is compared by device and
         inode, however it is spelt (a symlinked root, C(..), a trailing slash, a bind mount).
+      - An entry that names no fingerprint directory of O(engine) protects nothing; it is listed in
+        C(unmatched_in_use) in RV(details) with a warning.
     type: list
     elements: str
     default: []
@@ -271,7 +276,8 @@ details:
     - report - C(new_files) (C(path), C(size), C(change) added or changed), C(missing_files),
       C(published_unchanged), C(worth_publishing) and C(publish_advice).
     - gc - C(kept), C(removed), C(protected), C(mounted), C(removed_runs), C(removed_partials), C(links) (each
-      C(path), C(target), C(what), C(fix)) and C(errors) (each C(path), C(reason)).
+      C(path), C(target), C(what), C(fix)), C(errors) (each C(path), C(reason)) and C(unmatched_in_use) (the
+      O(in_use) entries that name no fingerprint directory).
     - checkout - C(replaced_link) when a symlink stood where the copy goes (the link is replaced, its target
       is never read or written).
   returned: always
@@ -344,6 +350,9 @@ def main():
                             % (item["what"], item["path"], item["target"], item["fix"]))
             for item in res["errors"]:
                 module.warn("%s: %s" % (item["path"], item["reason"]))
+            for entry in res["unmatched_in_use"]:
+                module.warn("in_use: %r names no fingerprint directory of %s under %s, so it protects nothing; "
+                            "fix or remove the entry" % (entry, engine, root))
             module.exit_json(changed=res.pop("changed"), status="done", details=res)
         fp = p["fingerprint"]
         cache_dir = _kcache.fingerprint_dir(root, engine, fp)

@@ -48,12 +48,17 @@ options:
         that leaves O(src), a directory symlink (not followed, it could leave O(src) or loop), a dangling link,
         a FIFO, socket or device, an unreadable directory, and a name the module reserves (top-level names
         starting with C(.llmops-staged), any name ending in C(.llmops-part)) are refused, naming the path.
+      - A name that is not valid UTF-8, or that the O(dest) filesystem cannot hold with the suffix the module
+        adds while copying (C(.llmops-part), so a name over NAME_MAX less 12 bytes; NAME_MAX is 255 bytes on ext4 and XFS), or
+        a path under C(<dest>.partial) over PATH_MAX, is refused before the lock is taken or anything is
+        written, naming the file and the limit (C(reason) V(not_utf8), V(name_too_long), V(path_too_long)).
     type: path
     required: true
   dest:
     description:
       - Published revision directory on local disk, usually C(<root>/<name>/<revision>).
-      - Must not be a symlink, inside O(src) or contain it.
+      - Must not be a symlink, inside O(src) or contain it. Its name with the longest suffix the module puts
+        beside it (C(.removing-XXXXXXXX), 18 bytes) must fit the filesystem's NAME_MAX.
     type: path
     required: true
   state:
@@ -144,6 +149,10 @@ options:
       - After staging, keep this many staged revisions in the parent directory of O(dest) (newest first, O(dest)
         included) and remove older ones that are neither pinned nor in use (see O(state=absent)). Only real
         directories with a valid marker count; O(src) and O(checksums) are never removed. V(0) removes nothing.
+      - Newest means last published on this host, by the sequence number each marker records when its revision
+        is published; no clock takes part (a revision staged while the clock was wrong keeps its place).
+        Revisions whose marker has no sequence (staged by an older version) count as older than all others,
+        in the order of their C(staged_at).
     type: int
     default: 0
   pinned:
@@ -153,6 +162,10 @@ options:
         points at) or paths (relative ones from the working directory). A path names a revision
         however it is spelt - a symlinked root, a trailing slash, C(..), C(//), a bind mount - compared by device
         and inode, never as a string.
+      - Names are compared after Unicode normalisation (NFC), so a pin typed as C(café) protects a directory
+        stored as C(cafe) plus a combining accent (as copied from macOS) and the other way round.
+      - A pin that names no staged revision beside O(dest) protects nothing; it is returned in
+        RV(unmatched_pins) with a warning.
     type: list
     elements: str
     default: []
@@ -365,6 +378,12 @@ pieces_read_back:
   description: Staged files whose piece digests were read back from their copy (O(record_pieces)).
   returned: state=present
   type: int
+unmatched_pins:
+  description: Entries of O(pinned) that name no staged revision beside O(dest) (after Unicode normalisation),
+    so they protected nothing; each is also warned about. Computed when O(keep_revisions) prunes.
+  returned: state=present
+  type: list
+  elements: str
 kept_in_use:
   description:
     - Older revisions O(keep_revisions) would remove but kept because a process uses them, each with C(path),
@@ -450,6 +469,9 @@ def main():
         module.fail_json(msg=str(e))
     except OSError as e:
         module.fail_json(msg="%s: %s (dest %s)" % (getattr(e, "filename", None) or "io", e, p["dest"]))
+    for pin in result.get("unmatched_pins") or ():
+        module.warn("pinned: %r names no staged revision beside %s (names compared after Unicode NFC "
+                    "normalisation), so it protects nothing; fix or remove the entry" % (pin, result["dest"]))
     module.exit_json(**result)
 
 

@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 
-from hypothesis import HealthCheck, Phase, settings, strategies as st
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _safetensors, _stage
@@ -403,3 +403,111 @@ StageMachine.TestCase.settings = settings(
     max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=True, database=None, phases=PHASES,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 test_model_stage_properties = StageMachine.TestCase
+
+
+# ---- clocks and names (docs/reliability.md, "clocks" and "names") -------------------------------------------
+# Each property stages real revisions with the module's code; a failing example is a concrete tree to replay.
+
+NAME_EXAMPLES = max(10, EXAMPLES // 2)
+YEARS = 365 * 86400.0
+
+
+def _write_src(root, name, files):
+    src = os.path.join(root, "shared", name)
+    os.makedirs(src)
+    for rel, data in files.items():
+        with open(os.path.join(src, rel), "wb") as f:
+            f.write(data)
+    return src
+
+
+def _stage_rev(root, name, **kw):
+    src = os.path.join(root, "shared", name)
+    if not os.path.isdir(src):
+        _write_src(root, name, {"config.json": name.encode("utf-8")})
+    return _stage.stage(src, os.path.join(root, "nvme", name), verify="size", fsync=False, **kw)
+
+
+def _staged(root):
+    return sorted(n for n in os.listdir(os.path.join(root, "nvme"))
+                  if not n.endswith((_stage.LOCK_SUFFIX, _stage.PARTIAL_SUFFIX)))
+
+
+@settings(max_examples=NAME_EXAMPLES, deadline=None, derandomize=True, database=None, phases=PHASES)
+@given(offsets=st.lists(st.floats(-20 * YEARS, 20 * YEARS, allow_nan=False), min_size=2, max_size=5),
+       mtimes=st.lists(st.integers(1, 4_000_000_000), min_size=5, max_size=5),
+       keep=st.integers(1, 4))
+def test_clock_skew_never_changes_which_revisions_retention_keeps(offsets, mtimes, keep):
+    """Whatever the clock said while each revision was staged (up to 20 years either way) and whatever mtimes the
+    directories carry, ``keep_revisions`` keeps the last ``keep`` staged: the publish order, never a clock."""
+    from unittest import mock
+    real = time.time
+    root = tempfile.mkdtemp(prefix="llmops-clock-")
+    try:
+        names = ["r%d" % i for i in range(len(offsets))]
+        for i, (name, offset) in enumerate(zip(names, offsets)):
+            with mock.patch.object(time, "time", lambda offset=offset: real() + offset):
+                last = i == len(names) - 1
+                res = _stage_rev(root, name, keep_revisions=keep if last else 0)
+            for j, other in enumerate(_staged(root)):
+                os.utime(os.path.join(root, "nvme", other), (mtimes[j], mtimes[j]))
+        assert _staged(root) == sorted(names[-keep:])
+        assert sorted(res["pruned"]) == sorted(os.path.join(root, "nvme", n) for n in names[:-keep])
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# letters whose NFC and NFD spellings differ, and plain ones (NFKC of each equals its NFC: no compatibility forms)
+ACCENTED = "éèêëàâäçñüöåøÅÉÈÇÑÖ"
+PLAIN_LETTERS = "abcxyz019-_"
+
+
+@settings(max_examples=NAME_EXAMPLES, deadline=None, derandomize=True, database=None, phases=PHASES)
+@given(text=st.text(alphabet=ACCENTED + PLAIN_LETTERS, min_size=1, max_size=12).filter(lambda t: any(c in ACCENTED for c in t)),
+       stored_form=st.sampled_from(["NFC", "NFD"]), typed_form=st.sampled_from(["NFC", "NFD"]),
+       as_path=st.booleans())
+def test_every_unicode_spelling_of_a_pin_protects_the_same_directory(text, stored_form, typed_form, as_path):
+    """A pin typed in either normalisation form (by name or by path) protects the revision stored in either one,
+    and is never reported unmatched."""
+    import unicodedata
+    stored = unicodedata.normalize(stored_form, "rev-" + text)
+    typed = unicodedata.normalize(typed_form, "rev-" + text)
+    root = tempfile.mkdtemp(prefix="llmops-names-")
+    try:
+        _stage_rev(root, stored)
+        _stage_rev(root, "zz-newer")
+        pin = os.path.join(root, "nvme", typed) if as_path else typed
+        res = _stage_rev(root, "zz-newest", keep_revisions=1, pinned=[pin])
+        assert stored in _staged(root), "the pinned revision was pruned"
+        assert res["pruned"] == [os.path.join(root, "nvme", "zz-newer")]
+        assert res["unmatched_pins"] == []
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@settings(max_examples=NAME_EXAMPLES, deadline=None, derandomize=True, database=None, phases=PHASES)
+@given(ascii_part=st.integers(200, 258), wide=st.integers(0, 20), data=st.binary(max_size=64))
+def test_names_near_the_limit_are_refused_up_front_or_staged_never_half_published(ascii_part, wide, data):
+    """A source name near NAME_MAX is staged when it fits with ``.llmops-part`` and refused otherwise, before
+    anything exists beside dest: never a half-copied build directory, a lock left behind or a traceback."""
+    name = ("é" * wide + "n" * ascii_part)
+    while len(name.encode("utf-8")) > 255:  # a name the source filesystem itself can hold
+        name = name[1:]
+    fits = len(name.encode("utf-8")) + len(_stage.PART_SUFFIX) <= 255
+    root = tempfile.mkdtemp(prefix="llmops-len-")
+    try:
+        _write_src(root, "r", {name: data, "config.json": b"{}"})
+        try:
+            _stage_rev(root, "r")
+        except _stage.StageError as e:
+            assert not fits and e.reason == "name_too_long", str(e)
+            assert not os.path.exists(os.path.join(root, "nvme")) or os.listdir(os.path.join(root, "nvme")) == []
+            return
+        assert fits, "a name over NAME_MAX with the suffix was accepted"
+        with open(os.path.join(root, "nvme", "r", name), "rb") as f:
+            assert f.read() == data
+        with open(os.path.join(root, "nvme", "r", _stage.MARKER)) as f:
+            assert sorted(e["path"] for e in json.load(f)["files"]) == sorted([name, "config.json"])
+        assert _staged(root) == ["r"] and not os.path.exists(os.path.join(root, "nvme", "r" + _stage.PARTIAL_SUFFIX))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -7,7 +7,8 @@ whether one can be trusted.
 Layout::
 
     <cache_root>/<engine>/<fingerprint>/            published, verified, never written after publish
-        manifest.json                               components, files (size + sha256), producer, created
+        manifest.json                               components, files (size + sha256), producer, created,
+                                                    sequence (the publish order on this node)
         triton/ inductor/ deep_gemm/ flashinfer/    one subdirectory per cache kind (see KINDS)
         torch_compile/ (vLLM)  sglang/ jit/ (SGLang)
     <cache_root>/<engine>/.run/<fp>-<instance>/     writable copy one engine instance starts on (checkout)
@@ -17,7 +18,16 @@ Layout::
     <cache_root>/.quarantine/<engine>-<fp>-<utc>/   tampered, incomplete or foreign directories
 
 This file owns the layout, the manifest (:func:`write_manifest`, :func:`read_manifest`, :func:`verify_dir`),
-:func:`restore` (verify before a start, quarantine what is unusable) and the per-fingerprint lock. Building,
+publishing (:func:`publish`), :func:`restore` (verify before a start, quarantine what is unusable) and the
+per-fingerprint lock.
+
+The publish order: :func:`publish` renames a built or copied directory into place while ``<cache_root>/<engine>``
+is locked (``_clock.sequence_lock``), after writing into its manifest ``sequence``, one more than every published
+fingerprint's (``_clock.next_sequence``). gc keeps the newest by it (``_kcache_gc``), never by ``created`` (the
+builder's wall clock, possibly another host's: a synced manifest carries the shared store's) or an mtime (which
+``sync`` copies from the store). A directory copied from a store gets this node's next sequence, not the
+store's. A manifest without a valid sequence (written before there were any) counts as older than every one with
+a sequence. Building,
 copying and the engine's own copy are in ``_kcache_build``, garbage collection in ``_kcache_gc``, the hit / miss
 judgement of an engine log in ``_kcache_log``.
 
@@ -37,7 +47,7 @@ import socket
 import stat
 import time
 
-from ansible_collections.llmops.serving.plugins.module_utils.common import _fsutil, _inuse, _paths
+from ansible_collections.llmops.serving.plugins.module_utils.common import _clock, _fsutil, _inuse, _paths
 from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import load_json
 
 MANIFEST = "manifest.json"
@@ -242,6 +252,30 @@ def write_manifest(path, engine, fingerprint, components, label="", host=None, c
     }
     _fsutil.atomic_write_json(os.path.join(path, MANIFEST), manifest, indent=1, sort_keys=True)
     return manifest
+
+
+def manifest_sequence(path):
+    """The valid ``sequence`` of ``path``'s manifest, or None (none recorded, or unreadable)."""
+    try:
+        seq = read_manifest(path).get("sequence")
+    except (OSError, ValueError):
+        return None
+    return seq if _clock.valid_sequence(seq) else None
+
+
+def publish(partial, final, cache_root, engine):
+    """Rename the verified directory ``partial`` to ``final`` with the next publish sequence in its manifest (see
+    the module docstring); returns that sequence. The caller holds ``final``'s fingerprint lock."""
+    eroot = engine_root(cache_root, engine)
+    with _clock.sequence_lock(eroot):
+        published = [os.path.join(eroot, d) for d in os.listdir(eroot) if FP_RE.match(d)]
+        sequence = _clock.next_sequence(manifest_sequence(d) for d in published if is_real_dir(d))
+        man = read_manifest(partial)
+        man["sequence"] = sequence
+        _fsutil.atomic_write_json(os.path.join(partial, MANIFEST), man, indent=1, sort_keys=True)
+        os.rename(partial, final)
+    _fsutil.fsync_dir(eroot)
+    return sequence
 
 
 def read_manifest(path):

@@ -25,7 +25,7 @@ from ansible_collections.llmops.serving.plugins.module_utils.common import _fsut
 from ansible_collections.llmops.serving.plugins.module_utils.engine import _probe
 from ansible_collections.llmops.serving.plugins.module_utils.cache._kcache import (
     CHUNK, DEFAULT_INSTANCE, KCacheError, MANIFEST, RUNS, cache_env, engine_root, file_digest, fingerprint_dir,
-    fingerprint_lock, is_real_dir, is_triton_group, link_entry, make_layout, manifest_entries, quarantine,
+    fingerprint_lock, is_real_dir, is_triton_group, link_entry, make_layout, manifest_entries, publish, quarantine,
     read_manifest, relocate, run_dir, scan_files, symlinks_in, users_of, utc, verify_dir, write_manifest,
 )
 from ansible_collections.llmops.serving.plugins.module_utils.cache._kcache_log import analyze_log
@@ -173,8 +173,7 @@ def prebuild(cache_root, engine, fingerprint, components, warmup, label="", extr
             check = verify_dir(partial, fingerprint, components, allow_extra=False)
             if not check["ok"]:
                 raise KCacheError("prebuild: fresh cache failed its own verification: %s" % check["problems"][:5])
-            os.rename(partial, final)
-            _fsync_dir(eroot)
+            publish(partial, final, cache_root, engine)  # with the next publish sequence (_kcache)
             log("published %s: %d files, %d bytes" % (final, man["file_count"], man["total_bytes"]))
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
@@ -273,8 +272,7 @@ def sync(source_root, cache_root, engine, fingerprint, components, lock_timeout=
             check = verify_dir(partial, fingerprint, components, allow_extra=False)
             if not check["ok"]:
                 raise KCacheError("sync: copy failed verification: %s" % check["problems"][:5])
-            os.rename(partial, final)
-            _fsync_dir(eroot)
+            publish(partial, final, cache_root, engine)  # with the next publish sequence (_kcache)
             dt = time.monotonic() - t0
             log("copied %d files, %d bytes in %.2fs (%.1f MiB/s)" % (len(entries), total, dt, total / max(dt, 1e-6) / 2 ** 20))
         except BaseException:

@@ -4,7 +4,16 @@
 """**PRIVATE** to llmops.serving: removing kernel-cache directories nobody needs (:func:`gc`).
 
 Keeps the newest ``keep`` fingerprints of an engine and every fingerprint in use, by ``in_use`` or by a running
-process (``_inuse``: whatever path it reaches the directory by). Only real directories count: a symlink where a
+process (``_inuse``: whatever path it reaches the directory by). Newest is the publish order, the ``sequence``
+each manifest records when ``_kcache.publish`` puts it in place (``_clock.order_key``), never a wall time: a
+manifest without one (an older version's) counts as older than all with one, ordered among themselves by
+``created`` then the directory's mtime, as before. An ``in_use`` entry that names no fingerprint directory is
+returned in ``unmatched_in_use`` (the module warns), never silently ignored.
+
+An abandoned ``.partial-*`` build directory (its fingerprint's lock free) is removed once it is
+``partial_max_age`` old by the filesystem's own clock (``_clock.filesystem_now``: its mtime against the mtime of a
+file created now beside it), never by this host's clock against a time the filesystem (possibly an NFS server)
+wrote. Only real directories count: a symlink where a
 fingerprint directory, an engine copy or a build directory would be is reported, never followed or removed.
 """
 from __future__ import annotations
@@ -12,9 +21,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import time
 
-from ansible_collections.llmops.serving.plugins.module_utils.common import _paths
+from ansible_collections.llmops.serving.plugins.module_utils.common import _clock, _paths
 from ansible_collections.llmops.serving.plugins.module_utils.cache._kcache import (
     FP_RE, KCacheError, RUNS, engine_root, is_real_dir, link_entry, lock_is_free, read_manifest, users_of, utc,
 )
@@ -78,17 +86,22 @@ def mounted_fingerprints(cache_root, engine, proc_root="/proc"):
     return set(fingerprint_users(cache_root, engine, proc_root)[0])
 
 
-def _created(path):
+def _order(path, name):
+    """``_clock.order_key`` of the published directory ``path``: its manifest's sequence; without one, its old
+    order (``created``, else the directory's mtime, as text)."""
+    man = None
     try:
-        created = read_manifest(path).get("created")
-        if isinstance(created, str) and created:
-            return created
+        man = read_manifest(path)
     except (OSError, ValueError):
         pass
-    try:
-        return utc(os.lstat(path).st_mtime)
-    except OSError:
-        return ""
+    seq = man.get("sequence") if man else None
+    created = man.get("created") if man else None
+    if not (isinstance(created, str) and created):
+        try:
+            created = utc(os.lstat(path).st_mtime)
+        except OSError:
+            created = ""
+    return _clock.order_key(seq, legacy=created, name=name)
 
 
 def check_in_use(in_use):
@@ -115,6 +128,12 @@ def _declared(in_use, dirs):
             if _paths.is_within(entry, d):
                 out.add(fp)
     return out
+
+
+def _unmatched(in_use, dirs):
+    """Entries of ``in_use`` that name no fingerprint directory (published or ``.run/``) of this engine."""
+    fps = set(dirs.values())
+    return [e for e in in_use or () if not _declared([e], dirs) & fps]
 
 
 def _remove(path, res, check_mode):
@@ -147,8 +166,9 @@ def gc(cache_root, engine, keep, in_use=(), proc_root="/proc", check_mode=False,
     check_in_use(in_use)
     eroot = engine_root(cache_root, engine)
     res = {"kept": [], "removed": [], "protected": [], "removed_partials": [], "removed_runs": [], "changed": False,
-           "in_use_by": {}, "links": [], "errors": []}
+           "in_use_by": {}, "links": [], "errors": [], "unmatched_in_use": []}
     if not os.path.isdir(eroot):
+        res["unmatched_in_use"] = list(in_use or ())
         return res
     users, dirs = fingerprint_users(cache_root, engine, proc_root)
     res["links"] = _managed(cache_root, engine)[1]
@@ -156,7 +176,8 @@ def gc(cache_root, engine, keep, in_use=(), proc_root="/proc", check_mode=False,
     protected = _declared(in_use, dirs) | mounted
     published = dict((d, fp) for d, fp in dirs.items() if os.path.dirname(d) == eroot)
     fps = sorted(published.values())
-    fps.sort(key=lambda d: (_created(os.path.join(eroot, d)), d), reverse=True)
+    fps.sort(key=lambda d: _order(os.path.join(eroot, d), d), reverse=True)
+    res["unmatched_in_use"] = _unmatched(in_use, dirs)
     for d in fps:  # in-use fingerprints are kept on top of the newest ``keep``
         if d in protected:
             res["protected"].append(d)
@@ -171,14 +192,15 @@ def gc(cache_root, engine, keep, in_use=(), proc_root="/proc", check_mode=False,
             continue
         if _remove(d, res, check_mode):
             res["removed_runs"].append(os.path.basename(d))
-    now = time.time()
+    now = None
     for d in _listdir(eroot):
         m = re.match(r"^\.partial-([0-9a-f]+)-", d)
         full = os.path.join(eroot, d)
         if not m or not is_real_dir(full):
             continue
         try:
-            age = now - os.lstat(full).st_mtime
+            now = _clock.filesystem_now(eroot) if now is None else now
+            age = _clock.age(now, os.lstat(full).st_mtime)
         except OSError:
             continue
         if age < partial_max_age or not lock_is_free(cache_root, engine, m.group(1)):

@@ -109,12 +109,15 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
     if checksums is None and verify == "sha256" and os.path.isfile(os.path.join(src_real, "SHA256SUMS")):
         checksums = os.path.join(src_real, "SHA256SUMS")
     _stage_layout.check_side_paths(src_real, lay, progress_file, checksums, fleet_slots_dir)
+    # names dest's filesystem cannot hold with this module's suffixes, or that are not UTF-8, are refused now:
+    # no lock file, no build directory, no fan-out receiver ever sees them
+    _stage_layout.check_src_names(src_real, lay)
 
     result = {"changed": False, "dest": lay.dest, "verify": verify, "files_total": 0, "files_copied": 0,
               "files_skipped": 0, "bytes_total": 0, "bytes_copied": 0, "seconds": 0.0,
               "read_bytes_per_second": 0.0, "peak_read_streams": 0, "fleet_wait_seconds": 0.0,
               "direct_io_files": 0, "copied_files": [], "restaged_files": [], "reason": None,
-              "pruned": [], "kept_in_use": [], "bytes_from_source": 0, "bytes_from_peers": 0, "peers_used": [],
+              "pruned": [], "kept_in_use": [], "unmatched_pins": [], "bytes_from_source": 0, "bytes_from_peers": 0, "peers_used": [],
               "bytes_per_peer": {},
               "bad_pieces_rejected": 0, "peers_dropped": [], "pieces_read_back": 0}
     protect = [src_real] + ([checksums] if checksums else []) + ([progress_file] if progress_file else [])
@@ -124,6 +127,7 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
         if keep_revisions:
             pr = prune(lay, keep_revisions, pinned, check_mode=check_mode, proc_root=proc_root, protect=protect)
             result["pruned"], result["kept_in_use"] = pr["removed"], pr["in_use"]
+            result["unmatched_pins"] = pr["unmatched_pins"]
             result["changed"] = result["changed"] or bool(pr["removed"])
         return result
 
@@ -168,7 +172,7 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
                 records = [_plan.kept_record(plan.keep[f["path"]], f, content) for f in files]
                 if record_pieces:
                     _read_back_pieces(lay.real, lay.real, records, piece_size, read_streams, direct_io, result)
-                _marker.write_marker(lay.real, src_real, _marker.min_level(records), records, fsync)
+                _publish.rewrite_marker(lay, src_real, records, fsync)
                 result.update(changed=True, files_skipped=len(files))
                 if diff:
                     result["diff"] = _diff(mstate.marker.records, files, lay.dest)
@@ -343,14 +347,14 @@ def _pieces_for_published(lay, src_real, marker, piece_size, streams, direct_io,
         _read_back_pieces(lay.real, lay.real, missing[start:start + max(1, streams)], piece_size, streams,
                           direct_io, result)
         _marker.write_marker(lay.real, src_real, _marker.min_level(marker.records), marker.records, fsync,
-                             piece_size=piece_size)
+                             piece_size=piece_size, sequence=marker.sequence)  # not a new publish: same place
     result["changed"] = True
     result["reason"] = "piece digests read back from the staged copy (staged without them), so it can seed peers"
 
 
 def _scan_src_and_marker(src_real, lay, result):
     """List src, record its totals in ``result`` and read dest's marker; refuse a dest not staged by us."""
-    files = _stage_layout.scan_src(src_real)
+    files = _stage_layout.scan_src(src_real, lay)
     result["files_total"] = len(files)
     result["bytes_total"] = sum(f["size"] for f in files)
     mstate = _marker.read_marker(lay.real) if os.path.isdir(lay.real) else _marker.MarkerState("none")

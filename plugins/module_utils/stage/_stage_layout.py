@@ -19,6 +19,16 @@ a dangling link, a FIFO, socket or device, an unreadable directory and a name mo
 files (``_stage_marker.reserved``) are refused with the path and the fix, so a listing is never silently
 incomplete.
 
+Names (``_names``): ``dest``'s name with the suffixes model_stage adds beside it (``.partial``, ``.lock``,
+``.removing-XXXXXXXX``) and every source name with the one it adds in the build directory (``.llmops-part``) must
+fit the dest filesystem's ``NAME_MAX``, every path written under ``<dest>.partial`` its ``PATH_MAX``, and every
+name must be UTF-8 (the marker, the journal and the fan-out wire record names as JSON text).
+:func:`check_src_names` refuses one that does not, naming the file and the limit, before the lock is taken or
+anything is created; :func:`scan_src` applies the same rule to what it lists.
+
+:func:`revisions` lists the staged revisions beside ``dest`` (real directories with a marker file) for pruning
+and for the publish order (``_stage_publish``).
+
 Deleting there goes through :func:`remove_tree`: the tree first vanishes from its name in one ``rename`` (to
 ``<name>.removing-<random>``, which no listing or prune counts as a revision), then the renamed tree is deleted,
 so no reader ever sees a half-deleted revision under its name.
@@ -30,6 +40,7 @@ import shutil
 import stat
 import uuid
 
+from ansible_collections.llmops.serving.plugins.module_utils.common import _names
 from ansible_collections.llmops.serving.plugins.module_utils.common import _paths
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_marker
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_marker import StageError
@@ -37,6 +48,14 @@ from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_marker
 PARTIAL_SUFFIX = ".partial"
 LOCK_SUFFIX = ".lock"
 REMOVING_INFIX = ".removing-"
+#: What model_stage appends to dest's name beside it, each in its longest form (:func:`remove_tree`'s grave).
+DEST_SUFFIXES = (PARTIAL_SUFFIX, LOCK_SUFFIX, REMOVING_INFIX + "x" * 8)
+#: What it appends to a source file's name in the build directory (a file in flight).
+FILE_SUFFIXES = (_stage_marker.PART_SUFFIX,)
+
+
+def _refuse_name(e):
+    return StageError(str(e), file=e.file, reason=e.reason)
 
 
 class Layout(object):
@@ -51,6 +70,11 @@ class Layout(object):
         if not name or name in (".", ".."):
             raise StageError("dest: %s does not name a directory; use <root>/<name>/<revision>" % dest)
         self.parent = os.path.realpath(os.path.dirname(given) or ".")
+        try:
+            _names.check_encoding(name, "dest", dest)
+            _names.check_component(name, DEST_SUFFIXES, "dest", self.parent, path=dest)
+        except _names.NameRefused as e:
+            raise _refuse_name(e)
         if os.path.realpath(os.path.dirname(self.dest)) != self.parent:
             self.dest = os.path.join(self.parent, name)  # never show a spelling that names another directory
         self.real = os.path.join(self.parent, name)
@@ -132,9 +156,52 @@ def check_side_paths(src_real, lay, progress_file=None, checksums=None, fleet_sl
                                  % (d, what, root))
 
 
-def scan_src(root):
-    """Regular files under ``root`` (a real path): list of dicts sorted by path (see the module docstring)."""
+class _NameRule(object):
+    """The name rule of one run (``_names``): every source name UTF-8; a file's name with ``.llmops-part``
+    within the dest filesystem's ``NAME_MAX``; its path in the build directory within ``PATH_MAX``."""
+
+    def __init__(self, lay):
+        self.partial = lay.partial if lay else None
+        where = lay.parent if lay else None
+        self.name_max = _names.name_max(where) if lay else _names.NAME_MAX
+        self.path_max = _names.path_max(where) if lay else _names.PATH_MAX
+
+    def check(self, rel, full, is_file):
+        try:
+            _names.check_encoding(full, "src")
+            _names.check_component(os.path.basename(rel), FILE_SUFFIXES if is_file else (), "src",
+                                   limit=self.name_max, path=full)
+            if self.partial:
+                _names.check_path(os.path.join(self.partial, rel) + (FILE_SUFFIXES[0] if is_file else ""), "src",
+                                  limit=self.path_max, shown_as=full)
+        except _names.NameRefused as e:
+            raise _refuse_name(e)
+
+
+def check_src_names(src_real, lay):
+    """Refuse a name under ``src_real`` that dest's filesystem cannot hold with model_stage's suffixes, or that is
+    not UTF-8 (see the module docstring); reads names only, before the lock is taken."""
+    rule = _NameRule(lay)
+    prefix = src_real.rstrip("/") + "/"
+
+    def walk_error(err):
+        raise StageError("src: cannot list %s: %s; make the revision readable"
+                         % (_names.shown(err.filename), err.strerror))
+
+    for dirpath, dirnames, filenames in os.walk(src_real, onerror=walk_error):
+        for d in dirnames:
+            full = os.path.join(dirpath, d)
+            rule.check(full[len(prefix):], full, False)
+        for fn in filenames:
+            full = os.path.join(dirpath, fn)
+            rule.check(full[len(prefix):], full, True)
+
+
+def scan_src(root, lay=None):
+    """Regular files under ``root`` (a real path): list of dicts sorted by path (see the module docstring);
+    names are checked against ``lay``'s filesystem where given (:func:`check_src_names`)."""
     files = []
+    rule = _NameRule(lay)
 
     def walk_error(err):
         raise StageError("src: cannot list %s: %s; make the revision readable" % (err.filename, err.strerror))
@@ -144,6 +211,7 @@ def scan_src(root):
         dirnames.sort()
         for d in dirnames:
             full = os.path.join(dirpath, d)
+            rule.check(full[len(prefix):], full, False)
             _check_name(full[len(prefix):], full)
             if os.path.islink(full):
                 raise StageError("src: %s is a symlink to a directory (%s); model_stage does not follow directory "
@@ -152,6 +220,7 @@ def scan_src(root):
         for fn in sorted(filenames):
             full = os.path.join(dirpath, fn)
             rel = full[len(prefix):]
+            rule.check(rel, full, True)
             _check_name(rel, full)
             try:
                 st = os.lstat(full)
@@ -193,6 +262,31 @@ def _kind(mode):
     if stat.S_ISDIR(mode):
         return "a directory"
     return "a special file"
+
+
+def revisions(parent, skip=None):
+    """``[(path, MarkerState)]`` of the staged revisions in ``parent``: real directories (never a symlink) holding a
+    marker file, valid or not, other than ``skip`` (a name), a build directory, a lock or a tree being deleted;
+    sorted by name."""
+    out = []
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        return out
+    for name in names:
+        if name == skip or name.endswith(PARTIAL_SUFFIX) or name.endswith(LOCK_SUFFIX) or REMOVING_INFIX in name:
+            continue
+        path = os.path.join(parent, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            continue
+        ms = _stage_marker.read_marker(path)
+        if ms.kind in ("ok", "bad"):
+            out.append((path, ms))
+    return out
 
 
 def walk_leaves(root):

@@ -6,8 +6,12 @@
 Two files hold the record, both made of :class:`FileRecord` entries:
 
 * ``<dest>/.llmops-staged.json``, the completion marker: ``format``, ``source`` (real path of src), ``verify``,
-  ``host``, ``staged_at``, ``files`` and, where files carry piece digests, ``piece_size``. Format 3 adds the
-  piece digests; a format 2 marker is read as before (its files simply have none). It is written into ``<dest>.partial`` and published with it.
+  ``host``, ``staged_at``, ``sequence``, ``files`` and, where files carry piece digests, ``piece_size``. Format 3
+  adds the piece digests; a format 2 marker is read as before (its files simply have none). It is written into
+  ``<dest>.partial`` and published with it. ``sequence`` is the revision's place in the publish order beside it
+  (``_clock.next_sequence`` under ``_clock.sequence_lock`` of the parent, see ``_stage_publish``): pruning keeps
+  the newest by it, never by ``staged_at`` (a wall time, for people) or an mtime. A marker without one (written
+  before sequences existed) is valid and counts as older than every marker with one.
 * ``<dest>.partial/.llmops-staged.journal``: one JSON line per file completed in the partial dir, so a resumed
   run (possibly from another source) knows where each file came from.
 
@@ -48,6 +52,7 @@ import stat
 import threading
 import time
 
+from ansible_collections.llmops.serving.plugins.module_utils.common import _clock
 from ansible_collections.llmops.serving.plugins.module_utils.common import _fsutil
 from ansible_collections.llmops.serving.plugins.module_utils.common import _paths
 from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import (
@@ -248,11 +253,12 @@ class FileRecord(object):
 
 
 class Marker(object):
-    def __init__(self, source, verify, staged_at, records, piece_size=None):
+    def __init__(self, source, verify, staged_at, records, piece_size=None, sequence=None):
         self.source = source
         self.piece_size = piece_size
         self.verify = verify
         self.staged_at = staged_at
+        self.sequence = sequence        # None: written before sequences existed
         self.records = records          # list, in file order
         self.files = dict((r.path, r) for r in records)
 
@@ -286,6 +292,9 @@ def parse_marker(doc, where):
     staged_at = doc.get("staged_at")
     if not isinstance(staged_at, (int, float)) or isinstance(staged_at, bool):
         raise RecordError("%s: staged_at must be a number" % where)
+    sequence = doc.get("sequence")
+    if sequence is not None and not _clock.valid_sequence(sequence):
+        raise RecordError("%s: sequence must be an integer of at least 1" % where)
     files = doc.get("files")
     if not isinstance(files, list):
         raise RecordError("%s: files must be a list" % where)
@@ -296,7 +305,7 @@ def parse_marker(doc, where):
             raise RecordError("%s lists %s twice" % (where, r.path))
         seen.add(r.path)
         records.append(r)
-    return Marker(source, doc["verify"], float(staged_at), records, piece_size)
+    return Marker(source, doc["verify"], float(staged_at), records, piece_size, sequence)
 
 
 def _read_json_file(path, limit):
@@ -338,9 +347,10 @@ def marker_piece_size(records):
     return max(set(sizes), key=sizes.count) if sizes else None
 
 
-def write_marker(directory, source, verify, records, fsync=True, piece_size=None):
+def write_marker(directory, source, verify, records, fsync=True, piece_size=None, sequence=None):
     """Write the marker into ``directory`` atomically (``_fsutil.atomic_write_json``); ``piece_size`` (default:
-    the one most records carry) is the piece size whose digests it keeps."""
+    the one most records carry) is the piece size whose digests it keeps; ``sequence`` its place in the publish
+    order (``_stage_publish.publish_sequence``; None writes none)."""
     piece_size = piece_size or marker_piece_size(records)
     files = []
     for r in records:
@@ -352,6 +362,8 @@ def write_marker(directory, source, verify, records, fsync=True, piece_size=None
            "staged_at": time.time(), "files": files}
     if piece_size:
         doc["piece_size"] = piece_size
+    if sequence is not None:
+        doc["sequence"] = sequence
     _fsutil.atomic_write_json(os.path.join(directory, MARKER), doc, mode=0o644, fsync=fsync, indent=1, sort_keys=True)
 
 

@@ -4,9 +4,16 @@
 """**PRIVATE** to llmops.serving: deleting staged revisions (``state: absent`` and ``keep_revisions``).
 
 Only what model_stage staged is ever deleted: a directory carrying its marker file (:func:`remove`; a broken
-marker is still ours) or, for pruning, a real directory with a valid marker beside ``dest`` (:func:`prune`,
-newest ``staged_at`` kept). Nothing is deleted that is pinned (:func:`is_pinned`: by absolute path, or by
-revision name), in use (:func:`users`, the ``_inuse`` scan: a process with a file below it open or mapped, its
+marker is still ours) or, for pruning, a real directory with a valid marker beside ``dest`` (:func:`prune`).
+Pruning keeps the newest by the marker's ``sequence``, the publish order (``_stage_publish``,
+``_clock.order_key``), never by ``staged_at`` or an mtime: a revision staged while the clock was a year ahead
+does not outlive newer ones. A marker without a sequence (written before there were any) counts as older than
+every marker with one, and such markers keep their old order (``staged_at``) among themselves.
+
+Nothing is deleted that is pinned (:func:`is_pinned`: by path, or by revision name, compared after Unicode
+normalisation with ``_names.same_name``, so a pin typed in NFC protects the directory stored in NFD); a pin
+that names no staged revision beside ``dest`` is returned in ``unmatched_pins`` (the module warns), never
+silently ignored. Nothing is deleted that is in use (:func:`users`, the ``_inuse`` scan: a process with a file below it open or mapped, its
 working or root directory there, or a mount of it in its mount namespace), or overlaps the running stage's src,
 manifest or progress file. Each deletion holds the revision's lock (``_stage_lock``), deletes it with one rename first
 (``_stage_layout.remove_tree``) and deletes the lock file while holding it.
@@ -14,9 +21,10 @@ manifest or progress file. Each deletion holds the revision's lock (``_stage_loc
 from __future__ import annotations
 
 import os
-import stat
 
+from ansible_collections.llmops.serving.plugins.module_utils.common import _clock
 from ansible_collections.llmops.serving.plugins.module_utils.common import _inuse
+from ansible_collections.llmops.serving.plugins.module_utils.common import _names
 from ansible_collections.llmops.serving.plugins.module_utils.common import _paths
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_layout
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_marker as _marker
@@ -37,7 +45,8 @@ def is_pinned(dest, pinned):
     revision directory name, or the name of a symlink beside the revisions that points at one (``current``);
     anything else is a path (relative to the working directory when relative) and names
     ``dest`` when it is the same directory however it is spelt (``_paths.same_path``: symlinked root, ``..``,
-    ``//``, a bind mount)."""
+    ``//``, a bind mount). Names are compared after Unicode normalisation (``_names.same_name``; a path's
+    components are looked up in whatever spelling they are stored, ``_names.find_spelling``)."""
     name = os.path.basename(dest.rstrip("/"))
     parent = os.path.dirname(dest.rstrip("/"))
     for p in pinned:
@@ -48,11 +57,25 @@ def is_pinned(dest, pinned):
             continue
         if "/" not in bare:
             # the revision's name, or a link beside it naming it ("current" -> the revision it points to)
-            if bare == name or (bare not in (".", "..") and _paths.same_path(os.path.join(parent, bare), dest)):
+            if _names.same_name(bare, name):
                 return True
-        elif _paths.same_path(p, dest):
+            if bare not in (".", ".."):
+                link = _names.find_spelling(os.path.join(parent, bare))
+                if link and _paths.same_path(link, dest):
+                    return True
+            continue
+        spelt = _names.find_spelling(bare)
+        if spelt and _paths.same_path(spelt, dest):
+            return True
+        pin_parent = _names.find_spelling(os.path.dirname(bare) or "/")
+        if pin_parent and _paths.same_path(pin_parent, parent) and _names.same_name(os.path.basename(bare), name):
             return True
     return False
+
+
+def unmatched_pins(paths, pinned):
+    """The entries of ``pinned`` that name none of ``paths`` (see :func:`is_pinned`), in their order."""
+    return [p for p in pinned if not any(is_pinned(path, [p]) for path in paths)]
 
 
 _VIA = {"fd": "has %s open", "map": "maps %s", "cwd": "works in %s", "root": "is chrooted in %s",
@@ -118,31 +141,26 @@ def remove(dest, pinned=(), check_mode=False, lock_timeout=3600, proc_root="/pro
 
 
 def prune(dest, keep, pinned=(), check_mode=False, proc_root="/proc", protect=()):
-    """Keep the newest ``keep`` staged revisions beside ``dest`` (``dest`` always counts as kept).
+    """Keep the newest ``keep`` staged revisions beside ``dest`` (``dest`` always counts as kept), newest by the
+    publish order (see the module docstring).
 
     Only real directories with a valid marker count as revisions; one that overlaps a path in ``protect`` (the
     run's src, manifest, progress file) is never removed. Each removal holds the revision's lock and checks for
-    users under it.
+    users under it. ``unmatched_pins`` in the result lists the pins that name no staged revision here.
     """
     lay = dest if isinstance(dest, _stage_layout.Layout) else _stage_layout.Layout(dest)
-    out = {"removed": [], "in_use": []}
+    out = {"removed": [], "in_use": [], "unmatched_pins": []}
     if not os.path.isdir(lay.parent):  # check mode before the first staging
+        out["unmatched_pins"] = unmatched_pins([lay.real], pinned)
         return out
-    revs = []
-    for name in sorted(os.listdir(lay.parent)):
-        path = os.path.join(lay.parent, name)
-        if name == lay.name or name.endswith(_stage_layout.PARTIAL_SUFFIX) or name.endswith(_stage_layout.LOCK_SUFFIX) \
-                or _stage_layout.REMOVING_INFIX in name:
+    revs, staged = [], [lay.real]
+    for path, ms in _stage_layout.revisions(lay.parent, skip=lay.name):
+        staged.append(path)
+        if ms.kind != "ok" or any(p and _paths.overlaps(path, p) for p in protect):
             continue
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        if not stat.S_ISDIR(st.st_mode) or any(p and _paths.overlaps(path, p) for p in protect):
-            continue
-        ms = _marker.read_marker(path)
-        if ms.kind == "ok":
-            revs.append((ms.marker.staged_at, path))
+        m = ms.marker
+        revs.append((_clock.order_key(m.sequence, legacy=m.staged_at, name=os.path.basename(path)), path))
+    out["unmatched_pins"] = unmatched_pins(staged, pinned)
     revs.sort(reverse=True)
     for _ts, path in revs[max(keep - 1, 0):]:
         if is_pinned(path, pinned):

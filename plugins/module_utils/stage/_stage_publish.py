@@ -10,6 +10,12 @@ limits) so they are copied instead. :func:`publish` writes the marker into the b
 ``rename`` (or a ``renameat2(RENAME_EXCHANGE)`` with the previous revision) makes it ``dest``, so nothing
 half-copied is ever at ``dest``; the copies' stats are taken again afterwards and the marker rewritten when
 they moved.
+
+The publish order: the marker records ``sequence``, one more than the largest sequence of the revisions beside
+``dest`` (:func:`publish_sequence`), taken while the parent directory is locked (``_clock.sequence_lock``) and
+held until the rename, so two runs publishing beside each other never take one number. Pruning keeps the
+newest by it (``_stage_prune``); no wall clock takes part, so a run whose clock was a year ahead cannot make its
+revision outlive newer ones.
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ import errno
 import os
 import shutil
 
+from ansible_collections.llmops.serving.plugins.module_utils.common import _clock
 from ansible_collections.llmops.serving.plugins.module_utils.common import _fsutil
 from ansible_collections.llmops.serving.plugins.module_utils.common import _paths
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_layout
@@ -55,30 +62,53 @@ def link_kept(lay, keep, records, by_path, content, journal):
     return failed
 
 
+def publish_sequence(lay):
+    """The next place in the publish order beside ``dest`` (call it under ``_clock.sequence_lock(lay.parent)``):
+    one more than every sequence a revision there records, ``dest``'s own previous one included."""
+    return _clock.next_sequence(ms.marker.sequence for _path, ms in _stage_layout.revisions(lay.parent)
+                                if ms.kind == "ok")
+
+
+def rewrite_marker(lay, src_real, records, fsync):
+    """Rewrite the published revision's marker in place (its files are kept, the record changed): a new publish,
+    so it takes the next sequence."""
+    with _clock.sequence_lock(lay.parent):
+        _marker.write_marker(lay.real, src_real, _marker.min_level(records), records, fsync,
+                             sequence=publish_sequence(lay))
+
+
 def publish(lay, src_real, records, fsync):
     """Marker into the partial dir, then one rename (or exchange with the old revision) makes it dest.
 
     Hard links shared with the old revision change their ctime when the old tree is deleted, so the copies'
-    stats are taken again afterwards and the marker rewritten when they moved.
+    stats are taken again afterwards and the marker rewritten when they moved (with the same sequence).
     """
-    _marker.write_marker(lay.partial, src_real, _marker.min_level(records), records, fsync)
-    _stage_layout.try_unlink(os.path.join(lay.partial, _marker.JOURNAL))
-    if fsync:
-        _fsutil.fsync_dir(lay.partial)
-    if os.path.lexists(lay.real):
-        if _exchange(lay.partial, lay.real):
-            shutil.rmtree(lay.partial, ignore_errors=True)  # the previous revision, now at the partial path
+    with _clock.sequence_lock(lay.parent):
+        sequence = publish_sequence(lay)
+
+        def write(directory):
+            _marker.write_marker(directory, src_real, _marker.min_level(records), records, fsync, sequence=sequence)
+
+        write(lay.partial)
+        _stage_layout.try_unlink(os.path.join(lay.partial, _marker.JOURNAL))
+        if fsync:
+            _fsutil.fsync_dir(lay.partial)
+        exchanged = False
+        if os.path.lexists(lay.real):
+            exchanged = _exchange(lay.partial, lay.real)
+            if not exchanged:
+                _stage_layout.remove_tree(lay.real)
+                if _refresh_copy_stats(lay.partial, records):
+                    write(lay.partial)
+                os.rename(lay.partial, lay.real)
         else:
-            _stage_layout.remove_tree(lay.real)
-            if _refresh_copy_stats(lay.partial, records):
-                _marker.write_marker(lay.partial, src_real, _marker.min_level(records), records, fsync)
             os.rename(lay.partial, lay.real)
-    else:
-        os.rename(lay.partial, lay.real)
+    if exchanged:
+        shutil.rmtree(lay.partial, ignore_errors=True)  # the previous revision, now at the partial path
     if fsync:
         _fsutil.fsync_dir(lay.parent)
     if _refresh_copy_stats(lay.real, records):
-        _marker.write_marker(lay.real, src_real, _marker.min_level(records), records, fsync)
+        write(lay.real)
 
 
 _RENAME_EXCHANGE = 2
