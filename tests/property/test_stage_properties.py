@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, event, given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _safetensors, _stage
@@ -485,29 +485,40 @@ def test_every_unicode_spelling_of_a_pin_protects_the_same_directory(text, store
         shutil.rmtree(root, ignore_errors=True)
 
 
-@settings(max_examples=NAME_EXAMPLES, deadline=None, derandomize=True, database=None, phases=PHASES)
-@given(ascii_part=st.integers(200, 258), wide=st.integers(0, 20), data=st.binary(max_size=64))
-def test_names_near_the_limit_are_refused_up_front_or_staged_never_half_published(ascii_part, wide, data):
-    """A source name near NAME_MAX is staged when it fits with ``.llmops-part`` and refused otherwise, before
-    anything exists beside dest: never a half-copied build directory, a lock left behind or a traceback."""
-    name = ("é" * wide + "n" * ascii_part)
-    while len(name.encode("utf-8")) > 255:  # a name the source filesystem itself can hold
+def _near_limit(ascii_part, wide, limit=255):
+    name = "é" * wide + "n" * ascii_part
+    while len(name.encode("utf-8")) > limit:  # a name the filesystem itself can hold
         name = name[1:]
-    fits = len(name.encode("utf-8")) + len(_stage.PART_SUFFIX) <= 255
+    return name
+
+
+@settings(max_examples=NAME_EXAMPLES, deadline=None, derandomize=True, database=None, phases=PHASES)
+@given(ascii_part=st.integers(200, 258), wide=st.integers(0, 20), dest_part=st.integers(220, 255),
+       data=st.binary(max_size=64))
+def test_names_near_the_limit_are_refused_up_front_or_staged_never_half_published(ascii_part, wide, dest_part, data):
+    """A source name near NAME_MAX is staged when it fits with ``.llmops-part``, and dest's name when it fits with
+    ``.removing-XXXXXXXX``; otherwise the run is refused before anything exists beside dest: never a half-copied
+    build directory, a lock left behind or a traceback."""
+    name = _near_limit(ascii_part, wide)
+    dest_name = _near_limit(dest_part, 0)
+    fits = len(name.encode("utf-8")) + len(_stage.PART_SUFFIX) <= 255 and len(dest_name) + 18 <= 255
     root = tempfile.mkdtemp(prefix="llmops-len-")
+    nvme = os.path.join(root, "nvme")
     try:
-        _write_src(root, "r", {name: data, "config.json": b"{}"})
+        src = _write_src(root, "r", {name: data, "config.json": b"{}"})
         try:
-            _stage_rev(root, "r")
+            _stage.stage(src, os.path.join(nvme, dest_name), verify="size", fsync=False)
         except _stage.StageError as e:
             assert not fits and e.reason == "name_too_long", str(e)
-            assert not os.path.exists(os.path.join(root, "nvme")) or os.listdir(os.path.join(root, "nvme")) == []
+            assert not os.path.exists(nvme) or os.listdir(nvme) == []
+            event("refused up front")
             return
-        assert fits, "a name over NAME_MAX with the suffix was accepted"
-        with open(os.path.join(root, "nvme", "r", name), "rb") as f:
+        assert fits, "a name over NAME_MAX with its suffix was accepted"
+        with open(os.path.join(nvme, dest_name, name), "rb") as f:
             assert f.read() == data
-        with open(os.path.join(root, "nvme", "r", _stage.MARKER)) as f:
+        with open(os.path.join(nvme, dest_name, _stage.MARKER)) as f:
             assert sorted(e["path"] for e in json.load(f)["files"]) == sorted([name, "config.json"])
-        assert _staged(root) == ["r"] and not os.path.exists(os.path.join(root, "nvme", "r" + _stage.PARTIAL_SUFFIX))
+        assert sorted(os.listdir(nvme)) == sorted([dest_name, dest_name + _stage.LOCK_SUFFIX])
+        event("staged")
     finally:
         shutil.rmtree(root, ignore_errors=True)

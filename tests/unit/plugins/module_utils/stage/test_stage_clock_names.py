@@ -241,3 +241,22 @@ def test_a_name_that_is_not_utf8_is_refused_before_a_fan_out_receiver_starts(tmp
     assert e.value.reason == "not_utf8"
     assert time.monotonic() - t0 < 30
     assert _nothing_created(tmp_path)
+
+
+@pytest.mark.parametrize("stored, typed", [(NFD, NFC), (NFC, NFD)])
+def test_absent_refuses_a_revision_pinned_in_another_spelling(tmp_path, stored, typed):
+    _stage_at(tmp_path, stored)
+    with pytest.raises(_stage.StageError) as e:
+        _stage.remove(os.path.join(str(tmp_path), "nvme", stored), pinned=[typed])
+    assert str(e.value).startswith("pinned: ")
+    assert stored in _revisions(tmp_path)
+
+
+def test_the_module_fails_with_the_file_and_reason_of_a_name_refusal(tmp_path, run_module):
+    long_name = "m" * 246 + ".bin"
+    src = _src(tmp_path, "r", {long_name: b"x"})
+    out = run_module(model_stage, dict(src=src, dest=os.path.join(str(tmp_path), "nvme", "r"), verify="size"))
+    assert out["failed"] and out["reason"] == "name_too_long"
+    assert out["file"] == os.path.join(src, long_name)
+    assert out["msg"].startswith("src: %s has a 250-byte name (262 with the suffix .llmops-part" % out["file"])
+    assert _nothing_created(tmp_path)
