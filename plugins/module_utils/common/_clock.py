@@ -125,9 +125,10 @@ def sequence_lock(directory, timeout=60.0):
     beside it and publishes with the next one, so two publishers never take the same number. A publisher holds it
     for a listing, one small write and a rename.
 
-    Where the filesystem cannot lock a directory (flock on NFS is emulated with POSIX locks, which need a file
-    open for writing), or another holder keeps it past ``timeout`` seconds, it yields ``False`` and the order of
-    two simultaneous publishers falls back to their names (:func:`order_key`); otherwise ``True``.
+    Where the filesystem cannot lock a directory (an NFS client emulates flock with fcntl byte-range locks,
+    flock(2) NOTES, and an exclusive one needs a file open for writing), or another holder keeps it past
+    ``timeout`` seconds, it yields ``False`` and the order of two simultaneous publishers falls back to their
+    names (:func:`order_key`); otherwise ``True``.
     """
     try:
         fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))

@@ -7,8 +7,9 @@
   spellings: ``é`` as one code point (NFC: what keyboards, Linux tools and most programs produce) or as ``e``
   followed by a combining acute accent (NFD: what macOS HFS+ stored, and what rsync or tar carry over from there).
   Linux filesystems store the bytes they are given and never normalise (ext4 and XFS; ext4's ``casefold`` is an
-  opt-in per directory), so the two spellings are two different directories there; APFS keeps the spelling but
-  compares names normalisation-insensitively. :func:`normal` is NFC (Python's ``unicodedata.normalize("NFC",
+  opt-in per directory), so the two spellings are two different directories there; HFS+ stored every name
+  decomposed, and APFS keeps the spelling but compares names normalisation-insensitively (Apple, "Apple File System
+  Guide", FAQ on Unicode normalization). :func:`normal` is NFC (Python's ``unicodedata.normalize("NFC",
   ...)``, https://docs.python.org/3/library/unicodedata.html#unicodedata.normalize; Unicode Standard Annex #15)
   and :func:`same_name` compares two names after it; :func:`find_spelling` finds the existing path a path names in
   whatever spelling its components are stored. No other file normalises or compares names on its own.
