@@ -68,6 +68,19 @@ options:
     description: C(activeDeadlineSeconds) of each Job.
     type: int
     default: 3600
+  header_secret:
+    description:
+      - Name of the Kubernetes Secret (in O(namespace)) that holds the targets' credential headers (C(Authorization),
+        C(X-Api-Key), C(Cookie), a token-shaped value) as a JSON object under O(header_secret_key). The Jobs read
+        it through C(valueFrom.secretKeyRef) into the client's environment; the value is never in a Job, a file
+        or the result.
+      - Required when a target of the plan sends a credential header (the module fails with
+        C(reason=credential_header) otherwise); the other headers go in the Job's environment as they are.
+    type: str
+  header_secret_key:
+    description: Key of O(header_secret) that holds the headers.
+    type: str
+    default: headers
 extends_documentation_fragment:
   - llmops.serving.attributes
   - llmops.serving.render_dir
@@ -122,6 +135,7 @@ removed:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_inputs, _bench_job, _bench_outdir
+from ansible_collections.llmops.serving.plugins.module_utils.common import _secrets
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_checks, _k8s_engine, _render_dir
 
 
@@ -144,11 +158,20 @@ def _render(params):
     except _bench_inputs.BenchError as e:
         raise _SpecError(str(e))
     affinity = _k8s_engine.pin_to_nodes({}, nodes) if nodes else None
-    objects = [_bench_job.job_manifest(plan, r, params["namespace"], params["image"], python=params["python"],
-                                       tokenizer_host_path=params["tokenizer_host_path"],
-                                       tokenizer_mount=params["tokenizer_mount"], node_selector=params["node_selector"],
-                                       active_deadline=params["active_deadline"], affinity=affinity,
-                                       tolerations=params["tolerations"]) for r in plan["rounds"]]
+    try:
+        objects = [_bench_job.job_manifest(plan, r, params["namespace"], params["image"], python=params["python"],
+                                           tokenizer_host_path=params["tokenizer_host_path"],
+                                           tokenizer_mount=params["tokenizer_mount"],
+                                           node_selector=params["node_selector"],
+                                           active_deadline=params["active_deadline"], affinity=affinity,
+                                           tolerations=params["tolerations"], header_secret=params["header_secret"],
+                                           header_secret_key=params["header_secret_key"]) for r in plan["rounds"]]
+    except _bench_inputs.BenchError as e:
+        raise _SpecError(str(e))
+    # the last net: the collection's one rule over the built Jobs (a credential in any field is refused)
+    net = _secrets.Scan(env_field="env")
+    net.objects(objects)
+    net.refuse(_SpecError)
     return {"objects": objects, "names": [o["metadata"]["name"] for o in objects], "warnings": []}
 
 
@@ -165,10 +188,23 @@ def main():
             nodes=dict(type="list", elements="str", default=[]),
             tolerations=dict(type="list", elements="dict", default=[]),
             active_deadline=dict(type="int", default=3600),
+            header_secret=dict(type="str", no_log=False),  # a Secret's name, not a secret
+            header_secret_key=dict(type="str", default="headers", no_log=False),
             **_render_dir.argument_spec(),
         ),
         supports_check_mode=True,
     )
+    try:
+        plan = _bench_outdir.read_plan(module.params["out_dir"])
+    except _bench_inputs.BenchError:
+        plan = None  # _render names the problem
+    if plan is not None:
+        # credential headers are never shown, and never put into a Job: they come from header_secret
+        module.no_log_values.update(_bench_inputs.secret_header_values(plan["targets"]))
+        try:
+            _bench_job.check_header_secret(plan, module.params["header_secret"])
+        except _bench_inputs.BenchError as e:
+            module.fail_json(**_bench_inputs.failure(e))
     _render_dir.run_module(module, _render, _SpecError, (), always_list_files=True)
 
 

@@ -289,7 +289,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.llmops.serving.plugins.module_utils.cache import (
     _kcache, _kcache_build, _kcache_gc, _kcache_log,
 )
-from ansible_collections.llmops.serving.plugins.module_utils.common import _http, _option_specs
+from ansible_collections.llmops.serving.plugins.module_utils.common import _http, _option_specs, _secrets
 
 NEEDS_COMPONENTS = ("verify", "prebuild", "sync", "checkout")
 
@@ -335,6 +335,7 @@ def main():
     )
     _http.refuse_url_credentials(module, {"warmup_url": "point it at the warmup engine this task starts on this "
                                                         "host, which needs none (http://127.0.0.1:<port>/...)"})
+    _secrets.hide_command_credentials(module, "warmup_command")  # never shown in the result or invocation
     p = module.params
     op, engine, root, proc = p["operation"], p["engine"], p["cache_root"], p["proc_root"]
     if p["keep"] < 1:

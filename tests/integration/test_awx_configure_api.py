@@ -68,7 +68,7 @@ def _configure(api, *args, inputs=None):
 def _expected(value):
     """A value of awx/ as awx_configure.yml sends it: ``{{ llmops_awx_* }}`` given; other Jinja stays (AWX's)."""
     if isinstance(value, str):
-        m = re.match(r"^\{\{ (llmops_awx_\w+) \}\}$", value)
+        m = re.match(r"^\{\{ (?:llmops_awx_literal\.)?(llmops_awx_\w+) \}\}$", value)
         if m:
             return INPUTS[m.group(1)]
         m = re.match(r"^\{\{ (llmops_awx_\w+) \| default\((llmops_awx_\w+)\) \}\}$", value)
@@ -225,3 +225,48 @@ def test_the_inventory_source_path_is_required(api):
     assert rc == 2, out[-3000:]
     assert "set llmops_awx_inventory_path" in out
     assert requests == [] and "TASK [Organization]" not in out
+
+
+# Secrets a controller must store as written: Jinja's comment and expression openers, and text that would be an
+# expression (x{{ 6*7 }}y was stored as x42y, a password holding {# failed the run halfway and printed itself).
+JINJA_SECRETS = {"llmops_awx_scm_token": "scm{#" + os.urandom(4).hex(), "llmops_awx_k8s_token": "x{{ 6*7 }}y",
+                 "llmops_awx_registry_password": "reg{%" + os.urandom(4).hex() + "%}",
+                 "llmops_awx_gateway_token": "gw{{" + os.urandom(4).hex()}
+
+
+def test_secret_inputs_reach_the_controller_literally_and_are_never_shown():
+    with StandInAWX() as server:
+        server.handle("POST", "/api/v2/instance_groups/", {}, {"name": "gpu-runners"})
+        dummy_rc, out, dummy_requests = _configure(server, inputs=dict(INPUTS, **JINJA_SECRETS))
+        creds = server.created("credentials")
+    assert "TASK [Credentials]" in out, out[-3000:]
+    assert creds["llmops source control"]["inputs"]["password"] == JINJA_SECRETS["llmops_awx_scm_token"]
+    assert creds["llmops Kubernetes"]["inputs"]["bearer_token"] == "x{{ 6*7 }}y"
+    assert creds["llmops EE registry"]["inputs"]["password"] == JINJA_SECRETS["llmops_awx_registry_password"]
+    assert creds["llmops gateway token"]["inputs"] == {"gateway_token": JINJA_SECRETS["llmops_awx_gateway_token"]}
+    assert not [k for k, v in JINJA_SECRETS.items() if v in out], "a secret reached the output"
+
+
+def test_a_secret_given_as_a_reference_is_refused_before_anything_changes():
+    with StandInAWX() as server:
+        rc, out, requests = _configure(server, inputs=dict(INPUTS, llmops_awx_k8s_token="{{ vault_k8s_token }}",
+                                                           vault_k8s_token="k8s-" + os.urandom(6).hex()))
+    assert rc == 2, out[-3000:]
+    assert "llmops_awx_k8s_token: the value is a reference to another variable" in " ".join(out.split())
+    assert [r for r in requests if r["method"] != "GET"] == [] and "TASK [Organization]" not in out
+
+
+def test_every_secret_input_of_awx_is_read_literally():
+    """awx/controller_credentials.yml reads each secret input through llmops_awx_literal (the lookup that keeps it
+    from being evaluated), and every secret variable the playbook lists is one it reads there."""
+    import yaml
+
+    with open(os.path.join(ROOT, "playbooks", "awx_configure.yml"), encoding="utf-8") as f:
+        play = yaml.safe_load(f)[0]
+    secret_vars = set(play["vars"]["llmops_awx_secret_vars"])
+    assert set(SECRETS) <= secret_vars
+    for cred in OBJECTS["controller_credentials"]:
+        for key, value in cred.get("inputs", {}).items():
+            names = set(re.findall(r"\b(llmops_awx_\w+)\b", str(value))) - {"llmops_awx_literal"}
+            if names & secret_vars or re.search(r"token|password|key|secret", key):
+                assert str(value).startswith("{{ llmops_awx_literal."), (cred["name"], key, value)

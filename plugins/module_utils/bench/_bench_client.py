@@ -7,7 +7,8 @@
   interpreter as a child process, with :data:`DIGEST_SOURCE` (a SHA-256 of the prompts' token IDs added to its
   result, :func:`prompt_digest`).
 * :func:`client_argv` - one round's command line (``--save-result --save-detailed``), with the plan's load
-  arguments (:func:`load_args`).
+  arguments (:func:`load_args`); never a header: :func:`client_env` puts the target's headers in the client's
+  environment.
 * :func:`samples_from_result` - its per-request ``ttfts``, ``itls``, ``latencies``, ``input_lens``,
   ``output_lens`` and ``errors`` as samples (failed requests kept); :func:`client_summary` - its own summary.
 * :func:`result_from_output` - the result a client that ran elsewhere (a Kubernetes Job, ``_bench_job``) printed
@@ -15,6 +16,7 @@
 """
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -27,13 +29,25 @@ from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted i
 # tokenizer): a SHA-256 over their token IDs (the client's tokenizer, no special tokens; the text itself when no
 # tokenizer is there), added to the client's result as llmops_prompt_digest. Two targets given the same seed and
 # tokenizer get the same digest when they got the same token IDs.
+#
+# The target's headers reach the client in its environment (HEADERS_ENV, and SECRET_HEADERS_ENV from a Kubernetes
+# Secret in a Job), never on its command line, which every local user reads in /proc/<pid>/cmdline. vllm bench serve
+# takes headers only as --header KEY=VALUE arguments (vllm/benchmarks/serve.py, add_cli_args: "--header",
+# nargs="*"; main_async splits each on the first "=" and passes the dict to benchmark() as extra_headers), and
+# prints its parsed arguments; so the wrapper below gives them to benchmark() as extra_headers itself, after the
+# arguments were parsed and printed, and removes the variables from its environment before any request.
 DIGEST_SOURCE = r'''
-import hashlib, json
+import hashlib, json, os
 import vllm.benchmarks.serve as _llmops_serve
 _llmops_benchmark = _llmops_serve.benchmark
+_llmops_headers = {}
+for _llmops_var in ("LLMOPS_BENCH_HEADERS", "LLMOPS_BENCH_SECRET_HEADERS"):
+    _llmops_headers.update(json.loads(os.environ.pop(_llmops_var, "") or "{}"))
 
 
 async def _llmops_digested(*args, **kwargs):
+    if _llmops_headers:
+        kwargs["extra_headers"] = dict(kwargs.get("extra_headers") or {}, **_llmops_headers)
     reqs = kwargs.get("input_requests")
     tok = kwargs.get("tokenizer")
     h, kind, n = hashlib.sha256(), "token_ids", 0
@@ -93,9 +107,21 @@ def client_argv(python, target, rnd, tokenizer, result_dir, result_file, ready_t
         argv += ["--burstiness", "%g" % burstiness]
     if goodput:
         argv += ["--goodput"] + list(goodput)
-    for k, v in sorted(target["headers"].items()):
-        argv += ["--header", "%s=%s" % (k, v)]
     return argv
+
+
+#: The client's environment variables that carry the target's headers as a JSON object (:data:`DIGEST_SOURCE`).
+HEADERS_ENV = "LLMOPS_BENCH_HEADERS"
+SECRET_HEADERS_ENV = "LLMOPS_BENCH_SECRET_HEADERS"
+
+
+def client_env(target, env=None):
+    """``env`` (a copy) with the target's headers in :data:`HEADERS_ENV`: the client reads them there, so no
+    header (an ``Authorization`` among them) is ever on its command line."""
+    out = dict(env or {})
+    out.pop(SECRET_HEADERS_ENV, None)
+    out[HEADERS_ENV] = json.dumps(dict(target.get("headers") or {}), sort_keys=True)
+    return out
 
 
 def prompt_digest(doc):

@@ -9,7 +9,8 @@
 * :func:`check_target` / :func:`probe` - before any load: the target answers, serves the model
   (:func:`served_models`), and one request of each length pair completes (its time bounds what the ladder needs,
   ``_bench_plan.estimate``); :func:`target_alive` - before and after a round, whether it still does.
-* :func:`secret_header_values` - the targets' header values that a module never shows (credentials);
+* :func:`split_headers` / :func:`secret_header_values` - the targets' headers that carry credentials, and their
+  values, which a module never shows;
   :func:`failure` - what a module fails with for a benchmark error.
 * :func:`shown` - a value as an error message shows it.
 """
@@ -354,11 +355,22 @@ def target_alive(target, opener=None, timeout=5):
     return None
 
 
+def split_headers(headers):
+    """``(plain, credential)``: the headers that carry no credential, and those that do by the collection's one
+    rule (:func:`_secrets.is_credential_header` on the name, :func:`_secrets.token_shape` on the value)."""
+    plain, cred = {}, {}
+    for k, v in sorted((headers or {}).items()):
+        if _secrets.is_credential_header(k) or _secrets.token_shape(v) is not None:
+            cred[k] = v
+        else:
+            plain[k] = v
+    return plain, cred
+
+
 def secret_header_values(targets):
-    """The header values of ``targets`` that are credentials (by the header's name or the value's shape): a module
-    adds them to its ``no_log_values``."""
-    return [v for t in targets for k, v in (t.get("headers") or {}).items()
-            if _secrets.is_credential_header(k) or _secrets.token_shape(v) is not None]
+    """The header values of ``targets`` that are credentials (:func:`split_headers`): a module adds them to its
+    ``no_log_values``."""
+    return [v for t in targets for v in split_headers(t.get("headers"))[1].values()]
 
 
 def failure(e):

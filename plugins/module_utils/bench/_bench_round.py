@@ -100,7 +100,9 @@ def run_round(out_dir, plan_doc, index, python, env=None, client_timeout=0, evid
         argv = _bench_client.client_argv(python, target, rnd, plan_doc["tokenizer"], raw_dir, result_name,
                                          ready_timeout=plan_doc.get("ready_timeout_s", 30),
                                          **_bench_client.load_args(plan_doc))
-        rc, seconds = runner(argv, log_path, client_timeout, env)
+        # the target's headers go in the client's environment, never on its command line
+        rc, seconds = runner(argv, log_path, client_timeout,
+                             _bench_client.client_env(target, os.environ if env is None else env))
     doc, refused = None, None
     if rc == 0 and os.path.lexists(raw_path):
         try:

@@ -228,61 +228,37 @@ def post_json(url, payload, headers=None, timeout=DEFAULT_TIMEOUT, opener=None):
 
 
 # ---- credentials in URL options ---------------------------------------------------------------------------- #
+# The rule of what is a credential in a URL is the collection's one rule (_secrets.credential_in_url: userinfo, and
+# query or fragment parameters named like a credential: token, api_key, access_token, key, sig, password).
 
-#: ``scheme://`` as RFC 3986 writes a scheme (any case); what follows up to ``/ ? #`` is the authority.
-_SCHEME_AUTHORITY = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
-_AUTHORITY_END = re.compile(r"[/?#\\]")
-#: Shorter credential parts are not masked on their own (a one-letter mask would garble every message); the
-#: whole ``user:password`` is always masked, and the option's echo is replaced (see refuse_url_credentials).
-_MIN_MASKED = 3
-
-
-def _split_userinfo(value):
-    """``(before, userinfo, after)`` of a URL written with credentials (whitespace removed), else None."""
-    if not isinstance(value, str):
-        return None
-    text = "".join(value.split())
-    m = _SCHEME_AUTHORITY.match(text)
-    start = m.end() if m else (2 if text.startswith("//") else 0)
-    authority = _AUTHORITY_END.split(text[start:], 1)[0]
-    if "@" not in authority:
-        return None
-    userinfo = authority.rsplit("@", 1)[0]
-    return text[:start], userinfo, text[start + len(userinfo) + 1:]
-
-
-def url_userinfo(value):
-    """The credentials written in a URL (``user:password`` of ``scheme://user:password@host``), or None.
-
-    Whitespace and the case of the scheme do not matter (`` HTTP://u:p@h``, ``hTTps://u@h``); without a
-    scheme the text up to the first ``/ ? #`` is taken as the authority (``u:p@h:80``), as a client that adds
-    ``http://`` in front would.
-    """
-    parts = _split_userinfo(value)
-    return parts[1] if parts else None
+from ansible_collections.llmops.serving.plugins.module_utils.common._secrets import (  # noqa: E402,F401
+    credential_in_url, secrets_of, split_userinfo, url_userinfo)
 
 
 def without_userinfo(value):
     """``value`` with its credentials replaced by ``***`` (and, when it has a scheme, its query string too, as
     :func:`shown_url` prints it); ``value`` unchanged when it has none."""
-    parts = _split_userinfo(value)
+    parts = split_userinfo(value)
     if parts is None:
         return value
     text = "%s***@%s" % (parts[0], parts[2])
     return shown_url(text) if parts[0] else text
 
 
+def without_credentials(value):
+    """``value`` as an echo may show it: without userinfo, and without its query and fragment when a parameter
+    there is a credential (``http://h/x?***``)."""
+    text = without_userinfo(value)
+    if not credential_in_url(text):
+        return text
+    base = "".join(str(text).split()).split("#", 1)[0]
+    return base.split("?", 1)[0] + ("?***" if "?" in base else "")
+
+
 def userinfo_secrets(userinfo):
     """What must not be shown of a URL's ``userinfo``: itself (as written and percent-decoded) and its user and
     password parts of at least three characters."""
-    found = set()
-    for text in (userinfo, unquote(userinfo)):
-        if text:
-            found.add(text)
-        for part in text.split(":", 1):
-            if len(part) >= _MIN_MASKED:
-                found.add(part)
-    return found
+    return secrets_of(userinfo)
 
 
 def _url_values(params, path):
@@ -301,10 +277,10 @@ def _url_values(params, path):
 
 
 def credential_problems(params, options):
-    """``[(option as shown, userinfo, container, key)]`` for each URL option of ``params`` that carries
-    credentials. ``options`` maps an option path (``base_url``, ``targets[].url``) to the fix (what to use
-    instead) or to ``(fix, accepts)`` where ``accepts(value)`` says whether the value is a URL at all (for
-    options that take Prometheus text or a URL)."""
+    """``[(option as shown, [(where, secret)], container, key)]`` for each URL option of ``params`` that carries
+    credentials (:func:`_secrets.credential_in_url`). ``options`` maps an option path (``base_url``,
+    ``targets[].url``) to the fix (what to use instead) or to ``(fix, accepts)`` where ``accepts(value)`` says
+    whether the value is a URL at all (for options that take Prometheus text or a URL)."""
     found = []
     for path, fix in options.items():
         accepts = fix[1] if isinstance(fix, tuple) else None
@@ -312,29 +288,32 @@ def credential_problems(params, options):
             value = container.get(key)
             if accepts is not None and not accepts(value):
                 continue
-            userinfo = url_userinfo(value)
-            if userinfo is not None:
-                found.append((shown, userinfo, container, key))
+            creds = credential_in_url(value)
+            if creds:
+                found.append((shown, creds, container, key))
     return found
 
 
 def refuse_url_credentials(module, options):
-    """Fail ``module`` when a URL option carries ``user:password@``, before anything is done.
+    """Fail ``module`` when a URL option carries a credential (``user:password@``, ``?token=``, ``?api_key=``),
+    before anything is done.
 
     The credentials are added to ``module.no_log_values`` and the option's echo in ``invocation`` is replaced
-    by the URL as :func:`shown_url` prints it, so neither the message, the invocation nor any registered result
-    repeats them. ``options`` is as :func:`credential_problems` takes it (option path -> the fix).
+    by the URL without them (:func:`without_credentials`), so neither the message, the invocation nor any
+    registered result repeats them. ``options`` is as :func:`credential_problems` takes it (option path -> fix).
     """
     problems = credential_problems(module.params, options)
     if not problems:
         return
     msgs = []
-    for shown, userinfo, container, key in problems:
-        module.no_log_values.update(userinfo_secrets(userinfo))
-        container[key] = without_userinfo(container[key])
+    for shown, creds, container, key in problems:
+        for dummy, secret in creds:
+            module.no_log_values.update(secrets_of(secret))
+        container[key] = without_credentials(container[key])
         path = re.sub(r"\[\d+\]", "[]", shown)
         fix = options[path][0] if isinstance(options[path], tuple) else options[path]
-        msgs.append("%s: the URL carries credentials (user:password@ before the host), and a URL is shown in "
-                    "results, logs and job events; remove them from the URL and %s" % (shown, fix))
+        what = ", ".join(sorted({w for w, dummy in creds}))
+        msgs.append("%s: the URL carries credentials (%s), and a URL is shown in results, logs and job events; "
+                    "remove them from the URL and %s" % (shown, what, fix))
     module.fail_json(msg="; ".join(msgs), reason="credentials_in_url",
                      options=[shown for shown, dummy, dummy2, dummy3 in problems])

@@ -27,6 +27,12 @@ A value is *not* plain text when it is empty or a boolean word (``--hf-token`` w
 Kubernetes dependent variable ``$(NAME)`` whose ``NAME`` is an env entry with ``valueFrom`` (Kubernetes expands
 it in ``command``, ``args`` and ``env``), or a shell variable ``$NAME`` / ``${NAME}``.
 
+The same rule covers every channel a credential travels through (one function per channel, all on the names
+above): a URL's ``user:password@`` and its query or fragment parameters (:func:`credential_in_url`:
+``?token=``, ``?api_key=``, ``?sig=``), an HTTP header name (:func:`is_credential_header`), and the
+``NAME=value`` words of a command (:func:`credential_words`: ``env HF_TOKEN=...``, ``export OPENAI_API_KEY=...``
+inside ``bash -c``). :class:`Scan` applies all of them to what a renderer or a module puts on a command line.
+
 Nesting cannot hide a credential: JSON arguments (objects or arrays) are parsed by the shared reader
 (``_untrusted``) and walked without recursion; a value nested deeper than ``MAX_DEPTH`` levels cannot be
 checked and is refused as a finding, never passed unchecked.
@@ -36,6 +42,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from urllib.parse import unquote
 
 from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import (
     MAX_DEPTH, UntrustedInput, loads_json, loads_yaml)
@@ -76,7 +83,7 @@ TOKEN_SHAPES = (
 BOOLEAN_WORDS = frozenset({"", "0", "1", "true", "false", "yes", "no", "on", "off", "none", "null"})
 K8S_REF = re.compile(r"^\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)$")
 SHELL_REF = re.compile(r"^\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)$")
-SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh"})
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "ksh", "mksh", "yash", "posh", "busybox"})
 VALUE_FROM_KINDS = ("secretKeyRef", "configMapKeyRef", "fieldRef", "resourceFieldRef")
 MAX_FINDINGS_SHOWN = 8
 TOO_DEEP = ("nests deeper than %d levels, too deep to be checked for credentials, so it is refused; pass a "
@@ -112,7 +119,8 @@ def is_credential_name(name):
     n = normal_name(name)
     if not n or n in NOT_CREDENTIALS:
         return False
-    return n in CREDENTIAL_NAMES or n.rsplit("_", 1)[-1] in CREDENTIAL_WORDS
+    return (n.rsplit("_", 1)[-1] in CREDENTIAL_WORDS or n in CREDENTIAL_NAMES
+            or any(n.endswith("_" + c) for c in CREDENTIAL_NAMES))  # X-AWS-Access-Key-Id, MY_S3_ACCESS_KEY_ID
 
 
 #: HTTP request headers that carry credentials whatever their value looks like: ``Authorization`` and
@@ -126,11 +134,154 @@ def is_credential_header(name):
     return normal_name(name) in CREDENTIAL_HEADERS or is_credential_name(name)
 
 
+#: Query (or fragment) parameters that carry a credential although their name is not a credential name: Azure
+#: shared access signatures (``sig``), AWS SigV4 presigned URLs (``X-Amz-Signature``, ``X-Amz-Credential``) and
+#: the generic ``auth``. Every credential name (``token``, ``api_key``, ``access_token``, ``key``, ``password``)
+#: and every credential header name count too (:func:`is_credential_query_key`).
+CREDENTIAL_QUERY_KEYS = frozenset({"SIG", "SIGNATURE", "X_AMZ_SIGNATURE", "X_AMZ_CREDENTIAL", "AUTH"})
+
+#: ``scheme://`` as RFC 3986 writes a scheme (any case); what follows up to ``/ ? #`` is the authority.
+_SCHEME_AUTHORITY = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+_AUTHORITY_END = re.compile(r"[/?#\\]")
+#: ``NAME=value`` as a shell assignment or a ``--header`` pair writes it (``HF_TOKEN=x``, ``X-Api-Key=x``).
+_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_.\-]*)=(.*)$", re.S)
+#: ``Name: value`` as ``curl -H`` writes a header.
+_HEADER_LINE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):[ \t]*(.+)$", re.S)
+#: Shorter parts of a credential are not masked on their own (a one-letter mask would garble every message).
+MIN_MASKED = 3
+
+
+def is_credential_query_key(name):
+    """True when a URL query (or fragment) parameter of this name carries a credential."""
+    return is_credential_header(name) or normal_name(name) in CREDENTIAL_QUERY_KEYS
+
+
+def split_userinfo(value):
+    """``(before, userinfo, after)`` of a URL written with credentials (whitespace removed), else None.
+
+    Whitespace and the case of the scheme do not matter (`` HTTP://u:p@h``, ``hTTps://u@h``); without a scheme
+    the text up to the first ``/ ? #`` is taken as the authority (``u:p@h:80``), as a client that adds ``http://``
+    in front would."""
+    if not isinstance(value, str):
+        return None
+    text = "".join(value.split())
+    m = _SCHEME_AUTHORITY.match(text)
+    start = m.end() if m else (2 if text.startswith("//") else 0)
+    authority = _AUTHORITY_END.split(text[start:], 1)[0]
+    if "@" not in authority:
+        return None
+    userinfo = authority.rsplit("@", 1)[0]
+    return text[:start], userinfo, text[start + len(userinfo) + 1:]
+
+
+def url_userinfo(value):
+    """The credentials written in a URL (``user:password`` of ``scheme://user:password@host``), or None."""
+    parts = split_userinfo(value)
+    return parts[1] if parts else None
+
+
+def _plain(value):
+    """True when ``value`` is plain text, not empty, a boolean word or a reference (``$NAME``, ``$(NAME)``,
+    ``${NAME}``, ``$(cat /run/secrets/x)``: the shell or Kubernetes puts the value in)."""
+    text = str(value).strip()
+    return bool(text) and text.lower() not in BOOLEAN_WORDS and not text.startswith("$")
+
+
+def credential_in_url(value):
+    """``[(where, secret)]`` for every credential written in the URL ``value``; ``[]`` when it has none.
+
+    ``where`` says which part (``user:password@ before the host``, ``the query parameter token``, ``the
+    fragment parameter access_token``, ``a Hugging Face access token``), ``secret`` is the text as written
+    (for masking; never shown). Query and fragment parameters count by :func:`is_credential_query_key`, so
+    ``?token=``, ``?api_key=``, ``?access_token=``, ``?key=``, ``?sig=`` and ``?password=`` are found the way an
+    environment variable of that name is; a token-shaped value counts wherever it is.
+    """
+    if not isinstance(value, str):
+        return []
+    found = []
+    userinfo = url_userinfo(value)
+    if userinfo is not None:
+        found.append(("user:password@ before the host", userinfo))
+    text = "".join(value.split())
+    rest, dummy, fragment = text.partition("#")
+    query = rest.partition("?")[2]
+    for part, where in ((query, "query"), (fragment, "fragment")):
+        if "=" not in part:
+            continue
+        for pair in re.split(r"[&;]", part):
+            key, dummy2, val = pair.partition("=")
+            key = unquote(key.replace("+", " "))
+            if is_credential_query_key(key) and _plain(unquote(val)):
+                found.append(("the %s parameter %s" % (where, key), val))
+    shape = _token_match(unquote(text))
+    if shape and not any(shape[1] in unquote(s) for dummy3, s in found):
+        found.append((shape[0], shape[1]))
+    return found
+
+
+def secrets_of(text):
+    """What must not be shown of a credential ``text``: itself (as written and percent-decoded) and, for a
+    ``user:password``, each part of at least :data:`MIN_MASKED` characters."""
+    found = set()
+    for t in (text, unquote(text)):
+        if t:
+            found.add(t)
+        for part in t.split(":", 1):
+            if len(part) >= MIN_MASKED:
+                found.add(part)
+    return found
+
+
+def credential_words(argv):
+    """``[(index, name, value)]`` for every ``NAME=value`` word of ``argv`` that sets a credential in plain text.
+
+    ``NAME`` is a credential name or a credential header name (``HF_TOKEN=...`` after ``env`` or ``export``,
+    ``Authorization=Bearer ...`` after ``--header``); the value is plain unless it is empty, a boolean word or
+    a reference the shell or Kubernetes expands (``$VAR``, ``$(NAME)``, ``$(cat /run/secrets/x)``). A shell's
+    script (``bash -c "export OPENAI_API_KEY=...; ..."``) is split into words first (:func:`command_words`).
+    """
+    out = []
+    for i, word in enumerate(command_words(argv)[0]):
+        m = _ASSIGNMENT.match(word) if isinstance(word, str) else None
+        if m and is_credential_header(m.group(1)) and _plain(m.group(2)):
+            out.append((i, m.group(1), m.group(2)))
+    return out
+
+
+def _script_words(script):
+    """The words of a shell script, its operators (``;``, ``&&``, ``|``) split off; quotes removed."""
+    lexer = shlex.shlex(script, posix=True, punctuation_chars=";&|()<>")
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    try:
+        return list(lexer)
+    except ValueError:
+        return script.split()
+
+
+def command_words(command, field="command"):
+    """``(words, fields)`` of an entrypoint with its arguments: a shell's script (``sh -c '...'``, any argument
+    with a space or a newline after a shell) becomes its words; ``fields`` names where each came from."""
+    command = list(command or [])
+    shell = bool(command) and isinstance(command[0], str) and command[0].rsplit("/", 1)[-1] in SHELLS
+    words, fields = [], []
+    for i, tok in enumerate(command):
+        if shell and isinstance(tok, str) and i > 0 and tok != "-c" and (" " in tok or "\n" in tok or "=" in tok):
+            parts = _script_words(tok)
+            words += parts
+            fields += ["%s[%d] (script)" % (field, i)] * len(parts)
+        else:
+            words.append(tok)
+            fields.append("%s[%d]" % (field, i))
+    return words, fields
+
+
 def why_credential_name(name):
     """Why ``name`` is a credential name, for messages (``"the name ends in TOKEN"``)."""
     n = normal_name(name)
-    if n in CREDENTIAL_NAMES:
-        return "%s is a credential name" % n
+    known = [c for c in CREDENTIAL_NAMES if n == c or n.endswith("_" + c)]
+    if known and n.rsplit("_", 1)[-1] not in CREDENTIAL_WORDS:
+        return "%s is a credential name" % known[0]
     return "the name ends in %s" % n.rsplit("_", 1)[-1]
 
 
@@ -210,6 +361,8 @@ class Scan(object):
         if value.strip().lower() in BOOLEAN_WORDS or SHELL_REF.match(value):
             return
         ref = K8S_REF.match(value)
+        if not ref and value.strip().startswith("$"):
+            return  # a shell expansion (${NAME:-}, $(cat /run/secrets/x)): the value comes from elsewhere
         if ref:
             kind = self.refs.get(ref.group(1))
             if kind is None:
@@ -348,16 +501,32 @@ class Scan(object):
                 elif flag:
                     pending = flag
                 elif sep:
-                    self._json_arg(where, value)
-                    self._shape(where, value)
+                    self._word(where, value)
                 continue
             if pending:
                 self._value(where, tok, "plain-text value of %s" % pending)
                 if pending not in MULTI_VALUE_FLAGS:
                     pending = None
                 continue
-            self._json_arg(where, tok)
-            self._shape(where, tok)
+            self._word(where, tok)
+
+    def _word(self, where, tok):
+        """One word that is not a credential flag's value: ``NAME=value`` and ``Name: value`` (a credential name
+        or header), a URL (:func:`credential_in_url`), JSON, token shapes."""
+        m = _ASSIGNMENT.match(tok) or _HEADER_LINE.match(tok)
+        if m and is_credential_header(m.group(1)):
+            self._value(where, m.group(2), "%s is set to a plain-text value (%s)"
+                        % (m.group(1), why_credential_name(m.group(1)) if is_credential_name(m.group(1))
+                           else "a header that carries credentials"))
+            return
+        if "://" in tok or tok.startswith("//"):
+            found = credential_in_url(tok)
+            for what, secret in found:
+                self.findings.append(Finding(where, "a URL with a credential in it (%s)" % what, secret))
+            if found:
+                return
+        self._json_arg(where, tok)
+        self._shape(where, tok)
 
     def _json_arg(self, where, text):
         """A JSON object or array given as text: its credential-named keys are checked at any depth the shared
@@ -382,19 +551,7 @@ class Scan(object):
         """An entrypoint (with its arguments); a shell script is split into words and scanned like arguments."""
         if not command or not isinstance(command, list):
             return
-        shell = isinstance(command[0], str) and command[0].rsplit("/", 1)[-1] in SHELLS
-        words, fields = [], []
-        for i, tok in enumerate(command):
-            if shell and isinstance(tok, str) and i > 0 and tok != "-c" and (" " in tok or "\n" in tok):
-                try:
-                    parts = shlex.split(tok)
-                except ValueError:
-                    parts = tok.split()
-                words += parts
-                fields += ["%s[%d] (script)" % (field, i)] * len(parts)
-            else:
-                words.append(tok)
-                fields.append("%s[%d]" % (field, i))
+        words, fields = command_words(command, field)
         self.argv(words, field, fields)
 
     # ---- built objects --------------------------------------------------------------------------- #
@@ -491,6 +648,32 @@ def _is_number(tok):
     except ValueError:
         return False
     return True
+
+
+def command_credentials(command, field="command"):
+    """``(values, fields)``: the plain-text credentials written in ``command`` (``--api-key X``, ``HF_TOKEN=X``
+    after ``env`` or ``export`` in a shell's script, a URL with ``user:password@`` or ``?token=``, a token-shaped
+    word) by :meth:`Scan.command`, and the fields that hold them."""
+    scan = Scan()
+    scan.command(list(command or []), field)
+    fields = []
+    for f in scan.findings:
+        if f.value and f.field not in fields:
+            fields.append(f.field)
+    return scan.secret_values(), fields
+
+
+def hide_command_credentials(module, *options):
+    """Add the credentials written in the command options ``options`` of ``module`` to its ``no_log_values``, so
+    that neither the result nor its ``invocation`` shows them (:func:`command_credentials`); returns the fields
+    that hold some, for a warning."""
+    fields = []
+    for name in options:
+        values, where = command_credentials(module.params.get(name), name)
+        for value in values:
+            module.no_log_values.update(secrets_of(value))
+        fields += where
+    return fields
 
 
 def unmask_rendered_options(module, names):

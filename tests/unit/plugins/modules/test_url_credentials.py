@@ -127,3 +127,27 @@ def test_urls_without_credentials_pass_the_check(tmp_path):
 def test_userinfo_is_found_and_removed_whatever_the_spelling(url, userinfo, shown):
     assert _http.url_userinfo(url) == userinfo
     assert _http.without_userinfo(url) == (shown if userinfo else url)
+
+
+@pytest.mark.parametrize("query", ["token", "api_key", "access_token", "key", "sig", "password"])
+def test_a_query_string_credential_is_refused_like_userinfo(tmp_path, query):
+    """?token= (and the other credential names) is refused the way user:password@ is: the same reason, the option
+    named, the value in no message, invocation or file."""
+    secret = "q%s" % uuid.uuid4().hex
+    r, raw = run_real("engine_probe", {"base_url": "http://gw.example:80/v1?%s=%s" % (query, secret), "model": "glm",
+                                       "deadline": 0})
+    assert r["failed"] and r["reason"] == "credentials_in_url", r
+    assert r["msg"].startswith("base_url: the URL carries credentials (the query parameter %s)" % query), r["msg"]
+    assert secret not in raw
+    assert r["invocation"]["module_args"]["base_url"] == "http://gw.example:80/v1?***"
+
+
+@pytest.mark.parametrize("index", range(11))
+def test_every_url_option_refuses_a_query_string_credential(tmp_path, index):
+    secret = "q%s" % uuid.uuid4().hex
+    module, args, option, fix = _cases(tmp_path, "http://gw.example:80/x?api_key=%s" % secret)[index]
+    r, raw = run_real(module, args)
+    assert r.get("failed") and r.get("reason") == "credentials_in_url", (module, r)
+    assert r["options"] == [option] and fix in r["msg"], r["msg"]
+    assert secret not in raw, module
+    assert sorted(os.listdir(str(tmp_path))) == [], "%s wrote before refusing" % module

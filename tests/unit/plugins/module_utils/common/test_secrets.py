@@ -368,3 +368,87 @@ def test_credential_headers_by_name(name, credential):
     from ansible_collections.llmops.serving.plugins.module_utils.common import _secrets
 
     assert _secrets.is_credential_header(name) is credential
+
+
+# ---- one rule for every channel: URL userinfo and query, header names, NAME=value words ------------------ #
+
+@pytest.mark.parametrize("url,where", [
+    ("http://gw.example/v1?token=%s" % FAKE, "the query parameter token"),
+    ("https://gw.example/v1?x=1&api_key=%s" % FAKE, "the query parameter api_key"),
+    ("HTTP://gw.example/?access_token=%s" % FAKE, "the query parameter access_token"),
+    ("https://storage.example/blob?sv=2024&sig=%s" % FAKE, "the query parameter sig"),
+    ("https://maps.example/api?key=%s" % FAKE, "the query parameter key"),
+    ("gw.example:80/?password=%s" % FAKE, "the query parameter password"),
+    ("https://app.example/cb#access_token=%s" % FAKE, "the fragment parameter access_token"),
+    ("https://usr:%s@gw.example" % FAKE, "user:password@ before the host"),
+    ("https://gw.example/%s/v1" % HF_FAKE, "a Hugging Face access token"),
+])
+def test_a_url_credential_is_found_in_the_userinfo_the_query_and_the_fragment(url, where):
+    from ansible_collections.llmops.serving.plugins.module_utils.common import _secrets
+
+    found = _secrets.credential_in_url(url)
+    assert [w for w, dummy in found] == [where], found
+    assert any(FAKE in s or HF_FAKE in s for dummy, s in found)
+
+
+@pytest.mark.parametrize("url", [
+    "http://10.0.0.5:8000/v1", "http://h:8000/?who=a@b", "http://h/metrics?name[]=vllm:x",
+    "http://h/v1/completions?max_tokens=16", "http://h/?token=", "http://h/?api_key=$API_KEY",
+    "http://h/?tokenizer=/models/glm", "http://h/?keyword=x",
+])
+def test_a_url_without_credentials_passes(url):
+    from ansible_collections.llmops.serving.plugins.module_utils.common import _secrets
+
+    assert _secrets.credential_in_url(url) == []
+
+
+@pytest.mark.parametrize("argv,name", [
+    (["env", "HF_TOKEN=%s" % FAKE, "vllm", "serve", "/m"], "HF_TOKEN"),
+    (["bash", "-c", "export OPENAI_API_KEY=%s; exec vllm serve /m" % FAKE], "OPENAI_API_KEY"),
+    (["/bin/sh", "-lc", "source /opt/venv/bin/activate && export DB_PASSWORD='%s' && exec vllm serve" % FAKE],
+     "DB_PASSWORD"),
+    (["bash", "-c", "AWS_SECRET_ACCESS_KEY=%s exec vllm serve /m" % FAKE], "AWS_SECRET_ACCESS_KEY"),
+    (["vllm", "bench", "serve", "--header", "Authorization=Bearer %s" % FAKE], "Authorization"),
+    (["vllm", "bench", "serve", "--header", "x-api-key=%s" % FAKE], "x-api-key"),
+])
+def test_a_name_value_word_that_sets_a_credential_is_found_wherever_it_is(argv, name):
+    from ansible_collections.llmops.serving.plugins.module_utils.common import _secrets
+
+    words = _secrets.credential_words(argv)
+    assert [(n, FAKE in v) for dummy, n, v in words] == [(name, True)], words
+    values, fields = _secrets.command_credentials(argv)
+    assert any(FAKE in v for v in values) and fields
+
+
+@pytest.mark.parametrize("argv", [
+    ["env", "HF_TOKEN_PATH=/run/token", "TOKENIZERS_PARALLELISM=false", "vllm", "serve"],
+    ["bash", "-c", "export HF_TOKEN=$(cat /run/secrets/hf); exec vllm serve /m"],
+    ["bash", "-c", "export HF_TOKEN=\"${HF_TOKEN:-}\"; exec vllm serve /m"],
+    ["vllm", "bench", "serve", "--header", "routing-strategy=pd"],
+])
+def test_a_name_value_word_that_reads_its_value_from_elsewhere_passes(argv):
+    from ansible_collections.llmops.serving.plugins.module_utils.common import _secrets
+
+    assert _secrets.credential_words(argv) == []
+    assert _secrets.command_credentials(argv) == ([], [])
+
+
+def test_a_command_with_a_credential_in_a_url_or_a_curl_header_is_found():
+    from ansible_collections.llmops.serving.plugins.module_utils.common import _secrets
+
+    cmd = ["bash", "-c", "curl -H 'Authorization: Bearer %s' http://gw/v1/models?token=q%s && exec vllm serve" % (FAKE, FAKE)]
+    values, fields = _secrets.command_credentials(cmd)
+    assert "Bearer %s" % FAKE in values and "q%s" % FAKE in values
+    assert fields == ["command[2] (script)"]
+
+
+def test_engine_process_masks_a_credential_set_by_env_or_export_everywhere(tmp_path):
+    """engine_process takes the collection's one rule for its command: HF_TOKEN=... after env and an export in
+    bash -c are masked in the result, its invocation and spec.json (before, only --api-key and token shapes were)."""
+    from ansible_collections.llmops.serving.plugins.module_utils.engine import _process
+
+    for cmd in (["env", "HF_TOKEN=%s" % FAKE, "sleep", "30"],
+                ["bash", "-c", "export OPENAI_API_KEY=%s; exec sleep 30" % FAKE]):
+        values, fields = _process.command_secrets(cmd)
+        assert FAKE in values and fields, cmd
+        assert FAKE not in json.dumps(_process.redact(cmd, values))
