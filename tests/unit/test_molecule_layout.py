@@ -23,7 +23,11 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 import molecule_summary  # noqa: E402  (tests/ is not a package)
 
 # Roles without a scenario, and why. A role listed here that gains a scenario must leave the list.
-WITHOUT_SCENARIO = {}
+WITHOUT_SCENARIO = {
+    "upgrade": "it upgrades a serving engine, so a scenario would start two more real engines beside the engine "
+               "scenario's; tests/integration/test_upgrade_local.py runs the role against the real engine (A, three "
+               "B revisions, the rollback, the second run that changes nothing, check mode)",
+}
 # Scenarios without the idempotence step, and why.
 NOT_IDEMPOTENT = {
     "benchmark": "every run is a new measurement: benchmark_plan moves the previous run's files under "
