@@ -39,6 +39,14 @@ description:
     volume that keeps failing to mount, no feasible node even with preemption, a pod evicted under node pressure
     - with the diagnosis of M(llmops.serving.engine_diagnose) (a liveness kill of a serving engine is
     C(engine_hung), an eviction C(evicted)).
+  - With O(workload_name), fails within about a minute when the workload's controller cannot create its pods (Pod
+    Security, a ResourceQuota, an admission webhook) - C(ReplicaFailure) on the Deployment, its ReplicaSet or a
+    StormService's RoleSet, C(FailedCreate) Events on them or on a LeaderWorkerSet's StatefulSets - quoting the API
+    server's refusal. Reading those needs list on C(statefulsets) or C(rolesets.orchestration.aibrix.ai) and on
+    C(events); without them the wait still runs, and times out instead.
+  - Every age it judges (pending, failing, held) is one API time against another - the C(Date) of the API server's
+    answers, the objects' own times - or what this module measured on its monotonic clock; the controller's
+    wall clock is never compared with the cluster's.
   - O(objects) judges recorded objects instead of reading the cluster (once, no polling), by the same code, so a
     wait can be replayed offline.
   - Returns each pod's cold-start timestamps (created, scheduled, container started, Ready).
@@ -125,7 +133,8 @@ options:
   objects:
     description:
       - Recorded objects to judge instead of reading the cluster - what the API returned, for example
-        C(kubectl get pods,replicasets,deployments,events,httproutes -A -o json) (a C(List)) or a list of objects
+        C(kubectl get pods,replicasets,deployments,statefulsets,events,httproutes -A -o json) (a C(List); with a
+        StormService also its C(rolesets)) or a list of objects
         and Lists. Judged once; no credentials are needed. The result is what a poll of those objects would say at
         the moment they were recorded (their newest timestamp), so an old recording does not read as time waited.
       - Fields of the wrong type count as absent; a document nested too deeply or with numbers out of range is
@@ -162,6 +171,7 @@ options:
     description:
       - With O(objects), the response headers of a recorded answer through the gateway (C(target-pod),
         C(target-pod-ip)) to judge in place of O(gateway_url).
+      - Each value is a string, as a header's value is; another type is refused (C(reason=answer_headers_type)).
     type: dict
 extends_documentation_fragment:
   - llmops.serving.attributes.k8s_group
@@ -283,6 +293,9 @@ except ImportError:
 _WORKLOAD_API = {"LeaderWorkerSet": ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
                  "StormService": ("orchestration.aibrix.ai", "v1alpha1", "stormservices")}
 MAX_API_BYTES = 64 * 1024 * 1024
+#: the kinds whose FailedCreate Events say that the workload's pods cannot be created (_k8s_revision.create_failure)
+_CREATORS = {"Deployment": ("Deployment", "ReplicaSet"), "LeaderWorkerSet": ("LeaderWorkerSet", "StatefulSet"),
+             "StormService": ("StormService", "RoleSet")}
 
 
 def _matches(selector, obj):
@@ -324,6 +337,7 @@ def select(params, objects, selected=False, slices_read=False):
         slices = [o for o in of("EndpointSlice", svc[0]) if _matches({_k8s_revision.SERVICE_NAME_LABEL: svc[1]}, o)]
     return dict(pods=[p for p in of("Pod") if selected or _matches(selector, p)], route=route,
                 workload=workload, replicasets=of("ReplicaSet") if workload is not None else None, events=of("Event"),
+                controllers=of("StatefulSet") + of("RoleSet") if workload is not None else None,
                 endpointslices=slices, service="%s/%s" % svc if svc else None)
 
 
@@ -351,6 +365,14 @@ def make_fetch(params):
     def listed(kind, call, *args, **kwargs):
         return _k8s_shape.shape_objects([dict(raw(call, *args, **kwargs), kind=kind + "List")])
 
+    def optional(kind, call, *args, **kwargs):
+        try:
+            return listed(kind, call, *args, **kwargs)
+        except ApiException as e:
+            if e.status not in (403, 404):
+                raise
+            return []  # not installed, or not readable with these credentials: judged without it
+
     def one(kind, call, *args):
         try:
             return _k8s_shape.shape_objects([dict(raw(call, *args), kind=kind)])
@@ -374,7 +396,16 @@ def make_fetch(params):
                 group, version, plural = _WORKLOAD_API[kind]
                 objects += one(kind, custom.get_namespaced_custom_object, group, version, ns, plural,
                                params["workload_name"])
-            objects += listed("Event", core.list_namespaced_event, ns, field_selector="involvedObject.kind=Pod")
+            # the controllers that create the pods: what they fail to create shows on them, not on a pod
+            if kind == "LeaderWorkerSet":
+                objects += optional("StatefulSet", apps.list_namespaced_stateful_set, ns, label_selector="%s=%s" % (
+                    _k8s_revision.LWS_NAME_LABEL, params["workload_name"]))
+            elif kind == "StormService":
+                objects += optional("RoleSet", custom.list_namespaced_custom_object, "orchestration.aibrix.ai",
+                                    "v1alpha1", ns, "rolesets", label_selector="%s=%s" % (
+                                        _k8s_revision.STORM_NAME_LABEL, params["workload_name"]))
+            for involved in ("Pod",) + _CREATORS[kind]:
+                objects += listed("Event", core.list_namespaced_event, ns, field_selector="involvedObject.kind=" + involved)
         svc = service_of(params, next((o for o in objects if o["kind"] == "HTTPRoute"), None)) \
             if params["workload_name"] else None
         if svc is not None:
@@ -525,6 +556,11 @@ def main():
             check_value(p["answer_headers"], "answer_headers")
         except UntrustedInput as e:
             module.fail_json(msg=str(e), reason=e.limit)
+        for name, value in sorted((p["answer_headers"] or {}).items(), key=lambda kv: str(kv[0])):
+            if value is not None and not isinstance(value, str):
+                module.fail_json(msg="answer_headers.%s: must be a string, as a response header's value is (got a %s); "
+                                     "quote it, as the gateway sent it" % (name, type(value).__name__),
+                                 reason="answer_headers_type")
         recorded = select(p, _k8s_shape.shape_objects(p["objects"]))
         run(module, lambda: recorded)
     if not HAS_K8S:

@@ -29,7 +29,20 @@ otherwise), without importing the collection, so the collection's wait cannot pa
   ``ProgressDeadlineExceeded`` when no progress was made for ``progressDeadlineSeconds``.
 * ``pkg/controller/replicaset/replica_set.go`` ``manageReplicas``: create the missing pods, delete the extra ones
   (``getPodsToDelete``: not-ready before ready); ``status.replicas`` counts active pods only
-  (``controller.FilterActivePods``: no ``deletionTimestamp``, not Succeeded/Failed).
+  (``controller.FilterActivePods``: no ``deletionTimestamp``, not Succeeded/Failed). A create the API server
+  refuses is the Warning Event ``FailedCreate`` "Error creating: <error>" on the ReplicaSet
+  (``pkg/controller/controller_utils.go`` ``RealPodControl.createPods``, ``FailedCreatePodReason``; repeats are one
+  Event with a growing count), and ``replica_set_utils.go`` ``calculateStatus`` sets the ReplicaSet condition
+  ``ReplicaFailure`` True, reason ``FailedCreate``, message the error, when it has none (its
+  ``lastTransitionTime`` stays at the first failure), and removes it once creating succeeds;
+  ``pkg/controller/deployment/progress.go`` ``syncRolloutStatus`` / ``getReplicaFailures`` copies it onto the
+  Deployment (the new ReplicaSet's first, ``util.ReplicaSetToDeploymentCondition``) or removes it.
+* Admission of a pod (``Cluster.pod_security``: the namespace's ``pod-security.kubernetes.io/enforce`` level;
+  ``staging/src/k8s.io/pod-security-admission``): ``admission/admission.go`` refuses with
+  ``pods "<name>" is forbidden: violates PodSecurity "baseline:latest": <reason> (<detail>), ...``; the baseline
+  checks used here are ``policy/check_capabilities_baseline.go`` ("non-default capabilities": a capability beyond
+  the default set added), ``check_hostNamespaces.go`` ("host namespaces", ``hostNetwork=true``) and
+  ``check_hostPathVolumes.go`` ("hostPath volumes", ``volume "<name>"``).
 * The kubelet (``pkg/kubelet/prober/worker.go``): liveness and readiness results are ignored until the startup
   probe succeeded (``started``); a probe fails after ``failureThreshold`` consecutive failures, one per
   ``periodSeconds``; ``pkg/kubelet/prober/prober.go`` records ``Unhealthy`` "<Probe> probe failed: ...";
@@ -156,6 +169,7 @@ class Cluster(object):
         self.endpoints_delay, self.gateway_delay = 0, 0
         self._history = []  # (t, pods as the API showed them), for the views that trail it
         self._ips = 0
+        self.pod_security = None  # the namespace's enforced Pod Security level ("baseline"), None: privileged
 
     # ---- API server ------------------------------------------------------------------------------------------
 
@@ -249,6 +263,15 @@ class Cluster(object):
                 rs["spec"]["replicas"] -= down
                 budget -= down
                 self._progress(dep, "ReplicaSetUpdated", "scaled down %s" % rs["metadata"]["name"])
+        # syncRolloutStatus: the ReplicaFailure of the new ReplicaSet, else of any (getReplicaFailures)
+        failures = [c for rs in [new] + old for c in rs["status"].get("conditions", []) if c["type"] == "ReplicaFailure"]
+        dconds = [c for c in dep["status"].get("conditions", []) if c["type"] != "ReplicaFailure"]
+        if failures:
+            c = failures[0]
+            dconds.append({"type": "ReplicaFailure", "status": c["status"], "reason": c["reason"],
+                           "message": c["message"], "lastUpdateTime": c["lastTransitionTime"],
+                           "lastTransitionTime": c["lastTransitionTime"]})
+        dep["status"]["conditions"] = dconds
         # calculateStatus
         st = dep["status"]
         st.update(observedGeneration=dep["metadata"]["generation"],
@@ -287,8 +310,18 @@ class Cluster(object):
     def _sync_replicaset(self, rs):
         active = self._active(rs)
         diff = len(active) - rs["spec"]["replicas"]
+        error = None
         for _i in range(-diff):
-            self._create_pod(rs)
+            error = self._create_pod(rs)
+            if error:
+                break  # slowStartBatch stops at the first error
+        conds = rs["status"].setdefault("conditions", [])
+        failure = next((c for c in conds if c["type"] == "ReplicaFailure"), None)
+        if error and failure is None:
+            conds.append({"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": error,
+                          "lastTransitionTime": self._iso()})
+        elif not error and failure is not None:
+            conds.remove(failure)
         if diff > 0:
             ranked = sorted(active, key=lambda p: (self._ready(p), p["metadata"]["creationTimestamp"]))
             for pod in ranked[:diff]:
@@ -300,9 +333,14 @@ class Cluster(object):
                             availableReplicas=sum(1 for p in active if self._ready(p)))
 
     def _create_pod(self, rs):
+        """Create one pod of ``rs``; the API server's refusal (the error text) when admission denies it."""
         self._uid += 1
         name = "%s-%s" % (rs["metadata"]["name"], compute_hash({"n": self._uid})[:5])
         spec = copy.deepcopy(rs["spec"]["template"]["spec"])
+        refused = self.admit(name, spec)
+        if refused:
+            self._object_event(rs, "Warning", "FailedCreate", "Error creating: %s" % refused, "replicaset-controller")
+            return refused
         self.pods[name] = {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": self.ns, "uid": self._new_uid(), "creationTimestamp": self._iso(),
@@ -314,6 +352,48 @@ class Cluster(object):
                                                            "reason": "Unschedulable", "lastTransitionTime": self._iso(),
                                                            "message": "0/%d nodes are available" % len(self.nodes)}]},
         }
+        return None
+
+    def admit(self, name, spec):
+        """The API server's refusal of a pod ``name`` with ``spec`` (None: admitted): Pod Security at
+        :attr:`pod_security` (see the module docstring)."""
+        if self.pod_security != "baseline":
+            return None
+        found = []
+        default_caps = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE",
+                        "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+        bad = [(c["name"], cap) for c in spec.get("containers") or []
+               for cap in (((c.get("securityContext") or {}).get("capabilities") or {}).get("add") or [])
+               if cap not in default_caps]
+        if bad:
+            found.append("non-default capabilities (%s %s must not include %s in securityContext.capabilities.add)" % (
+                "container" if len({c for c, _x in bad}) == 1 else "containers",
+                ", ".join('"%s"' % c for c in sorted({c for c, _x in bad})),
+                ", ".join('"%s"' % x for x in sorted({x for _c, x in bad}))))
+        if spec.get("hostNetwork"):
+            found.append("host namespaces (hostNetwork=true)")
+        paths = [v["name"] for v in spec.get("volumes") or [] if "hostPath" in v]
+        if paths:
+            found.append("hostPath volumes (%s %s)" % ("volume" if len(paths) == 1 else "volumes",
+                                                       ", ".join('"%s"' % n for n in paths)))
+        if not found:
+            return None
+        return 'pods "%s" is forbidden: violates PodSecurity "baseline:latest": %s' % (name, ", ".join(found))
+
+    def _object_event(self, obj, etype, reason, message, component):
+        """An Event on a controller-side object (a ReplicaSet, a StatefulSet), aggregated by reason and message as the
+        event recorder does (client-go tools/record events_cache.go: count + 1, lastTimestamp now)."""
+        meta = obj["metadata"]
+        for ev in self.events:
+            if ev["involvedObject"]["uid"] == meta["uid"] and ev["reason"] == reason and ev["message"] == message:
+                ev.update(count=ev["count"] + 1, lastTimestamp=self._iso())
+                return
+        self.events.append({
+            "apiVersion": "v1", "kind": "Event", "type": etype, "reason": reason, "message": message, "count": 1,
+            "metadata": {"name": "%s.%x" % (meta["name"], len(self.events)), "namespace": self.ns},
+            "involvedObject": {"kind": obj["kind"], "name": meta["name"], "namespace": self.ns, "uid": meta["uid"],
+                               "apiVersion": obj["apiVersion"]},
+            "firstTimestamp": self._iso(), "lastTimestamp": self._iso(), "source": {"component": component}})
 
     # ---- scheduler and kubelet -------------------------------------------------------------------------------
 

@@ -182,7 +182,7 @@ def rule_routes(ctx, pods):
                         "Create the HTTPRoute %s in %s (llmops.serving.engine_manifests renders it), or let the AIBrix "
                         "controller create it from the workload's model label; do not rename it." % (rname, ctx.gateway_namespace))]
     # backends
-    missing_ev = []
+    missing_ev, existing = [], []
     for rule in (route.get("spec") or {}).get("rules") or []:
         for b in rule.get("backendRefs") or []:
             if (b.get("kind") or "Service") != "Service" or (b.get("group") or "") != "":
@@ -195,9 +195,12 @@ def rule_routes(ctx, pods):
                 if not _k8s_names.is_dns1035_label(svc_name):
                     line += (" and never can: a Service name is a DNS-1035 label (lowercase letters, digits and '-', "
                              "starting with a letter; no dots)")
-                safe = [s for s in ctx.o.of("Service", svc_ns) if obj_name(s) == _k8s_names.service_name(svc_name)]
+                # the name engine_manifests derives now, or the one earlier versions derived
+                derived = (_k8s_names.service_name(svc_name), _k8s_names.legacy_service_name(svc_name))
+                safe = [s for s in ctx.o.of("Service", svc_ns) if obj_name(s) in derived]
                 if safe:
                     line += "; Service %s/%s exists" % (svc_ns, obj_name(safe[0]))
+                    existing.append(obj_name(safe[0]))
                 missing_ev.append(line)
             elif svc_ns != obj_ns(route) and "ReferenceGrant" in ctx.o.listed and \
                     not _grant_permits(ctx.o.of("ReferenceGrant"), obj_ns(route), svc_ns, svc_name):
@@ -225,7 +228,7 @@ def rule_routes(ctx, pods):
                            "Point backendRefs at the engine's DNS-safe Service (%s for model %s, the name "
                            "llmops.serving.engine_manifests gives it), create that Service in the engine namespace, and "
                            "a ReferenceGrant there from HTTPRoutes in %s; the gateway answers 503 until ResolvedRefs is "
-                           "True." % (_k8s_names.service_name(model), model, ctx.gateway_namespace)))
+                           "True." % ((existing or [_k8s_names.service_name(model)])[0], model, ctx.gateway_namespace)))
     if accepted_ev:
         out.append(finding("route_not_accepted", rref, ["the route is not accepted: %s" % accepted_ev[0]] + accepted_ev[1:],
                            "The Gateway must accept the route: parentRef names the AIBrix Gateway (aibrix-eg in "

@@ -146,6 +146,12 @@ def service_name(model_name):
     return object_name(model_name)
 
 
+def legacy_service_name(model_name):
+    """The Service name versions before :func:`object_name` derived (the DNS-1035 spelling, no hash): what a cluster
+    set up by them still runs, and what ``engine_diagnose`` recognises there."""
+    return dns1035_name(model_name)
+
+
 def stormservice_name(model_name):
     """The StormService of a served model: :func:`object_name` within :data:`STORMSERVICE_NAME_MAX`, so that the
     pods AIBrix names after it have hostnames of at most 63 characters."""

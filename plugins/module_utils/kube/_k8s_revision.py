@@ -7,6 +7,8 @@
   ``observedGeneration``, ``updatedReplicas``, ``availableReplicas``, old replicas; LeaderWorkerSet and
   StormService status the same way) and which pods belong to that revision (``pod-template-hash`` of the
   current ReplicaSet, :func:`current_replicaset`; pods of an old ReplicaSet do not count).
+* :func:`create_failure` - the workload's controllers cannot create its pods (``ReplicaFailure``, ``FailedCreate``
+  Events on the workload and :func:`owned_controllers`) for a minute: final, quoting the API server's refusal.
 * :func:`revision_facts` - what the current template serves: image, model path, served names.
 * :func:`revision_proof` - that the answer comes from the current revision, from what is live: the ``root`` a
   ``/v1/models`` answer lists (:func:`answered_by`), else the pod AIBrix's gateway names in
@@ -18,7 +20,7 @@ Pure functions over shaped objects (:mod:`_k8s_shape`); no I/O here.
 from __future__ import annotations
 
 from ansible_collections.llmops.serving.plugins.module_utils.engine import _diagnose
-from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_shape
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_clock, _k8s_shape
 
 # --------------------------------------------------------------------------------------------- #
 # Rollout: which revision is current, and is it rolled out
@@ -185,6 +187,137 @@ def rollout_status(workload, replicasets=None, pods=None):
     else:
         out.update(state="done", message="%s: revision %s rolled out" % (name, value or gen))
     return out
+
+
+# --------------------------------------------------------------------------------------------- #
+# A controller that cannot create the pods
+# --------------------------------------------------------------------------------------------- #
+
+#: How long a controller may fail to create pods before the wait fails: a quota freed by a pod that just ended or
+#: a webhook that timed out once clears within seconds; PodSecurity, a quota held by other workloads or a webhook
+#: that refuses the pod never do.
+CREATE_FAILURE_PERSIST_SECONDS = 60
+#: kubernetes pkg/controller/controller_utils.go FailedCreatePodReason; the StatefulSet controller's own
+#: (pkg/controller/statefulset/stateful_pod_control.go recordPodEvent) has the same reason.
+FAILED_CREATE = "FailedCreate"
+#: the condition the controllers set while creating pods fails: apps/v1 ReplicaSetReplicaFailure (and the
+#: Deployment's copy of it, DeploymentReplicaFailure), AIBrix v0.7.0 RoleSetReplicaFailure / StormServiceReplicaFailure
+REPLICA_FAILURE = "ReplicaFailure"
+#: kubernetes-sigs/lws api/leaderworkerset/v1 leaderworkerset_types.go SetNameLabelKey, on every StatefulSet of a set
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+#: vllm-project/aibrix v0.7.0 pkg/controller/constants/stormservice.go StormServiceNameLabelKey, on its RoleSets
+STORM_NAME_LABEL = "storm-service-name"
+
+
+def owned_controllers(workload, objects):
+    """The controllers of ``workload`` among shaped ``objects``: a Deployment's ReplicaSets (its ownerReference),
+    a LeaderWorkerSet's StatefulSets (``leaderworkerset.sigs.k8s.io/name``: the worker StatefulSets are owned by
+    the leader pod, not the set), a StormService's RoleSets (``storm-service-name``)."""
+    kind = workload.get("kind")
+    meta = workload.get("metadata") or {}
+    out = []
+    for obj in objects or []:
+        k = obj.get("kind")
+        if kind == "Deployment" and k == "ReplicaSet":
+            refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+            if any(r.get("uid") == meta.get("uid") if meta.get("uid") else
+                   (r.get("kind") == "Deployment" and r.get("name") == meta.get("name")) for r in refs):
+                out.append(obj)
+        elif kind == "LeaderWorkerSet" and k == "StatefulSet" and _labels(obj).get(LWS_NAME_LABEL) == meta.get("name"):
+            out.append(obj)
+        elif kind == "StormService" and k == "RoleSet" and _labels(obj).get(STORM_NAME_LABEL) == meta.get("name"):
+            out.append(obj)
+    return out
+
+
+def _event_times(ev):
+    first = ev.get("firstTimestamp") or ev.get("deprecatedFirstTimestamp") or ev.get("eventTime") \
+        or (ev.get("metadata") or {}).get("creationTimestamp")
+    last = ev.get("lastTimestamp") or (ev.get("series") or {}).get("lastObservedTime") or ev.get("deprecatedLastTimestamp") \
+        or ev.get("eventTime") or first
+    return _k8s_shape.parse_time(first), _k8s_shape.parse_time(last)
+
+
+def create_failure(workload, owned=None, events=None, pods=None, now=None):
+    """Why the controllers of ``workload`` cannot create its pods, when that has lasted
+    :data:`CREATE_FAILURE_PERSIST_SECONDS` by the API server's clock (``now``, ``_k8s_clock``); None otherwise.
+
+    Evidence, from the upstream controllers: a ``ReplicaFailure`` condition True on the workload or one of its
+    controllers (``owned``: kubernetes pkg/controller/replicaset/replica_set_utils.go calculateStatus sets it with
+    reason ``FailedCreate`` and the create error as message, from the first failure until a create succeeds;
+    pkg/controller/deployment/progress.go syncRolloutStatus copies it onto the Deployment; AIBrix v0.7.0
+    pkg/controller/roleset/sync.go calculateStatus on a RoleSet), else ``FailedCreate`` Events on them
+    (pkg/controller/controller_utils.go CreatePods "Error creating: <error>"; the StatefulSet controller, which sets
+    no condition, "create Pod <pod> in StatefulSet <set> failed error: <error>"), seen at least twice on a controller
+    that still has fewer pods (``status.replicas``) than it wants (``spec.replicas``). While a pod of
+    the workload terminates, a quota or a node it holds may free up: that is waiting, not failed.
+
+    Returns ``dict(state=failed|waiting, since, message, evidence, hint)``.
+    """
+    mine = [workload] + list(owned or [])
+    # Events outlive the failure (an hour by default): they count only on a controller still short of pods
+    names = set(((o.get("kind"), (o.get("metadata") or {}).get("name")) for o in owned or []
+                 if _k8s_shape.integer((o.get("status") or {}).get("replicas"))
+                 < _k8s_shape.integer((o.get("spec") or {}).get("replicas"), 1)))
+    found = []  # (since, who, what, message)
+    for obj in mine:
+        cond = _k8s_shape.condition((obj.get("status") or {}).get("conditions"), REPLICA_FAILURE)
+        if cond and cond.get("status") == "True":
+            found.append((_k8s_shape.parse_time(cond.get("lastTransitionTime")),
+                          "%s %s" % (obj.get("kind"), (obj.get("metadata") or {}).get("name")),
+                          "%s=True (%s)" % (REPLICA_FAILURE, cond.get("reason")), cond.get("message", "")))
+    # the Events of one object, taken together: each refused create names the pod it tried (a new name each time)
+    per_object = {}
+    for ev in events or []:
+        ref = ev.get("involvedObject") or ev.get("regarding") or {}
+        if ev.get("reason") != FAILED_CREATE or (ref.get("kind"), ref.get("name")) not in names:
+            continue
+        count = _k8s_shape.integer(ev.get("count")) or _k8s_shape.integer((ev.get("series") or {}).get("count")) or 1
+        first, last = _event_times(ev)
+        key = "%s %s" % (ref.get("kind"), ref.get("name"))
+        seen = per_object.setdefault(key, dict(count=0, first=None, last=None, message=""))
+        seen["count"] += count
+        if first is not None and (seen["first"] is None or first < seen["first"]):
+            seen["first"] = first
+        if seen["last"] is None or (last or 0) >= seen["last"]:
+            seen["last"], seen["message"] = last or 0, ev.get("message") or ev.get("note") or ""
+    with_condition = set(who for _t, who, _x, _m in found)
+    for who, seen in sorted(per_object.items()):
+        if who in with_condition:
+            found = [(t, w, "%s, Events %s x%d" % (x, FAILED_CREATE, seen["count"]) if w == who else x, m)
+                     for t, w, x, m in found]
+        elif seen["count"] >= 2 or found:
+            message = seen["message"]
+            found.append((seen["first"], who, "Events %s x%d" % (FAILED_CREATE, seen["count"]),
+                          message[len("Error creating: "):] if message.startswith("Error creating: ") else message))
+    if not found:
+        return None
+    times = [t for t, _w, _x, _m in found if t is not None]
+    since = min(times) if times else None
+    lasted = _k8s_clock.age(now, since)
+    by_message = []  # one line per distinct refusal: where it shows, then the refusal once
+    for _t, who, what, message in found:
+        entry = next((e for e in by_message if e[1] == message), None)
+        if entry is None:
+            by_message.append(([], message))
+            entry = by_message[-1]
+        entry[0].append("%s %s" % (who, what))
+    evidence = ["%s: %s" % (", ".join(where), message) for where, message in by_message]
+    hint = ("The controller cannot create the pods, and retrying does not change that: the namespace's Pod Security "
+            "level refuses them (the engine pods use hostPath, IPC_LOCK and, with RDMA, hostNetwork: label the "
+            "namespace pod-security.kubernetes.io/enforce=privileged, or on OpenShift grant an SCC), a ResourceQuota "
+            "has no room for their GPUs or memory (kubectl describe quota), or an admission webhook denies them. "
+            "Fix that; the controller creates them by itself.")
+    head = "%s %s cannot create its pods" % (workload.get("kind"), (workload.get("metadata") or {}).get("name"))
+    terminating = [(p.get("metadata") or {}).get("name") for p in pods or [] if (p.get("metadata") or {}).get("deletionTimestamp")]
+    if terminating:
+        return dict(state="waiting", since=since, evidence=evidence, hint=hint, message="%s while %d pod(s) terminate "
+                    "(what they hold may free up): %s" % (head, len(terminating), "; ".join(evidence)))
+    if lasted is None or lasted < CREATE_FAILURE_PERSIST_SECONDS:
+        return dict(state="waiting", since=since, evidence=evidence, hint=hint, message="%s%s: %s" % (
+            head, " for %d s" % lasted if lasted is not None else "", "; ".join(evidence)))
+    return dict(state="failed", since=since, evidence=evidence, hint=hint, message="%s for %d s: %s. Fix: %s" % (
+        head, lasted, "; ".join(evidence), hint))
 
 
 # --------------------------------------------------------------------------------------------- #

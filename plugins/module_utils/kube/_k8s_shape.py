@@ -67,11 +67,20 @@ SHAPES = {
         status={"observedGeneration": I, "replicas": I, "updatedReplicas": I, "readyReplicas": I,
                 "availableReplicas": I, "unavailableReplicas": I, "collisionCount": I, "conditions": [_COND]}),
     "ReplicaSet": dict(_HEAD, spec={"replicas": I, "selector": _SELECTOR, "template": _TEMPLATE},
-                       status={"replicas": I, "readyReplicas": I, "availableReplicas": I, "observedGeneration": I}),
+                       status={"replicas": I, "readyReplicas": I, "availableReplicas": I, "observedGeneration": I,
+                               "conditions": [_COND]}),
+    # the StatefulSets a LeaderWorkerSet runs its groups with (kubernetes-sigs/lws pkg/controllers
+    # leaderworkerset_controller.go: the leader StatefulSet <lws>, one worker StatefulSet per group)
+    "StatefulSet": dict(_HEAD, spec={"replicas": I, "selector": _SELECTOR},
+                        status={"replicas": I, "readyReplicas": I, "currentRevision": S, "updateRevision": S,
+                                "observedGeneration": I, "conditions": [_COND]}),
+    # AIBrix v0.7.0 api/orchestration/v1alpha1/roleset_types.go: the RoleSets of a StormService
+    "RoleSet": dict(_HEAD, status={"conditions": [_COND]}),
     "LeaderWorkerSet": dict(_HEAD, spec={
         "replicas": I, "startupPolicy": S,
         "leaderWorkerTemplate": {"size": I, "restartPolicy": S, "leaderTemplate": _TEMPLATE, "workerTemplate": _TEMPLATE}},
-        status={"replicas": I, "readyReplicas": I, "updatedReplicas": I, "hpaPodSelector": S, "conditions": [_COND]}),
+        status={"replicas": I, "readyReplicas": I, "updatedReplicas": I, "hpaPodSelector": S, "conditions": [_COND],
+                "observedGeneration": I}),
     "StormService": dict(_HEAD, spec={
         "replicas": I, "selector": _SELECTOR,
         "template": {"metadata": {"labels": _STRMAP}, "spec": {"roles": [{"name": S, "replicas": I, "template": _TEMPLATE}]}}},

@@ -264,7 +264,7 @@ def _judge_exit(out, ctx, pod, container, what, log):
 
 def evaluate(pods, route=None, now=None, replicas=1, schedule_timeout=900, gateway_name=None, check_route=True,
              container="engine", logs=None, max_restarts=0, workload=None, replicasets=None, events=None,
-             models=None, served=None, endpointslices=None, service=None):
+             models=None, served=None, endpointslices=None, service=None, controllers=None):
     """One verdict: ``dict(state=ready|waiting|failed, message, pods, route, rollout, revision, revision_proof)``.
 
     ``now`` is the API server's time the objects are judged at (:mod:`_k8s_clock`; None: the newest time they
@@ -274,7 +274,9 @@ def evaluate(pods, route=None, now=None, replicas=1, schedule_timeout=900, gatew
     ended (:func:`ended_run`). Route conditions that are False are left to the caller's route deadline, because
     a controller may still converge.
 
-    With ``workload`` (its ``replicasets`` for a Deployment) only pods of the current revision count, and the
+    With ``workload`` (its ``replicasets`` for a Deployment; ``controllers``: the StatefulSets of a LeaderWorkerSet, the
+    RoleSets of a StormService) a controller that cannot create the pods for a minute fails the wait
+    (:func:`_k8s_revision.create_failure`, quoting the refusal). Only pods of the current revision count, and the
     rollout must be done (:func:`rollout_status`): right after an update the old pod is Ready, and that is
     "waiting", not "ready". Then what is live must prove the answer comes from the current revision
     (:func:`revision_proof` over ``models``, ``served``, ``endpointslices`` of ``service``).
@@ -286,12 +288,15 @@ def evaluate(pods, route=None, now=None, replicas=1, schedule_timeout=900, gatew
         now = _k8s_clock.read_time(shaped + events + [o for o in (route, workload) if o is not None])
     live = [p for p in shaped if not (p.get("metadata") or {}).get("deletionTimestamp")]
     route = _k8s_shape.shape(route, "HTTPRoute") if route is not None else None
-    ro = revision = None
+    ro = revision = creating = None
     judged = live
     if workload is not None:
         workload = _k8s_shape.shape(workload) or _k8s_shape.shape(workload, "Deployment")
         rsets = [x for x in (_k8s_shape.shape(r, "ReplicaSet") for r in replicasets or []) if x is not None]
         ro = _k8s_revision.rollout_status(workload, rsets, live)
+        owned = _k8s_revision.owned_controllers(
+            workload, rsets + [x for x in (_k8s_shape.shape(c) for c in controllers or []) if x is not None])
+        creating = _k8s_revision.create_failure(workload, owned, events, shaped, now)
         if ro["current_pods"] is not None:
             judged = [p for p in live if (p.get("metadata") or {}).get("name") in ro["current_pods"]]
         revision = dict(_k8s_revision.revision_facts(workload, container), kind=ro["kind"], name=ro["name"],
@@ -309,12 +314,16 @@ def evaluate(pods, route=None, now=None, replicas=1, schedule_timeout=900, gatew
         return dict(verdict, state="failed", message="; ".join(p["message"] for p in failed))
     if ro is not None and ro["state"] == "failed":
         return dict(verdict, state="failed", message=ro["message"])
+    if creating is not None and creating["state"] == "failed":
+        return dict(verdict, state="failed", message=creating["message"])
     stuck = [p for p in statuses if p["state"] == "unscheduled" and (_k8s_clock.age(now, p["created"]) or 0) > schedule_timeout]
     if stuck:
         return dict(verdict, state="failed", message="; ".join(
             "%s (for %ds, limit %ds)" % (p["message"], _k8s_clock.age(now, p["created"]), schedule_timeout) for p in stuck))
     ready = [p for p in statuses if p["state"] == "ready"]
     waiting = []
+    if creating is not None:
+        waiting.append(creating["message"])
     if ro is not None and ro["state"] != "done":
         waiting.append("rolling: %s%s" % (ro["message"], "; %d pod(s) of an old revision do not count" % old if old else ""))
     if len(ready) < replicas:
@@ -391,21 +400,23 @@ def read_logs(pods, read_log, container, names):
 
 def _read(fetch):
     """``fetch()`` answers ``(pods, route)`` or a dict with ``pods``, ``route``, ``workload``, ``replicasets``,
-    ``events``, ``endpointslices`` (None: not read), ``service`` (``namespace/name``) and ``dates`` (the ``Date``
+    ``controllers`` (StatefulSets, RoleSets), ``events``, ``endpointslices`` (None: not read), ``service``
+    (``namespace/name``) and ``dates`` (the ``Date``
     headers of the API server's answers). ``read_at`` is the server's time of that read (:func:`_k8s_clock.read_time`)."""
     got = fetch()
     if isinstance(got, dict):
         seen = dict(pods=got.get("pods") or [], route=got.get("route"), workload=got.get("workload"),
                     replicasets=got.get("replicasets"), events=got.get("events"),
-                    endpointslices=got.get("endpointslices"), service=got.get("service"))
+                    endpointslices=got.get("endpointslices"), service=got.get("service"),
+                    controllers=got.get("controllers"))
         dates = got.get("dates") or ()
     else:
         pods, route = got
         seen = dict(pods=pods, route=route, workload=None, replicasets=None, events=None, endpointslices=None,
-                    service=None)
+                    service=None, controllers=None)
         dates = ()
     objects = [o for o in [seen["route"], seen["workload"]] + list(seen["pods"] or []) + list(seen["replicasets"] or [])
-               + list(seen["events"] or []) if o is not None]
+               + list(seen["events"] or []) + list(seen["controllers"] or []) if o is not None]
     seen["read_at"] = _k8s_clock.read_time(objects, dates)
     return seen
 
@@ -420,6 +431,7 @@ def judge(fetch, server_clock=None, read_log=None, answer=None, served=None, **k
     now = server_clock.at(seen["read_at"]) if server_clock is not None else seen["read_at"]
     slices = seen["endpointslices"]
     args = dict(kw, workload=seen["workload"], replicasets=seen["replicasets"], events=seen["events"],
+                controllers=seen["controllers"],
                 endpointslices=[x for x in (_k8s_shape.shape(e, "EndpointSlice") for e in slices) if x is not None]
                 if isinstance(slices, list) else None, service=seen["service"])
     verdict = evaluate(seen["pods"], seen["route"], now=now, **args)

@@ -331,3 +331,24 @@ def test_real_client_judges_a_pending_pod_by_the_api_servers_date_not_the_contro
             srv.close()
         assert r["state"] == state, (age, r["msg"])
         assert ("limit 900s" in r["msg"]) == (state == "failed"), r["msg"]
+
+
+def test_objects_of_a_namespace_that_refuses_the_pods_fail_quoting_the_refusal(run_module):
+    """M1: PodSecurity "baseline" refuses the engine's hostPath pod; the ReplicaSet controller reports ReplicaFailure
+    and FailedCreate Events (kubernetes pkg/controller/replicaset/replica_set_utils.go calculateStatus,
+    pkg/controller/controller_utils.go; restated by tests/lib/kube_controllers.py), and no pod exists. A minute in, the
+    wait fails naming the refusal; before, it waited 4500 s on "0 of 1 new replicas have been updated"."""
+    from ansible_collections.llmops.serving.tests.lib import kube_controllers as kc
+
+    cluster = kc.Cluster()
+    cluster.pod_security = "baseline"
+    dep = kc.deployment("/models/a")
+    dep["spec"]["template"]["spec"]["volumes"] = [{"name": "model", "hostPath": {"path": "/models", "type": "Directory"}}]
+    cluster.apply(dep)
+    cluster.advance(20)
+    r = run_module(k8s_engine_wait, dict(REPLAY, objects=cluster.objects()))
+    assert r["state"] == "waiting" and "cannot create its pods for 19 s" in r["msg"], r["msg"]
+    cluster.advance(60)
+    r = run_module(k8s_engine_wait, dict(REPLAY, objects=cluster.objects()))
+    assert r["state"] == "failed", r["msg"]
+    assert 'violates PodSecurity "baseline:latest": hostPath volumes (volume "model")' in r["msg"]
