@@ -10,6 +10,8 @@ of the role's wait task, once per role of its loop; on a failure, the role's res
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ansible_collections.llmops.serving.plugins.modules import engine_diagnose, k8s_engine_wait, pd_manifests
@@ -168,3 +170,24 @@ def test_a_front_image_the_registry_does_not_have_stops_the_wait_with_the_diagno
     assert diag_vars["diagnose_name"] == rendered["workloads"]["front"]["name"]
     assert "image_pull" in [f["code"] for f in result["findings"]], result["summary"]
     assert msg.startswith("front: ") and PROXY_IMAGE in msg
+
+
+def _block_of(role, tasks_file, module, name):
+    """The block task of ``roles/<role>/tasks/<tasks_file>`` whose block holds the task ``name`` calling ``module``."""
+    inner = rt.task(role, module, tasks_file, name=name)
+    for outer in rt._walk(rt._tasks(os.path.join(rt.ROOT, "roles", role, "tasks", tasks_file))):  # pylint: disable=protected-access
+        if inner in (outer.get("block") or []):
+            return outer, inner
+    raise LookupError(name)
+
+
+def test_the_pair_is_applied_once_to_the_cluster_the_wait_reads():
+    """Production review 2, M2: the P/D apply passed no kubeconfig/context (on a bastion with several clusters it
+    applied to the current context while the wait watched the configured one) and ran once per prefill/decode host.
+    It now applies as the engine role does (roles/engine/tasks/kubernetes.yml) and as its own wait reads."""
+    block, apply = _block_of("pd_disagg", "kubernetes.yml", "kubernetes.core.k8s", "Apply the P/D objects in order")
+    args = apply["kubernetes.core.k8s"]
+    wait = rt.task("pd_disagg", "llmops.serving.k8s_engine_wait", "kubernetes.yml")["llmops.serving.k8s_engine_wait"]
+    assert args["kubeconfig"] == wait["kubeconfig"] and args["context"] == wait["context"]
+    assert "pd_disagg_k8s_kubeconfig" in args["kubeconfig"] and "pd_disagg_k8s_context" in args["context"]
+    assert block.get("run_once") is True
