@@ -50,10 +50,10 @@ options:
     default: {}
   nodes:
     description:
-      - Names (C(kubernetes.io/hostname) values) of the nodes whose local disk holds O(tokenizer_host_path) with the
-        plan's tokenizer, for example the nodes that staged the model revision. Every Job gets a required node
-        affinity to exactly these nodes, so its pod is never scheduled where the hostPath is missing (a
-        hostPath of type C(Directory) fails at mount, after scheduling).
+      - Names (C(metadata.name), as C(kubectl get nodes) shows them) of the nodes whose local disk holds
+        O(tokenizer_host_path) with the plan's tokenizer, for example the nodes that staged the model revision.
+        Every Job gets a required node affinity to exactly these nodes, so its pod is never scheduled where the
+        hostPath is missing (a hostPath of type C(Directory) fails at mount, after scheduling).
       - Empty places the Jobs on any node that fits (the tokenizer directory must then exist on every node).
     type: list
     elements: str

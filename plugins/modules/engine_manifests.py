@@ -188,8 +188,8 @@ options:
     default: {}
   staged_nodes:
     description:
-      - Names of the nodes (their C(kubernetes.io/hostname) label) that staged the revision at O(model_path).
-        With O(model_source=staged_nvme), every engine pod (the Deployment's, every LeaderWorkerSet pod) gets a
+      - Names of the nodes (C(metadata.name), the NAME column of C(kubectl get nodes)) that staged the revision at
+        O(model_path). With O(model_source=staged_nvme), every engine pod (the Deployment's, every LeaderWorkerSet pod) gets a
         required node affinity to exactly these nodes, so none is scheduled where the hostPath does not exist
         (the kubelet's hostPath C(type=Directory) check fails only at mount time, after scheduling).
       - Fewer nodes than O(replicas) x O(nodes) fail before anything is rendered, naming the nodes.

@@ -312,7 +312,7 @@ options:
     default: nvidia.com/gpu.present
   prefill_nodes:
     description:
-      - Nodes (C(kubernetes.io/hostname)) that staged the revision for the prefill role; the prefill pods get a
+      - Nodes (their C(metadata.name)) that staged the revision for the prefill role; the prefill pods get a
         required node affinity to exactly these nodes. Fewer than O(prefill_replicas) fail before rendering.
       - Unset - no placement (the pd_disagg role passes the staged hosts of its prefill group).
     type: list

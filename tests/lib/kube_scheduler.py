@@ -57,11 +57,14 @@ def quantity(value):
     return float(m.group(1)) * _UNIT[m.group(2)]
 
 
-def node(name, labels=None, taints=(), allocatable=None, dirs=()):
-    """A node: the kubelet's ``kubernetes.io/hostname`` label is set to its name
-    (``pkg/kubelet/kubelet_node_status.go`` initialNode); ``dirs``: the directories that exist on it."""
+def node(name, labels=None, taints=(), allocatable=None, dirs=(), hostname=None):
+    """A node: ``name`` is its ``metadata.name``; the kubelet's ``kubernetes.io/hostname`` label is its hostname,
+    a separate value (``pkg/kubelet/kubelet_node_status.go`` initialNode: ``Name: kl.nodeName``, ``LabelHostname:
+    kl.hostname``) that differs from the name where a cloud provider or ``--node-name`` names the node
+    (kubernetes/kops#10413, rancher/rke#3140): ``hostname``, the name when not given (the kubelet's default, both
+    from the machine's hostname). ``dirs``: the directories that exist on it."""
     labels = dict(labels or {})
-    labels.setdefault("kubernetes.io/hostname", name)
+    labels.setdefault("kubernetes.io/hostname", hostname or name)
     return dict(name=name, labels=labels, taints=[dict(t) for t in taints], allocatable=dict(allocatable or {}),
                 dirs=set(dirs), pods=[])
 

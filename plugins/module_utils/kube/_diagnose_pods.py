@@ -241,8 +241,9 @@ def rule_unschedulable(ctx, pod, pod_ref):
             "tolerations for the GPU nodes' taints, or bind the PersistentVolumeClaim.")
     if "node affinity/selector" in text:
         hint += (" The engine role pins its pods to the nodes that staged the revision (required node affinity on "
-                 "kubernetes.io/hostname from each host's k8s_node_name): stage the revision on enough nodes, and "
-                 "set k8s_node_name where the inventory name is not the node's name.")
+                 "the node's name, metadata.name, from each host's k8s_node_name): stage the revision on enough "
+                 "nodes, and set k8s_node_name to the NAME column of `kubectl get nodes` where the inventory name "
+                 "is not the node's name (its kubernetes.io/hostname label may differ from it).")
     return finding("unschedulable", pod_ref, ev, hint)
 
 

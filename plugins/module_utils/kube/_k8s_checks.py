@@ -391,7 +391,7 @@ def check_image(engine, image, min_version=None, profile="none", nodes=1):
 
 
 def check_staged_nodes(nodes, pods, field="staged_nodes", what="the engine", hint="lower replicas"):
-    """``nodes`` (kubernetes.io/hostname values) as a sorted list; SpecError when it cannot hold ``pods`` pods.
+    """``nodes`` (node names, ``metadata.name``) as a sorted list; SpecError when it cannot hold ``pods`` pods.
 
     Each engine pod holds a whole GPU node (and a required anti-affinity-free node choice): ``pods`` pods need
     ``pods`` distinct nodes that hold the revision, else one of them is scheduled where the hostPath is missing.
@@ -399,10 +399,11 @@ def check_staged_nodes(nodes, pods, field="staged_nodes", what="the engine", hin
     if nodes is None:
         return None
     if not isinstance(nodes, list) or not all(isinstance(n, str) and n for n in nodes):
-        raise SpecError("%s: must be a list of node names (kubernetes.io/hostname values)" % field)
-    bad = [n for n in nodes if not names.is_label_value(n)]
+        raise SpecError("%s: must be a list of node names (the names `kubectl get nodes` shows)" % field)
+    # a Node's name is a DNS-1123 subdomain (pkg/apis/core/validation ValidateNodeName)
+    bad = [n for n in nodes if not names.is_dns1123_subdomain(n)]
     if bad:
-        raise SpecError("%s: %s is not a node name (a kubernetes.io/hostname label value); set the host's "
+        raise SpecError("%s: %s is not a node name (a DNS-1123 subdomain); set the host's "
                         "k8s_node_name to the name `kubectl get nodes` shows" % (field, ", ".join(repr(b) for b in bad)))
     unique = sorted(set(nodes))
     if len(unique) < pods:

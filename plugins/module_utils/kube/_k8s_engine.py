@@ -117,29 +117,37 @@ def pod_argument_spec():
 # Placement: engine pods run only on the nodes that staged the revision
 # --------------------------------------------------------------------------------------------- #
 
-# The node label the kubelet sets to the node's name (k8s.io/api/core/v1 well_known_labels.go LabelHostname).
-HOSTNAME_LABEL = "kubernetes.io/hostname"
+# The field a node selector term matches a node's name with (k8s.io/api core/v1 types.go NodeSelectorTerm.MatchFields;
+# pkg/apis/core/validation/validation.go validateNodeFieldSelectorRequirement: key metadata.name, operator In or NotIn,
+# exactly one value). The node's name, not its kubernetes.io/hostname label: the kubelet sets the two apart
+# (pkg/kubelet/kubelet_node_status.go initialNode: Name kl.nodeName, LabelHostname kl.hostname), and they differ where a
+# cloud provider or --hostname-override names the node (kubernetes/kops#10413, rancher/rke#3140), while the inventory's
+# k8s_node_name is the name kubectl get nodes shows.
+NODE_NAME_FIELD = "metadata.name"
 
 
 def pin_to_nodes(affinity, nodes):
-    """``affinity`` with a required node affinity to exactly ``nodes`` (ANDed with what it already requires).
+    """``affinity`` with a required node affinity to exactly ``nodes`` by name (ANDed with what it already requires).
 
-    The scheduler ORs ``nodeSelectorTerms`` and ANDs the expressions inside one term
-    (k8s.io/component-helpers scheduling/corev1/nodeaffinity/nodeaffinity.go), so the hostname expression is
-    added to every existing term: no term can then admit a node outside ``nodes``.
+    The scheduler ORs ``nodeSelectorTerms`` and ANDs what is inside one term
+    (k8s.io/component-helpers scheduling/corev1/nodeaffinity/nodeaffinity.go), and a ``matchFields`` requirement
+    takes exactly one node name: each existing term becomes one term per node, that term plus
+    ``metadata.name In [node]``, so no term can admit a node outside ``nodes``.
     """
     out = json.loads(json.dumps(affinity or {}))
     if nodes is None:
         return out
-    expr = {"key": HOSTNAME_LABEL, "operator": "In", "values": list(nodes)}
     node_aff = out.setdefault("nodeAffinity", {})
     required = node_aff.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
     terms = [t for t in required.get("nodeSelectorTerms") or [] if t.get("matchExpressions") or t.get("matchFields")]
-    if not terms:
-        terms = [{}]
-    for term in terms:
-        term["matchExpressions"] = list(term.get("matchExpressions") or []) + [dict(expr, values=list(nodes))]
-    required["nodeSelectorTerms"] = terms
+    pinned = []
+    for term in terms or [{}]:
+        for node in nodes:
+            t = json.loads(json.dumps(term))
+            t["matchFields"] = list(t.get("matchFields") or []) + [
+                {"key": NODE_NAME_FIELD, "operator": "In", "values": [node]}]
+            pinned.append(t)
+    required["nodeSelectorTerms"] = pinned
     return out
 
 

@@ -64,8 +64,9 @@ def test_every_job_pod_lands_on_a_node_that_staged_the_tokenizer(run_module, pla
         assert sorted(ks.feasible(pod, _fleet())) == ["gpu-2", "gpu-3"]
         spec = job["spec"]["template"]["spec"]
         terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-        assert terms == [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
-                                                "values": ["gpu-2", "gpu-3"]}]}]
+        # pinned by node name, one name per term (kube/_k8s_engine.pin_to_nodes)
+        assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]}
+                         for n in ("gpu-2", "gpu-3")]
         assert spec["tolerations"] == TOLERATIONS
     placed = ks.schedule(res["objects"], _fleet())
     assert [(n, errs) for _o, n, errs in placed] == [("gpu-2", []), ("gpu-2", [])]

@@ -133,6 +133,34 @@ def test_fewer_staged_nodes_than_pods_fail_before_rendering_naming_them():
         k8s.build(dict(ENGINE, staged_nodes=["Bad Node!"]))
 
 
+@pytest.mark.parametrize("workload", ["engine", "lws", "pd"])
+def test_pods_are_pinned_by_node_name_where_the_hostname_label_differs(workload):
+    """m1: the inventory's k8s_node_name is the node's name (``kubectl get nodes``); the kubelet's
+    ``kubernetes.io/hostname`` label is its hostname, which a cloud provider or --node-name sets apart
+    (pkg/kubelet/kubelet_node_status.go initialNode; kubernetes/kops#10413). Pinned on the label, every node failed
+    "didn't match Pod's node affinity"; pinned on metadata.name (matchFields, one name per term:
+    pkg/apis/core/validation validateNodeFieldSelectorRequirement), the pods go to the staged nodes only."""
+    nodes_ = cluster(4, [])
+    for n in nodes_:
+        n["name"], n["labels"]["kubernetes.io/hostname"] = "ip-10-0-0-%s.ec2.internal" % n["name"][-2:], n["name"]
+        n["dirs"] = {REV}
+    staged = sorted(n["name"] for n in nodes_ if n["labels"].get("nvidia.com/gpu.present"))[1:3]
+    if workload == "pd":
+        objs = pd.build(dict(PD, prefill_nodes=staged[:1], decode_nodes=staged[1:]))
+    else:
+        params = dict(ENGINE, staged_nodes=staged)
+        if workload == "lws":
+            params.update(nodes=2, pp_size=2)
+        objs = k8s.build(params)["objects"]
+    pods = engine_pods(objs)
+    assert pods
+    for pod in pods:
+        assert ks.feasible(pod, nodes_) and set(ks.feasible(pod, nodes_)) <= set(staged), (pod[0], ks.feasible(pod, nodes_))
+    for obj in objs:
+        if obj["kind"] == "Deployment":
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
 def test_pinning_is_anded_with_the_sites_own_node_affinity():
     own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]},
