@@ -159,7 +159,7 @@ def test_role_pins_the_engine_to_the_hosts_that_staged_the_revision(tmp_path):
     assert rc == 0, output[-4000:]
     pod = _rendered(out)[-1]["spec"]["template"]["spec"]
     assert pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["gpu-node-7"]}]}]}
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-node-7"]}]}]}
     assert "engine pods only on gpu-node-7" in output
 
 

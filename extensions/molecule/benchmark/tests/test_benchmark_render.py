@@ -61,7 +61,7 @@ def test_each_job_runs_on_the_tokenizer_node_with_the_tokenizer_mounted_read_onl
     for dummy, job in jobs:
         spec = job["spec"]["template"]["spec"]
         (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-        assert term["matchExpressions"] == [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["gpu-a"]}]
+        assert term["matchFields"] == [{"key": "metadata.name", "operator": "In", "values": ["gpu-a"]}]
         (mount,) = spec["containers"][0]["volumeMounts"]
         (volume,) = spec["volumes"]
         assert mount == {"mountPath": "/models", "name": volume["name"], "readOnly": True}
