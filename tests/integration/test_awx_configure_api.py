@@ -42,7 +42,7 @@ ENDPOINTS = {"controller_organizations": "organizations", "controller_credential
              "controller_credentials": "credentials", "controller_execution_environments": "execution_environments",
              "controller_projects": "projects", "controller_inventories": "inventories",
              "controller_inventory_sources": "inventory_sources", "controller_templates": "job_templates",
-             "controller_workflows": "workflow_job_templates"}
+             "controller_workflows": "workflow_job_templates", "controller_teams": "teams"}
 # keys that name another object: the field carries its id (endpoint of that object)
 REFERENCES = {"organization": "organizations", "inventory": "inventories", "project": "projects",
               "source_project": "projects", "execution_environment": "execution_environments",
@@ -109,7 +109,8 @@ def test_check_mode_on_an_empty_controller_says_what_it_would_create_and_writes_
     assert [r for r in requests if r["method"] != "GET"] == []
     msg = " ".join(out.split())
     assert 'check mode: the controller has none of organizations "LLMOps", credential_types "llmops Hugging Face token"' in msg
-    assert 'workflow_job_templates "llmops stage, deploy, verify"; a real run creates them' in msg
+    assert 'workflow_job_templates "llmops stage, deploy, verify", teams "llmops operators"' in msg
+    assert 'teams "llmops release managers"; a real run creates them' in msg
     assert "TASK [Organization]" not in out
 
 
@@ -201,6 +202,21 @@ def test_the_workflow_nodes_and_edges_arrive(api, applied):
     assert (body["limit"], body["ask_limit_on_launch"]) == ("gpu_nodes:k8s_api:bench_clients", True)
 
 
+def test_the_teams_get_their_roles(api, applied):
+    """awx/controller_roles.yml arrives as role grants (/api/v2/roles/<id>/teams/): operators execute stage and
+    diagnose only, release managers everything, the workflow and its approval included."""
+    managers, operators = ["llmops release managers"], ["llmops operators"]
+    for name in ("llmops stage model", "llmops diagnose"):
+        assert api.holders("job_templates", name, "execute") == sorted(managers + operators), name
+    for name in ("llmops deploy", "llmops verify transport", "llmops benchmark"):
+        assert api.holders("job_templates", name, "execute") == managers, name
+        assert api.holders("job_templates", name, "admin") == [], name
+    workflow = OBJECTS["controller_workflows"][0]["name"]
+    assert api.holders("workflow_job_templates", workflow, "execute") == managers
+    assert api.holders("workflow_job_templates", workflow, "approval") == managers
+    assert api.holders("workflow_job_templates", workflow, "read") == operators
+
+
 def test_no_secret_reaches_the_output(applied, checked_after):
     for _rc, out, _requests in (applied, checked_after):
         assert not [name for name, value in SECRETS.items() if value in out]
@@ -211,7 +227,8 @@ def test_check_mode_after_a_run_compares_every_object_and_writes_nothing(checked
     assert rc == 0, out[-4000:]
     assert [r for r in requests if r["method"] != "GET"] == []
     for name in ("llmops stage model", "llmops deploy", "llmops verify transport", "llmops diagnose", "llmops benchmark",
-                 "llmops.serving", "llmops fleet", "LLMOps"):
+                 "llmops.serving", "llmops fleet", "LLMOps", "llmops operators", "llmops release managers",
+                 "approval on ['llmops stage, deploy, verify']"):
         assert "ok: [localhost] => (item=%s)" % name in out, name
     # awx.awx 24.6.1 compares an approval node's template with the node's own fields (identifier,
     # workflow_job_template), which an approval template never has: the workflow reads as changed on every run

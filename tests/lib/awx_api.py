@@ -32,6 +32,9 @@ modules named below), nothing more:
   every run - ``--check`` too - reports the workflow changed, as against AWX;
 * secret inputs (the credential type's ``secret: true`` fields, survey password defaults) read back as
   ``$encrypted$``, as AWX answers them;
+* a role is granted as ``awx.awx.role`` grants it: the resource's ``summary_fields.object_roles.<role>_role.id``
+  (the roles ``OBJECT_ROLES`` lists per kind, as the API shows them), then ``GET`` / ``POST {"id": n}`` on
+  ``/api/v2/roles/<id>/teams/`` (204) (``role.py``); ``role_members`` keeps who holds which role;
 * ``/api/v2/ping/`` and ``/api/v2/config/`` answer as a controller does (version, active node).
 
 The managed objects an AWX install has before anything is configured are there from the start: the credential
@@ -84,6 +87,18 @@ ASSOCIATED = {"galaxy_credentials": "credentials", "input_inventories": "invento
               "always_nodes": "workflow_job_template_nodes"}
 
 
+# the object roles a resource of each kind has (summary_fields.object_roles; awx/main/models/*.py ImplicitRoleField)
+OBJECT_ROLES = {
+    "organizations": ("admin", "execute", "project_admin", "inventory_admin", "credential_admin", "workflow_admin",
+                      "notification_admin", "job_template_admin", "execution_environment_admin", "auditor", "member",
+                      "read", "approval"),
+    "job_templates": ("admin", "execute", "read"),
+    "workflow_job_templates": ("admin", "execute", "read", "approval"),
+    "inventories": ("admin", "update", "adhoc", "use", "read"),
+    "credentials": ("admin", "use", "read"),
+    "projects": ("admin", "use", "update", "read"),
+    "teams": ("admin", "member", "read"),
+}
 # what an approval template keeps of a create or update body (WorkflowJobTemplateNodeCreateApprovalSerializer)
 APPROVAL_FIELDS = ("name", "description", "timeout")
 
@@ -117,6 +132,9 @@ class StandInAWX:
         self.surveys = {}  # (endpoint, id) -> spec
         self.requests = []  # {"method", "path", "query", "body", "authorization"}
         self._ids = itertools.count(1)
+        self._role_ids = itertools.count(1001)
+        self.role_members = {}  # (role id, "teams" | "users") -> [ids]
+        self.role_of = {}  # role id -> (endpoint, object id, role name)
         self._lock = threading.Lock()
         self.server = None
         for name, namespace, fields, secret in MANAGED_CREDENTIAL_TYPES:
@@ -161,6 +179,11 @@ class StandInAWX:
         ids = self.associations.get((endpoint, obj["id"], association), [])
         return [self.objects[target][i].get("name") or self.objects[target][i].get("identifier") for i in ids]
 
+    def holders(self, endpoint, name, role, actor="teams"):
+        """Names of the teams (or users) holding ``role`` on the object ``name`` of ``endpoint``."""
+        rid = self.find(endpoint, name)["summary_fields"]["object_roles"]["%s_role" % role]["id"]
+        return sorted(self.objects[actor][i]["name"] for i in self.role_members.get((rid, actor), []))
+
     def survey(self, endpoint, name):
         return self.surveys.get((endpoint, self.find(endpoint, name)["id"]))
 
@@ -176,6 +199,13 @@ class StandInAWX:
         if endpoint == "workflow_job_template_nodes":
             related["create_approval_template"] = url + "create_approval_template/"
         obj.update(id=oid, type=TYPES[endpoint], url=url, related=related, summary_fields={})
+        if endpoint in OBJECT_ROLES:
+            roles = {}
+            for role in OBJECT_ROLES[endpoint]:
+                rid = next(self._role_ids)
+                self.role_of[rid] = (endpoint, oid, role)
+                roles["%s_role" % role] = {"id": rid, "name": role.replace("_", " ").title()}
+            obj["summary_fields"]["object_roles"] = roles
         if endpoint == "projects":
             obj.setdefault("scm_revision", "")
             update = self._job("project_updates", {"project": oid, "scm_revision": "0" * 40})
@@ -213,6 +243,25 @@ class StandInAWX:
         if parts == ["me"]:
             return 200, {"count": 1, "next": None, "previous": None, "results": [{"id": 1, "username": "admin"}]}
         endpoint = parts[0] if parts else ""
+        if endpoint == "roles" and len(parts) == 3 and parts[2] in ("teams", "users"):
+            try:
+                rid = int(parts[1])
+            except ValueError:
+                return 404, {"detail": "Not found."}
+            if rid not in self.role_of:
+                return 404, {"detail": "Not found."}
+            members = self.role_members.setdefault((rid, parts[2]), [])
+            if method == "GET":
+                return 200, self._list([self.objects[parts[2]][i] for i in members], {})
+            if method == "POST":
+                if body.get("id") not in self.objects[parts[2]]:
+                    return 400, {"msg": "no %s with id %r" % (parts[2][:-1], body.get("id"))}
+                if body.get("disassociate"):
+                    if body["id"] in members:
+                        members.remove(body["id"])
+                elif body["id"] not in members:
+                    members.append(body["id"])
+                return 204, None
         if endpoint == "unified_job_templates" and len(parts) == 1 and method == "GET":
             return 200, self._list([o for e in UNIFIED for o in self.objects[e].values()], query)
         if endpoint not in self.objects:

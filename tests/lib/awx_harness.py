@@ -362,10 +362,14 @@ def _git(*args):
 
 
 def copy_project(dest):
-    """The project as a sync leaves it: the repository's files (tracked and not ignored), nothing built."""
+    """The project as a sync leaves it: the repository's files (tracked and not ignored), nothing built; a symbolic
+    link stays a link, as a git clone leaves it (inventories/example-h20-awx links example-h20's files)."""
     for rel in _git("ls-files", "-co", "--exclude-standard", "-z").split("\0"):
         src = os.path.join(ROOT, rel)
-        if rel and os.path.isfile(src) and not os.path.islink(src):
+        if rel and os.path.islink(src):
+            os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
+            os.symlink(os.readlink(src), os.path.join(dest, rel))
+        elif rel and os.path.isfile(src):
             os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
             shutil.copy2(src, os.path.join(dest, rel))
     return _git("rev-parse", "HEAD").strip()
@@ -436,6 +440,15 @@ def project_update_installs_collections(organization, collections_enabled_settin
     galaxy_creds_are_defined and settings.AWX_COLLECTIONS_ENABLED`` (the setting defaults to True) to
     ``project_update.yml``, whose install tasks run only when it is true."""
     return bool(organization.get("galaxy_credentials")) and collections_enabled_setting
+
+
+def source_needs_update_on_launch(source, seconds_since_last_update):
+    """Whether a launch on an inventory first runs this source's import (``InventorySource.needs_update_on_launch``,
+    awx/main/models/inventory.py): ``update_on_launch`` and never run, or the last run at least
+    ``update_cache_timeout`` seconds ago (default 0: every launch)."""
+    if not source.get("update_on_launch"):
+        return False
+    return seconds_since_last_update is None or seconds_since_last_update >= (source.get("update_cache_timeout") or 0)
 
 
 def effective_slice_count(template, inventory_hosts, prompts=None):

@@ -130,7 +130,7 @@ def test_no_play_targets_all_or_a_bare_localhost():
         with open(path, encoding="utf-8") as f:
             plays = yaml.safe_load(f)
         for play in plays:
-            if "import_playbook" in play:
+            if "import_playbook" in play or "ansible.builtin.import_playbook" in play:
                 continue
             hosts = str(play["hosts"])
             assert hosts != "all" and "localhost" not in hosts or path.endswith("awx_configure.yml"), (path, play["name"])
@@ -224,3 +224,45 @@ def test_no_slice_of_any_template_is_left_without_a_host_of_its_limit(template):
             for number in range(1, count + 1):
                 part = set(awx.slice_hosts(hosts, number, count)) & awx.limit_hosts(imported, limit)
                 assert part, "slice %d/%d of %r has no host of the limit %r" % (number, count, template["name"], limit)
+
+
+def _engine_kubernetes_first_task(tmp_path, **extra):
+    """The first task of the engine role's Kubernetes path on the local inventory; (rc, output)."""
+    book = tmp_path / "render.yml"
+    book.write_text(yaml.safe_dump([{"name": "Engine on Kubernetes", "hosts": "colocated", "gather_facts": False,
+                                     "tasks": [{"ansible.builtin.include_role": {"name": "llmops.serving.engine",
+                                                                                 "tasks_from": "kubernetes.yml"}}]}]))
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
+               ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, ".build", "pycoll"))
+    ev = dict({"engine_platform": "kubernetes", "engine_image": "vllm/vllm-openai:v0.26.0", "engine_namespace": "llm"},
+              **extra)
+    cmd = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i",
+           os.path.join(ROOT, "inventories", "local"), str(book), "-e", json.dumps(ev)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_render_mode_is_refused_in_an_awx_job_and_allowed_from_a_checkout(tmp_path):
+    """Under AWX the render runs in the job's execution environment (llmops_k8s_delegate_to: localhost), which AWX
+    throws away: the job would succeed having applied nothing. Outside AWX, render writes where it runs."""
+    awx_job = {"engine_k8s_mode": "render", "awx_job_id": 4242, "llmops_k8s_delegate_to": "localhost"}
+    rc, out = _engine_kubernetes_first_task(tmp_path, **awx_job)
+    assert rc != 0 and "engine_k8s_mode is render in AWX job 4242" in " ".join(out.split()), out[-3000:]
+    assert "which AWX throws away when the job ends" in " ".join(out.split())
+    for allowed in ({"engine_k8s_mode": "render"}, dict(awx_job, engine_k8s_mode="apply")):
+        rc, out = _engine_kubernetes_first_task(tmp_path, **allowed)
+        assert "engine_k8s_mode is render in AWX job" not in out, allowed
+        first = out.split("Refuse render mode where the rendered manifests would be thrown away", 1)[1]
+        assert re.match(r"[^\n]*\*+\nok: \[localhost\]", first), (allowed, first[:500])
+
+
+def test_the_awx_variant_of_the_example_fleet_is_the_example_fleet_that_applies():
+    """inventories/example-h20-awx, imported as an AWX inventory source imports it, holds exactly example-h20's
+    hosts, groups and variables, but engine_k8s_mode: apply (render is refused in an AWX job)."""
+    example, variant = _imported(), _imported(os.path.join(ROOT, "inventories", "example-h20-awx"))
+    groups = ("_meta", "all")
+    assert {k: v for k, v in variant.items() if k not in groups} == {k: v for k, v in example.items() if k not in groups}
+    assert variant["all"]["children"] == example["all"]["children"]
+    assert example["all"]["vars"]["engine_k8s_mode"] == "render"
+    assert variant["all"]["vars"] == dict(example["all"]["vars"], engine_k8s_mode="apply")
+    assert variant["_meta"]["hostvars"] == example["_meta"]["hostvars"]

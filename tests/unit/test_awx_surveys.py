@@ -136,7 +136,7 @@ def test_every_survey_variable_is_read_by_the_playbook_it_feeds(template):
 
 
 def test_templates_and_workflow_reference_objects_that_exist():
-    names = {kind: {o["name"] for o in OBJECTS[kind]} for kind in OBJECTS}
+    names = {kind: {o["name"] for o in OBJECTS[kind]} for kind in OBJECTS if kind != "controller_roles"}
     for t in TEMPLATES:
         assert os.path.isfile(os.path.join(ROOT, t["playbook"])), t["playbook"]
         assert t["inventory"] in names["controller_inventories"]
@@ -427,3 +427,15 @@ def test_no_launch_needs_galaxy():
     assert "playbooks/awx_configure.yml" not in [t["playbook"] for t in TEMPLATES]
     text = "\n".join(open(os.path.join(ROOT, t["playbook"]), encoding="utf-8").read() for t in TEMPLATES)
     assert "awx.awx." not in text
+
+
+def test_the_workflow_imports_the_inventory_once_not_per_node():
+    """Each node launch of the workflow, seconds apart, would import the inventory again (and block the next
+    node's job while it runs) without a cache timeout; with the source's, one import serves the run."""
+    (source,) = OBJECTS["controller_inventory_sources"]
+    imports, since = 0, None
+    for gap in [0] + [30] * (len(WORKFLOWS[0]["workflow_nodes"]) - 1):
+        since = None if since is None and imports == 0 else since + gap
+        if awx.source_needs_update_on_launch(source, since):
+            imports, since = imports + 1, 0
+    assert imports == 1
