@@ -320,7 +320,7 @@ def normalise_gpu_name(name):
     return re.sub(r"\s+", " ", str(name)).strip()
 
 
-def gather_versions(engine, engine_python, run=subprocess.run):
+def gather_versions(engine, engine_python, run=_process_run.run):
     """Installed versions and toolchain paths in the engine's Python (package metadata and import
     specs; nothing is imported)."""
     wanted = {engine: DISTRIBUTIONS[engine]}
@@ -353,7 +353,7 @@ def default_cxx(environ=None):
     return env.get("CXX") or "g++"
 
 
-def gather_cxx(cxx, run=subprocess.run, path=None):
+def gather_cxx(cxx, run=_process_run.run, path=None):
     """``<cxx>: <version line> #<digest of its -v banner>``, the identity Inductor keys on
     (``cpp_builder.get_compiler_version_info`` runs ``<cxx> -v`` with ``LC_ALL=C``)."""
     exe = shutil.which(cxx, path=path)

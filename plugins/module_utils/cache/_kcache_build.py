@@ -11,14 +11,15 @@
   what other hosts and later starts verify against.
 
 No AnsibleModule needed (the warm-up's HTTP goes through ``_http``, its process through ``_process_run.Child``),
-so benchmark scripts can drive the same code outside a module.
+so benchmark scripts can drive the same code outside a module. Every ``.partial-*`` directory is a
+``_process_run.scratch_dir``: removed when the build fails, or when the module is signalled (SIGTERM, SIGHUP,
+SIGINT) after the warm-up's process group was stopped.
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import shutil
-import tempfile
 import time
 
 from ansible_collections.llmops.serving.plugins.module_utils.common import _fsutil, _http, _paths, _process_run
@@ -160,24 +161,21 @@ def prebuild(cache_root, engine, fingerprint, components, warmup, label="", extr
             res["changed"] = True
         logfile = os.path.join(eroot, ".logs", "%s.prebuild.log" % fingerprint)
         log = _Log(logfile)
-        partial = tempfile.mkdtemp(prefix=".partial-%s-" % fingerprint, dir=eroot)
         try:
-            make_layout(partial, engine)
-            env = dict(os.environ)
-            env.update(extra_env or {})
-            env.update(cache_env(engine, partial))
-            log("building %s/%s (%s) in %s" % (engine, fingerprint, label, partial))
-            w = run_warmup(warmup, env, log, logfile, http_post=http_post)
-            relocate(partial, final)
-            man = write_manifest(partial, engine, fingerprint, components, label, host=host)
-            check = verify_dir(partial, fingerprint, components, allow_extra=False)
-            if not check["ok"]:
-                raise KCacheError("prebuild: fresh cache failed its own verification: %s" % check["problems"][:5])
-            publish(partial, final, cache_root, engine)  # with the next publish sequence (_kcache)
-            log("published %s: %d files, %d bytes" % (final, man["file_count"], man["total_bytes"]))
-        except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
-            raise
+            with _process_run.scratch_dir(".partial-%s-" % fingerprint, eroot) as partial:
+                make_layout(partial, engine)
+                env = dict(os.environ)
+                env.update(extra_env or {})
+                env.update(cache_env(engine, partial))
+                log("building %s/%s (%s) in %s" % (engine, fingerprint, label, partial))
+                w = run_warmup(warmup, env, log, logfile, http_post=http_post)
+                relocate(partial, final)
+                man = write_manifest(partial, engine, fingerprint, components, label, host=host)
+                check = verify_dir(partial, fingerprint, components, allow_extra=False)
+                if not check["ok"]:
+                    raise KCacheError("prebuild: fresh cache failed its own verification: %s" % check["problems"][:5])
+                publish(partial, final, cache_root, engine)  # with the next publish sequence (_kcache)
+                log("published %s: %d files, %d bytes" % (final, man["file_count"], man["total_bytes"]))
         finally:
             log.close()
         res.update(status="built", built=True, changed=True, log_path=logfile,
@@ -262,22 +260,19 @@ def sync(source_root, cache_root, engine, fingerprint, components, lock_timeout=
                                                "%s before sync: %s" % (ver["status"], "; ".join(ver["problems"][:20])),
                                                proc_root=proc_root, what=ver["status"])
         log = _Log(os.path.join(eroot, ".logs", "%s.sync.log" % fingerprint))
-        partial = tempfile.mkdtemp(prefix=".partial-%s-" % fingerprint, dir=eroot)
         t0 = time.monotonic()
         try:
-            make_layout(partial, engine)
-            total = _copy_listed(src, partial, entries, log, progress_every)
-            shutil.copy2(os.path.join(src, MANIFEST), os.path.join(partial, MANIFEST))
-            relocate(partial, final)
-            check = verify_dir(partial, fingerprint, components, allow_extra=False)
-            if not check["ok"]:
-                raise KCacheError("sync: copy failed verification: %s" % check["problems"][:5])
-            publish(partial, final, cache_root, engine)  # with the next publish sequence (_kcache)
-            dt = time.monotonic() - t0
-            log("copied %d files, %d bytes in %.2fs (%.1f MiB/s)" % (len(entries), total, dt, total / max(dt, 1e-6) / 2 ** 20))
-        except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
-            raise
+            with _process_run.scratch_dir(".partial-%s-" % fingerprint, eroot) as partial:
+                make_layout(partial, engine)
+                total = _copy_listed(src, partial, entries, log, progress_every)
+                shutil.copy2(os.path.join(src, MANIFEST), os.path.join(partial, MANIFEST))
+                relocate(partial, final)
+                check = verify_dir(partial, fingerprint, components, allow_extra=False)
+                if not check["ok"]:
+                    raise KCacheError("sync: copy failed verification: %s" % check["problems"][:5])
+                publish(partial, final, cache_root, engine)  # with the next publish sequence (_kcache)
+                dt = time.monotonic() - t0
+                log("copied %d files, %d bytes in %.2fs (%.1f MiB/s)" % (len(entries), total, dt, total / max(dt, 1e-6) / 2 ** 20))
         finally:
             log.close()
         res.update(status="copied", copied=True, changed=True, bytes=total, file_count=len(entries),
@@ -367,8 +362,7 @@ def checkout(cache_root, engine, fingerprint, components, instance=DEFAULT_INSTA
             res.update(status="ready", changed=res["relocated_files"] > 0)
             return res
         eroot = engine_root(cache_root, engine)
-        partial = tempfile.mkdtemp(prefix=".partial-%s-run-" % fingerprint, dir=eroot)
-        try:
+        with _process_run.scratch_dir(".partial-%s-run-" % fingerprint, eroot) as partial:
             make_layout(partial, engine)
             total = _copy_listed(published, partial, entries)
             shutil.copyfile(os.path.join(published, MANIFEST), os.path.join(partial, MANIFEST))
@@ -379,9 +373,6 @@ def checkout(cache_root, engine, fingerprint, components, instance=DEFAULT_INSTA
                 os.unlink(rd)
             os.rename(partial, rd)
             _fsync_dir(os.path.dirname(rd))
-        except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
-            raise
         res.update(status="copied", changed=True, bytes=total, file_count=len(entries))
     return res
 

@@ -151,7 +151,7 @@ print(json.dumps(out))
 """
 
 
-def locate_engine(engine, engine_python, run=subprocess.run):
+def locate_engine(engine, engine_python, run=_process_run.run):
     """``(configs_dir, triton_version)`` of the engine installed in ``engine_python`` (nothing imported)."""
     try:
         found = _process_run.python_json(engine_python, _LOCATE, [engine], timeout=120, run=run)

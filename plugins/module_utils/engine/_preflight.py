@@ -66,10 +66,10 @@ def find_bin(cmd):
         return None
 
 
-def gpu_inventory(nvidia_smi, run=subprocess.run, which=find_bin, timeout=None):
+def gpu_inventory(nvidia_smi, run=_process_run.run, which=find_bin, timeout=None):
     """GPU facts, or ``mode: cpu-only`` when there is no nvidia-smi or it finds no device.
 
-    ``run`` is ``subprocess.run`` (``AnsibleModule.run_command`` has no timeout, and a GPU whose driver is
+    ``run`` is ``_process_run.run`` (``AnsibleModule.run_command`` has no timeout, and a GPU whose driver is
     wedged hangs nvidia-smi); ``which`` finds the executable (a module passes its ``get_bin_path``).
     Raises :class:`PreflightError` (option ``nvidia_smi``) when it does not answer within ``timeout`` seconds
     (default :data:`NVIDIA_SMI_TIMEOUT`) or its output cannot be parsed.
@@ -169,7 +169,7 @@ def _runtime_report(doc, modules):
     return doc
 
 
-def engine_runtime(python, modules, run=subprocess.run, which=find_bin, timeout=None):
+def engine_runtime(python, modules, run=_process_run.run, which=find_bin, timeout=None):
     """Check that ``modules`` import in the engine's Python and report their versions.
 
     Raises :class:`PreflightError` (option ``engine_python``) when the interpreter cannot be started, does
@@ -260,7 +260,7 @@ def driver_fits_cuda(driver_version, cuda_version):
     return out
 
 
-def node_facts(nvidia_smi, sysfs_root, paths, engine_python=None, engine_modules=(), run=subprocess.run,
+def node_facts(nvidia_smi, sysfs_root, paths, engine_python=None, engine_modules=(), run=_process_run.run,
                which=find_bin, image_cuda_version=None):
     """Everything preflight_facts reports: ``{gpu, rdma, disk, engine_runtime}``.
 
