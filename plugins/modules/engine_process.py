@@ -19,6 +19,10 @@ description:
   - One engine per O(name). Runs that start or stop the same O(run_dir)/O(name) take turns (a lock held from
     the check to the spawn, released by the kernel if the run dies), so two concurrent V(started) start one
     engine and the second reports it.
+  - The lock is the file C(<run_dir>/<name>/lock), mode 0600, in a directory of mode 0700, so no other local
+    user can take it first. A O(run_dir) that belongs to another user than the one running the module (or
+    root), or that group or others can write without the sticky bit, and a C(<run_dir>/<name>) or lock file of
+    another user, are refused (RV(reason=not_owned)) before anything starts or stops.
   - The engine is found without its run directory. Its environment carries C(LLMOPS_ENGINE_PROCESS) (a hash of
     O(run_dir) and O(name)) and C(LLMOPS_ENGINE_SPEC) (its RV(spec_hash)), its supervisor's command line
     carries the same key, and pids are checked with their start time. When the run directory was deleted or
@@ -207,7 +211,7 @@ log_tail:
   elements: str
 reason:
   description: Short code of a refused input (V(bad_name), V(bad_run_dir), V(bad_env),
-    V(bad_command), V(masked_exit_status), V(locked)).
+    V(bad_command), V(masked_exit_status), V(locked), V(not_owned)).
   returned: on failure
   type: str
 """
@@ -315,7 +319,7 @@ def main():
 
     lock_timeout = max(p["stop_timeout"], 0) + max(p["startup_grace"], 0) + 60
     try:
-        with _process.NameLock(p["run_dir"], p["name"], timeout=lock_timeout):
+        with _process.NameLock(p["run_dir"], p["name"], timeout=lock_timeout) as lock:
             before = _process.locate(p["run_dir"], p["name"])
             result["previous"] = _public(before)
             _warn_state_file(module, before)
@@ -330,7 +334,7 @@ def main():
             if before["state"] == "running":
                 _process.stop(p["run_dir"], p["name"], timeout=p["stop_timeout"])
             st = _process.start(p["run_dir"], p["name"], p["command"], env=env, chdir=p["chdir"],
-                                stop_timeout=p["stop_timeout"], startup_grace=p["startup_grace"])
+                                stop_timeout=p["stop_timeout"], startup_grace=p["startup_grace"], lock=lock)
     except _process_state.ProcessError as e:
         fail(str(e), **dict(result, **e.details))
     done(**dict(result, **_public(st)))

@@ -13,9 +13,11 @@ One engine per name. The rules that make ``(run_dir, name)`` name at most one en
 
 * ``name`` is one plain path component (``_process_state.check_name``) and ``run_dir`` is absolute, so the pair
   always spells the same directory; the *identity key* is a hash of ``realpath(run_dir)`` and ``name``.
-* Every run that may start or stop the engine holds a lock for that key across the whole check-and-spawn
-  (:class:`NameLock`). The lock is an abstract Unix socket bound to the key: the kernel releases it when the
-  holder dies, and no file can be unlinked or deleted with the run directory to break it.
+* Every run that may start or stop the engine holds a lock for that name across the whole check-and-spawn
+  (:class:`NameLock`): an ``flock`` on ``<run_dir>/<name>/lock``, a file only this user can open, in a directory
+  only this user can write, so another local user cannot take it first (a computable abstract socket name could
+  be bound by any user). The kernel releases it when the holder dies; a lock taken on a file whose run
+  directory was deleted meanwhile is taken again, and :meth:`NameLock.check` is asked again just before a spawn.
 * The engine's identity does not live only in the run directory. The supervisor passes
   ``LLMOPS_ENGINE_PROCESS=<key>`` and ``LLMOPS_ENGINE_SPEC=<spec hash>`` in the engine's environment (inherited
   by its workers) and carries ``--llmops-engine-process=<key>`` on its own command line; ``state.json`` records
@@ -32,18 +34,17 @@ written to ``spec.json`` (names only), ``state.json`` or the log by this code. C
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
 import re
 import signal
-import socket
+import stat
 import subprocess
 import sys
 import time
 
-from ansible_collections.llmops.serving.plugins.module_utils.common import _secrets
+from ansible_collections.llmops.serving.plugins.module_utils.common import _fsutil, _secrets
 from ansible_collections.llmops.serving.plugins.module_utils.common._process_run import (
     group_alive, live, proc_cmdline, proc_stat, stop_group,
 )
@@ -68,7 +69,7 @@ def proc_start(pid):
         return None
 
 def write_state(path, data):
-    os.makedirs(os.path.dirname(path), exist_ok=True)  # the run dir may have been deleted under us
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)  # the run dir may have been deleted under us
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(data, f, sort_keys=True)
@@ -229,41 +230,142 @@ def identity_key(run_dir, name):
 class NameLock(object):
     """Exclusive lock for one ``(run_dir, name)``, held across check-and-spawn (or stop).
 
-    An abstract Unix socket bound to the identity key: nothing on disk can be deleted to break it, and the
-    kernel releases it when the holder exits or is killed. Waits up to ``timeout`` seconds.
+    An ``flock`` on ``<run_dir>/<name>/lock``: a regular file of mode 0600 that this user owns, in a directory
+    this user owns that no one else can write, in a ``run_dir`` that belongs to this user or root and that others
+    cannot write (or only with the sticky bit, like ``/tmp``). Another local user can neither open the file to
+    lock it nor put one of their own in its place: what they could have planted is refused with
+    ``reason=not_owned`` (:func:`_own_dir`), never waited on. The kernel releases the lock when the holder exits
+    or is killed; its descriptor is close-on-exec, so neither the supervisor nor the engine holds it after the
+    spawn. A lock taken on a file that was unlinked or replaced meanwhile (the run dir deleted) is taken again on
+    the file the path names now; :meth:`check` says, before a spawn, whether that is still the locked file. Waits
+    up to ``timeout`` seconds.
     """
 
     def __init__(self, run_dir, name, timeout=120.0):
         self.key = identity_key(run_dir, name)
+        self.run_dir = run_dir
         self.name = name
+        self.path = paths(run_dir, name)["lock"]
         self.timeout = timeout
-        self.sock = None
+        self.fd = None
 
     def __enter__(self):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         deadline = time.monotonic() + self.timeout
         while True:
+            fd = _open_lock(self.run_dir, self.name)
             try:
-                sock.bind("\0llmops.serving/engine_process/" + self.key)
-                break
-            except OSError as e:
-                if e.errno != errno.EADDRINUSE:
-                    sock.close()
-                    raise
-                if time.monotonic() > deadline:
-                    sock.close()
-                    raise ProcessError(
-                        "%s: another engine_process run for this name has been starting or stopping it for over "
-                        "%d s; let it finish (or stop that run) and run again" % (self.name, self.timeout),
-                        reason="locked")
-                time.sleep(0.05)
-        self.sock = sock
-        return self
+                taken = _fsutil.wait_flock(fd, deadline, poll=0.2, first_poll=0.01)
+            except BaseException:
+                os.close(fd)
+                raise
+            if not taken:
+                os.close(fd)
+                raise ProcessError(
+                    "%s: another engine_process run for this name has been starting or stopping it for over "
+                    "%d s; let it finish (or stop that run) and run again" % (self.name, self.timeout),
+                    reason="locked")
+            self.fd = fd
+            if self.check():
+                return self
+            self.fd = None
+            os.close(fd)  # the run dir was deleted or the file replaced while this run waited: lock the new one
+
+    def check(self):
+        """The lock path still names the file this run locked (the run dir was not deleted meanwhile)."""
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            return False
+        held = os.fstat(self.fd)
+        return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
 
     def __exit__(self, *exc):
-        self.sock.close()
-        self.sock = None
+        os.close(self.fd)
+        self.fd = None
         return False
+
+
+def _not_owned(msg, path):
+    return ProcessError(msg, reason="not_owned", file=path)
+
+
+def _own_dir(fd, path, option, create_fix):
+    """Refuse the directory open on ``fd`` unless this user owns it; take away write access of group and others
+    it should not have (a directory engine_process made under a umask of 002)."""
+    st = os.fstat(fd)
+    me = os.geteuid()
+    if st.st_uid != me:
+        raise _not_owned(
+            "%s: %s belongs to uid %d, not to uid %d that runs engine_process; another user could hold the engine's "
+            "lock there and keep this run from starting or stopping it; %s"
+            % (option, path, st.st_uid, me, create_fix), path)
+    if st.st_mode & 0o022:
+        os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~0o022)
+
+
+def _open_lock(run_dir, name):
+    """``<run_dir>/<name>/lock`` opened for :class:`NameLock`, each step checked as :class:`NameLock` says;
+    creates the directories (``<name>`` with mode 0700) and the file (0600) when they are missing."""
+    try:
+        return _open_lock_checked(run_dir, name)
+    except ProcessError:
+        raise
+    except OSError as e:
+        raise ProcessError("run_dir: cannot create or open %s (%s: %s); point run_dir at a directory this user can "
+                           "write" % (os.path.join(run_dir, name, "lock"), e.filename or run_dir, e.strerror),
+                           reason="bad_run_dir", file=run_dir)
+
+
+def _open_lock_checked(run_dir, name):
+    me = os.geteuid()
+    os.makedirs(run_dir, mode=0o755, exist_ok=True)
+    rfd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(rfd)
+        if st.st_uid not in (me, 0):
+            raise _not_owned(
+                "run_dir: %s belongs to uid %d; only that user (or root) could then start or stop engines there, "
+                "another user could replace <run_dir>/%s and take the engine's lock first; use a run_dir that "
+                "belongs to uid %d or root (for example /var/tmp/llmops/run-%d)" % (run_dir, st.st_uid, name, me, me),
+                run_dir)
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise _not_owned(
+                "run_dir: %s can be written by group or others (mode %04o) without the sticky bit; another user "
+                "could replace <run_dir>/%s and take the engine's lock first; chmod go-w %s (or +t), or use a "
+                "run_dir only its owner can write" % (run_dir, stat.S_IMODE(st.st_mode), name, run_dir), run_dir)
+        try:
+            os.mkdir(name, 0o700, dir_fd=rfd)
+        except FileExistsError:
+            pass
+        base = os.path.join(run_dir, name)
+        try:
+            dfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=rfd)
+        except OSError as e:
+            raise ProcessError("name: %s is not a directory (%s); remove it or choose another name"
+                               % (base, e.strerror), reason="bad_name")
+    finally:
+        os.close(rfd)
+    try:
+        _own_dir(dfd, base, "name", "remove %s (as its owner or root) or choose another name or run_dir" % base)
+        lock = os.path.join(base, "lock")
+        try:
+            fd = os.open("lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600,
+                         dir_fd=dfd)
+        except OSError as e:
+            raise _not_owned("name: %s cannot be opened as engine_process's lock (%s); remove it and run again"
+                             % (lock, e.strerror), lock)
+    finally:
+        os.close(dfd)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != me:
+        os.close(fd)
+        raise _not_owned(
+            "name: %s is not a regular file of uid %d (it is %s of uid %d); another user could hold it and keep "
+            "this run from starting or stopping the engine; remove it (as its owner or root) and run again"
+            % (lock, me, "a file" if stat.S_ISREG(st.st_mode) else "not a file", st.st_uid), lock)
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.fchmod(fd, 0o600)
+    return fd
 
 
 def _proc_environ(pid, proc_root="/proc"):
@@ -442,14 +544,15 @@ def locate(run_dir, name, proc_root="/proc"):
 # --------------------------------------------------------------------------------------------- #
 
 
-def start(run_dir, name, command, env=None, chdir=None, stop_timeout=60, startup_grace=2.0, python=None):
+def start(run_dir, name, command, env=None, chdir=None, stop_timeout=60, startup_grace=2.0, python=None, lock=None):
     """Start under a supervisor; fail with the exit status if the command dies within ``startup_grace``.
 
-    ``env`` reaches the engine through the supervisor's environment only, never through a file.
+    ``env`` reaches the engine through the supervisor's environment only, never through a file. ``lock``: the
+    caller's :class:`NameLock`, checked to still be this name's lock right before the spawn.
     """
     check_name(name)
     p = paths(run_dir, name)
-    os.makedirs(p["dir"], exist_ok=True)
+    os.makedirs(p["dir"], mode=0o700, exist_ok=True)
     merged = dict(env or {})
     h = spec_hash(command, merged, chdir)
     key = identity_key(run_dir, name)
@@ -466,6 +569,9 @@ def start(run_dir, name, command, env=None, chdir=None, stop_timeout=60, startup
     proc_env.update(merged)
     proc_env[MARKER_ENV] = key
     proc_env[SPEC_ENV] = h
+    if lock is not None and not lock.check():
+        raise ProcessError("run_dir: %s was deleted or replaced while this run held the lock of %s; nothing was "
+                           "started; run again" % (run_dir, name), reason="locked")
     sup = subprocess.Popen([python or sys.executable, p["supervisor"], SUPERVISOR_FLAG + key, p["state"], p["log"],
                             p["spec"]], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            start_new_session=True, close_fds=True, env=proc_env)

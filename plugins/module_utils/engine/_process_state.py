@@ -6,7 +6,7 @@
 Layout of ``<run_dir>/<name>/`` (:func:`paths`): ``supervisor.py``, ``spec.json`` (what was started: command,
 chdir, the *names* of the environment variables, never their values), ``state.json`` (written by the supervisor
 of ``_process``: running / exited with returncode or signal) and ``<name>.log`` (the process's stdout+stderr,
-appended across restarts with a banner line).
+appended across restarts with a banner line) and ``lock`` (``_process.NameLock``'s file: empty, mode 0600).
 
 * :func:`check_name` / :func:`check_run_dir` / :func:`check_layout` - the rules that make ``(run_dir, name)``
   spell one directory, refused with :class:`ProcessError` naming the option.
@@ -84,6 +84,7 @@ def paths(run_dir, name):
         "spec": os.path.join(base, "spec.json"),
         "state": os.path.join(base, "state.json"),
         "log": os.path.join(base, "%s.log" % name),
+        "lock": os.path.join(base, "lock"),
     }
 
 
