@@ -164,7 +164,22 @@ def rollout_status(workload, replicasets=None, pods=None):
         stale = [c for c in conds or [] if gen is not None and _k8s_shape.integer(c.get("observedGeneration"), gen) < gen]
         busy = [c["type"] for c in conds or [] if c.get("type") in ("UpdateInProgress", "Progressing")
                 and c.get("status") == "True"]
-        if stale:
+        # kubernetes-sigs/lws added status.observedGeneration and the conditions' observedGeneration in #807, first
+        # released in v0.9.0 (api/leaderworkerset/v1/leaderworkerset_types.go; v0.8.0's makeCondition sets neither).
+        # Without them nothing tells whether the controller has seen this generation: right after a re-apply the old
+        # group is Ready and its status says Available. A first generation has no older revision to confuse.
+        unproven = observed is None and conds and gen is not None and gen > 1 and not any(
+            c.get("observedGeneration") is not None for c in conds)
+        if unproven:
+            out.update(state="failed", message=(
+                "%s: generation %s cannot be told from the one before: its controller reports no "
+                "status.observedGeneration (LeaderWorkerSet older than v0.9.0, kubernetes-sigs/lws#807), so a Ready "
+                "group may still run the old template. Upgrade LeaderWorkerSet to v0.9.0 or later; until then check "
+                "the pods' leaderworkerset.sigs.k8s.io/template-revision-hash by hand" % (name, gen)))
+            return out
+        if gen is not None and observed is not None and observed < gen:
+            waiting = "%s: waiting for the controller to observe generation %s (observedGeneration %s)" % (name, gen, observed)
+        elif stale:
             waiting = "%s: its conditions are of generation %s, not %s yet" % (name, stale[0].get("observedGeneration"), gen)
         elif busy:
             waiting = "%s: %s (%d of %d groups updated, %d ready)" % (name, " and ".join(busy), out["updated"], want,

@@ -19,6 +19,7 @@ from ansible_collections.llmops.serving.plugins.module_utils.kube import _aibrix
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_checks
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_engine as k8s
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_names as names
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_wait
 from ansible_collections.llmops.serving.tests.unit.plugins.module_utils.conftest import K8S_VERSION, PROFILES
 
 DIGEST = "@sha256:" + "e" * 64
@@ -206,3 +207,46 @@ def test_multi_node_mistakes_are_refused(override, match):
 def test_an_unknown_vllm_version_warns_for_multi_node():
     built = k8s.build(dict(VLLM, image="vllm/vllm-openai:latest", profile="none"))
     assert any("multi-node serving without Ray" in w and _k8s_checks.VLLM_MULTINODE_MIN in w for w in built["warnings"])
+
+
+# --------------------------------------------------------------------------------------------- #
+# m2: the rollout of a re-applied LeaderWorkerSet, by what each LWS version reports
+# --------------------------------------------------------------------------------------------- #
+
+def _lws_status(generation, v09, observed=None, hash_="old111"):
+    """A re-applied LWS right after the apply, its old group still Ready. kubernetes-sigs/lws: v0.8.0
+    (pkg/controllers/leaderworkerset_controller.go makeCondition) writes conditions without observedGeneration and no
+    status.observedGeneration; v0.9.0 (#807, api/leaderworkerset/v1/leaderworkerset_types.go ObservedGeneration,
+    setConditions) sets both to the generation it reconciled."""
+    status = {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1,
+              "conditions": [{"type": "Available", "status": "True", "reason": "AllGroupsReady",
+                              "lastTransitionTime": "2026-08-02T08:00:00Z"}]}
+    if v09:
+        status["observedGeneration"] = observed
+        status["conditions"][0]["observedGeneration"] = observed
+    lws = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+           "metadata": {"name": "glm", "namespace": "llm-lab", "generation": generation},
+           "spec": {"replicas": 1, "leaderWorkerTemplate": {"size": 2}}, "status": status}
+    pod = {"kind": "Pod", "metadata": {"name": "glm-0", "namespace": "llm-lab", "creationTimestamp": "2026-08-02T07:00:00Z",
+                                       "labels": {"leaderworkerset.sigs.k8s.io/template-revision-hash": hash_}},
+           "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+    return lws, pod
+
+
+def test_an_lws_before_v0_9_is_not_ready_from_its_old_group_after_a_re_apply():
+    """m2: the replay S2 (generation 2, v0.8-shaped status, old leader Ready) read "ready | revision old111 rolled out".
+    Without observedGeneration nothing tells the controller saw generation 2: the wait refuses to call it ready and
+    names the LWS version that fixes it."""
+    lws, pod = _lws_status(2, v09=False)
+    v = _k8s_wait.evaluate([pod], check_route=False, workload=lws)
+    assert v["state"] == "failed" and "v0.9.0" in v["message"] and "observedGeneration" in v["message"], v["message"]
+    first, pod = _lws_status(1, v09=False)  # a first apply has no old revision to mistake for the new one
+    assert _k8s_wait.evaluate([pod], check_route=False, workload=first)["state"] == "ready"
+
+
+def test_an_lws_from_v0_9_is_judged_by_its_observed_generation():
+    lws, pod = _lws_status(2, v09=True, observed=1)
+    v = _k8s_wait.evaluate([pod], check_route=False, workload=lws)
+    assert v["state"] == "waiting" and "observe generation 2" in v["message"], v["message"]
+    lws, pod = _lws_status(2, v09=True, observed=2)
+    assert _k8s_wait.evaluate([pod], check_route=False, workload=lws)["state"] == "ready"
