@@ -44,7 +44,9 @@ options:
     choices: [engine, aibrix_gateway]
     default: engine
   deadline:
-    description: Seconds to keep retrying transient failures, for all checks together.
+    description:
+      - Seconds to keep retrying transient failures, for all checks together.
+      - No request outlives it: each one's O(timeout) is cut to the time left.
     type: int
     default: 600
   interval:
@@ -52,7 +54,10 @@ options:
     type: float
     default: 2.0
   timeout:
-    description: Per-request timeout in seconds.
+    description:
+      - Seconds each request's whole answer may take (headers and body), a deadline rather than a limit on each
+        read, so a server that trickles its answer a byte at a time cannot stretch it; never past O(deadline).
+      - An answer over 8 MiB is refused while it is read (a retried failure, like no answer).
     type: float
     default: 60.0
   since:
@@ -74,7 +79,8 @@ options:
       - C(json_schema) requests C(response_format) json_schema with C(schema) and validates the parsed output.
       - C(tool_call) offers C(tools) (C(tool_choice), default C(required)); the called function must exist,
         match C(expect_function) when given, and its arguments must parse and validate.
-      - C(stream) reads server-sent events until C([DONE]) within C(stream_timeout) and records TTFT.
+      - C(stream) reads server-sent events until C([DONE]) within C(stream_timeout) (a deadline for the whole stream,
+        at most 8 MiB and lines of at most 1 MiB) and records TTFT.
       - C(cancel) drops a stream after its first chunk; C(/health) must still answer 200.
       - C(route) sends a completion without the C(model) header and requires the response headers AIBrix v0.7.0's
         gateway plugin sets for the routing in force (C(gateway_rsp_headers.go)) - C(request-id) and

@@ -78,6 +78,10 @@ options:
         says the control load may not have moved the KV at all.
       - A URL with credentials (C(user:password@)) is refused here and in O(prefill_metrics), since results and
         logs show the URL.
+      - A URL's whole answer must come within 10 seconds and hold at most 16 MiB (here and in O(prefill_metrics));
+        an answer that trickles or does not end fails naming the option, never waits or fills memory.
+      - A counter or histogram figure that cannot be (C(NaN), C(+Inf), negative) fails naming the option and the
+        sample.
     type: str
   prefill_metrics:
     description:
@@ -236,6 +240,9 @@ def _metrics_url(value):
 def _kv_sample(module, source, option="nixl_metrics", role="decode"):
     try:
         return _prom.kv_sample(_prom.load(source))
+    except _prom.PromValueError as e:
+        module.fail_json(msg="%s: the %s engine's metrics hold a figure that cannot be (%s); its KV counters are "
+                             "unknown: check the engine's /metrics" % (option, role, e))
     except _prom.PromParseError as e:
         module.fail_json(msg="%s: not Prometheus text (%s); pass the %s engine's /metrics body or "
                              "its http(s):// URL" % (option, e, role))

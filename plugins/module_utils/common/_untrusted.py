@@ -331,3 +331,78 @@ def load_yaml(path, field=None, max_bytes=MAX_BYTES, max_depth=MAX_DEPTH, follow
     data = read_bytes(path, field, max_bytes, follow)
     return loads_yaml(data, "%s: %s" % (field, path) if field else str(path), max_depth, file=path,
                       max_bytes=max_bytes)
+
+
+# ---- quoting and figures from text the collection does not control -------------------------------------- #
+
+#: How much of a rejected value a message quotes (:func:`excerpt`).
+EXCERPT_CHARS = 120
+#: Longest text that may be read as one figure (:func:`figure`): a duration, a byte count or a Prometheus sample
+#: value never needs more; a longer one is refused before conversion.
+MAX_FIGURE_CHARS = 64
+
+
+def excerpt(value, limit=EXCERPT_CHARS):
+    """A short quote of ``value`` (text the collection does not control: a log or metrics line, an answer's
+    body) for a message: its ``repr`` when it has at most ``limit`` characters, else the ``repr`` of its first
+    ``limit`` characters and how long it was. Bytes are decoded (undecodable bytes replaced). Every message that
+    quotes rejected input quotes it through this, never whole: a 5 MB line stays a short message."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        size = len(value)
+        text = bytes(value[:limit * 4]).decode("utf-8", "replace")[:limit]
+        unit = "bytes"
+    else:
+        text = value if isinstance(value, str) else str(value)
+        size = len(text)
+        unit = "characters"
+    if size <= limit and len(text) == size:
+        return repr(text)
+    return "%r... (the first %d of %d %s)" % (text[:limit], limit, size, unit)
+
+
+def figure(value, field, nonnegative=False, maximum=MAX_ABS_NUMBER):
+    """The number ``value`` holds (a figure read from a log line or a metrics answer: text, or a number already
+    parsed) as a float, or :class:`UntrustedInput` (``limit="number"``) naming ``field``.
+
+    A figure is a decimal number written in at most :data:`MAX_FIGURE_CHARS` characters, finite (``NaN``,
+    ``+Inf``, ``1e999`` and 400 nines are refused), within ``+/- maximum``, and not negative with
+    ``nonnegative`` (a count, or a sum of durations or bytes, cannot be). JSON written from it never holds
+    ``Infinity`` or ``NaN``."""
+    if isinstance(value, bool):
+        number = None
+    elif isinstance(value, (int, float)):
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond a double
+            raise UntrustedInput("%s holds a number beyond +/-%g, so it is refused" % (field, maximum), limit="number")
+    elif isinstance(value, (str, bytes)):
+        text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+        text = text.strip()
+        if len(text) > MAX_FIGURE_CHARS:
+            raise UntrustedInput("%s is a number written in over %d characters (%s), so it is refused"
+                                 % (field, MAX_FIGURE_CHARS, excerpt(text)), limit="number")
+        try:
+            number = float(text)
+        except ValueError:
+            raise UntrustedInput("%s is not a number: %s" % (field, excerpt(text)), limit="number")
+    else:
+        number = None
+    if number is None:
+        raise UntrustedInput("%s is %s, not a number" % (field, type(value).__name__), limit="number")
+    if not math.isfinite(number):
+        raise UntrustedInput("%s is %s, not a finite number, so it is refused" % (field, number), limit="number")
+    if abs(number) > maximum:
+        raise UntrustedInput("%s is %g, beyond +/-%g, so it is refused" % (field, number, maximum), limit="number")
+    if nonnegative and number < 0:
+        raise UntrustedInput("%s is %g: it is a count or a sum, which cannot be negative" % (field, number),
+                             limit="number")
+    return number
+
+
+def figure_or_none(value, field="a figure", nonnegative=False, maximum=MAX_ABS_NUMBER):
+    """:func:`figure`, or None where it refuses ``value`` (a figure of a log line that cannot be is unknown,
+    never a traceback and never ``Infinity`` in a file written after)."""
+    try:
+        return figure(value, field, nonnegative=nonnegative, maximum=maximum)
+    except UntrustedInput:
+        return None

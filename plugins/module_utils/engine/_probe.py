@@ -21,6 +21,11 @@ Through an AIBrix v0.7.0 gateway (``target="aibrix_gateway"``) the checks follow
   the gateway's ``ROUTING_ALGORITHM`` applies), plus ``prefill-target-pod``/``prefill-target-pod-ip`` for ``pd``
   (``pkg/plugins/gateway/algorithms/pd_disaggregation.go``). It never sends the ``model`` header: a request
   matched by the per-model route directly bypasses the plugin and carries none of them.
+
+Every request goes through ``_http`` with a deadline for the whole answer: the smaller of its ``timeout`` and the
+time left before the probe's ``deadline`` (an engine that trickles its answer a byte a second cannot keep the
+probe past either), and a stream is read under ``stream_timeout`` as a deadline for all of it. Messages quote an
+answer only through ``_untrusted.excerpt``.
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ import time
 from urllib.parse import urlparse
 
 from ansible_collections.llmops.serving.plugins.module_utils.common import _http, _timeline
-from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import UntrustedInput, loads_json
+from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import UntrustedInput, excerpt, loads_json
 
 CHECK_TYPES = ("health", "models", "completion", "chat", "json_schema", "tool_call", "stream", "cancel", "route")
 TARGETS = ("engine", "aibrix_gateway")
@@ -104,42 +109,55 @@ def retry(attempt, end, interval=2.0, process_exited=None, on_retry=None):
 
 
 class Http(object):
-    def __init__(self, base_url, headers=None, timeout=60.0, transient_status=TRANSIENT_STATUS):
+    """The probe's requests to ``base_url``: each one's whole answer within its ``timeout`` and, with ``end`` (a
+    ``time.monotonic()`` deadline), before ``end``."""
+
+    def __init__(self, base_url, headers=None, timeout=60.0, transient_status=TRANSIENT_STATUS, end=None):
         self.base = base_url.rstrip("/")
         self.headers = dict(headers or {})
         self.timeout = timeout
         self.transient_status = transient_status
+        self.end = end
 
     def _headers(self, extra):
         return dict(self.headers, **(extra or {}))
 
-    def _open(self, method, path, payload=None, timeout=None, headers=None):
-        return _http.open_response(method, self.base + path, payload=payload, headers=self._headers(headers),
-                                   timeout=timeout or self.timeout)
+    def _timeout(self, method, path, timeout):
+        """The deadline of one request: ``timeout`` (else the probe's), cut to the time left before ``end``."""
+        timeout = timeout or self.timeout
+        if self.end is None:
+            return timeout
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise Transient("%s %s: not sent, the probe's deadline has passed" % (method, path))
+        return min(timeout, left)
 
     def request(self, method, path, payload=None, timeout=None, transient_status=None, headers=None):
         """Return (status, headers, text); raise Transient on retryable transport errors."""
         transient_status = self.transient_status if transient_status is None else transient_status
         try:
             resp = _http.request(method, self.base + path, payload=payload, headers=self._headers(headers),
-                                 timeout=timeout or self.timeout)
+                                 timeout=self._timeout(method, path, timeout))
             return resp.status, resp.headers, resp.text
         except _http.HttpError as e:
             if e.status is None:
                 raise Transient("%s %s: %s" % (method, path, e.reason))
             if e.status in transient_status and "does not exist" not in e.body:
-                raise Transient("HTTP %d from %s: %s" % (e.status, path, e.body[:300]))
+                raise Transient("HTTP %d from %s: %s" % (e.status, path, excerpt(e.body, 300)))
             return e.status, e.headers, e.body
 
     def open_stream(self, path, payload, timeout, headers=None):
+        """The open ``_http.Stream`` of a streamed answer: its headers and every event within ``timeout`` (cut to
+        the probe's deadline)."""
         try:
-            return self._open("POST", path, payload, timeout, headers)
+            return _http.open_response("POST", self.base + path, payload=payload, headers=self._headers(headers),
+                                       timeout=self._timeout("POST", path, timeout))
         except _http.HttpError as e:
             if e.status is None:
                 raise Transient("POST %s: %s" % (path, e.reason))
             if e.status in self.transient_status:
-                raise Transient("HTTP %d from %s: %s" % (e.status, path, e.body[:300]))
-            raise CheckFailed("HTTP %d from %s: %s" % (e.status, path, e.body[:500]), status=e.status)
+                raise Transient("HTTP %d from %s: %s" % (e.status, path, excerpt(e.body, 300)))
+            raise CheckFailed("HTTP %d from %s: %s" % (e.status, path, excerpt(e.body, 500)), status=e.status)
 
 
 def port_open(base_url, timeout=2.0):
@@ -157,10 +175,10 @@ def _json(status, body, path):
     try:
         doc = loads_json(body, "%s answered HTTP %s with a body that" % (path, status))
     except UntrustedInput as e:
-        shown = ": %r" % body[:300] if e.limit in ("syntax", "encoding") else ""
+        shown = ": %s" % excerpt(body, 300) if e.limit in ("syntax", "encoding") else ""
         raise CheckFailed(str(e) + shown)
     if not isinstance(doc, dict):
-        raise CheckFailed("%s answered HTTP %s with JSON that is not an object: %r" % (path, status, body[:300]))
+        raise CheckFailed("%s answered HTTP %s with JSON that is not an object: %s" % (path, status, excerpt(body, 300)))
     return doc
 
 
@@ -176,17 +194,17 @@ def _fail_on_status(status, body, path, model):
     if status == 200:
         return
     if status in (400, 404) and "does not exist" in body:
-        raise CheckFailed("model %r is not served at %s (HTTP %d): %s" % (model, path, status, body[:300]),
+        raise CheckFailed("model %r is not served at %s (HTTP %d): %s" % (model, path, status, excerpt(body, 300)),
                           status=status)
-    raise CheckFailed("%s answered HTTP %d: %s" % (path, status, body[:500]), status=status)
+    raise CheckFailed("%s answered HTTP %d: %s" % (path, status, excerpt(body, 500)), status=status)
 
 
 def _match(check, text, token_ids=None):
     """Compare output with expect / expect_regex / expect_token_ids; raise CheckFailed on mismatch."""
     if check.get("expect") is not None and text != check["expect"]:
-        raise CheckFailed("output %r != expected %r" % (text, check["expect"]), output=text)
+        raise CheckFailed("output %s != expected %r" % (excerpt(text, 300), check["expect"]), output=text)
     if check.get("expect_regex") and not re.search(check["expect_regex"], text or "", re.S):
-        raise CheckFailed("output %r does not match /%s/" % (text, check["expect_regex"]), output=text)
+        raise CheckFailed("output %s does not match /%s/" % (excerpt(text, 300), check["expect_regex"]), output=text)
     if check.get("expect_token_ids") is not None:
         if token_ids is None:
             raise CheckFailed("the server returned no token_ids (needs a vLLM that supports return_token_ids)")
@@ -221,7 +239,7 @@ def _check_models(http, check, model, warnings):
     path = check.get("path") or "/v1/models"
     status, dummy, body = http.request("GET", path, headers=_check_headers(check, model))
     if status != 200:
-        raise CheckFailed("%s answered HTTP %d: %s" % (path, status, body[:300]))
+        raise CheckFailed("%s answered HTTP %d: %s" % (path, status, excerpt(body, 300)))
     data = _json(status, body, path).get("data")
     ids = [m.get("id") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
     if model not in ids:
@@ -233,7 +251,7 @@ def _check_models(http, check, model, warnings):
 def _first_choice(doc, path):
     choices = doc.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise CheckFailed("%s answered without choices: %s" % (path, json.dumps(doc)[:300]))
+        raise CheckFailed("%s answered without choices: %s" % (path, excerpt(json.dumps(doc), 300)))
     return choices[0]
 
 
@@ -332,7 +350,7 @@ def _check_json_schema(http, check, model, warnings):
     try:
         doc = loads_json(content, "json_schema: the output")
     except UntrustedInput as e:
-        raise CheckFailed("%s: %r" % (e, content[:300]), output=content)
+        raise CheckFailed("%s: %s" % (e, excerpt(content, 300)), output=content)
     errors = validate_schema(doc, schema)
     if errors:
         raise CheckFailed("json_schema: the output does not validate: %s" % "; ".join(errors[:5]), output=content)
@@ -352,7 +370,7 @@ def _check_tool_call(http, check, model, warnings):
     if not calls:
         raise CheckFailed("tool_call: no tool_calls in the answer (content: %r); is the engine started with a tool "
                           "call parser (vLLM --enable-auto-tool-choice --tool-call-parser ...)?"
-                          % (msg.get("content") or "")[:200])
+                          % excerpt(msg.get("content") or "", 200))
     fn = calls[0].get("function") or {}
     name = fn.get("name")
     if check.get("expect_function") and name != check["expect_function"]:
@@ -360,7 +378,7 @@ def _check_tool_call(http, check, model, warnings):
     try:
         args = loads_json(fn.get("arguments") or "{}", "tool_call: the argument text of %r" % (name,))
     except UntrustedInput as e:
-        raise CheckFailed("%s: %r" % (e, fn.get("arguments")))
+        raise CheckFailed("%s: %s" % (e, excerpt(fn.get("arguments"), 300)))
     spec = next((t.get("function", {}) for t in tools if t.get("function", {}).get("name") == name), None)
     if spec is None:
         raise CheckFailed("tool_call: called %r, which is not among the offered tools" % name)
@@ -381,12 +399,18 @@ def _stream_request(check, model):
     return "/v1/completions", body, chat
 
 
-def _sse_events(resp, deadline):
-    """Yield decoded `data:` payloads; raise CheckFailed when the deadline passes first."""
+def _sse_events(resp, timeout):
+    """Yield decoded `data:` payloads of the ``_http.Stream`` ``resp``; raise CheckFailed when its deadline
+    (``timeout`` seconds for the whole stream) passes first, or when it breaks off or sends a line that is too
+    long."""
     while True:
-        if time.monotonic() > deadline:
-            raise CheckFailed("stream did not end with [DONE] before its timeout")
-        line = resp.readline()
+        try:
+            line = resp.readline()
+        except _http.HttpError as e:
+            if e.timed_out:
+                raise CheckFailed("stream: no [DONE] within stream_timeout (%g s, a deadline for the whole stream): "
+                                  "a teardown hang, or a server that trickles its events" % timeout)
+            raise CheckFailed("stream: %s" % e.reason)
         if not line:
             return
         line = line.decode("utf-8", "replace").strip()
@@ -398,11 +422,11 @@ def _delta_text(event, chat):
     try:
         doc = loads_json(event, "stream: an event")
     except UntrustedInput as e:
-        raise CheckFailed("%s: %r" % (e, event[:200]))
+        raise CheckFailed("%s: %s" % (e, excerpt(event, 200)))
     if not isinstance(doc, dict):
-        raise CheckFailed("stream: an event is not a JSON object: %r" % event[:200])
+        raise CheckFailed("stream: an event is not a JSON object: %s" % excerpt(event, 200))
     if "error" in doc:
-        raise CheckFailed("stream: the server sent an error event: %s" % json.dumps(doc["error"])[:300])
+        raise CheckFailed("stream: the server sent an error event: %s" % excerpt(json.dumps(doc["error"]), 300))
     ch = (doc.get("choices") or [{}])[0]
     if chat:
         d = ch.get("delta") or {}
@@ -417,7 +441,7 @@ def _check_stream(http, check, model, warnings):
     resp = http.open_stream(path, body, timeout, _check_headers(check, model))
     parts, ttft, chunks, done = [], None, 0, False
     try:
-        for ev in _sse_events(resp, t0 + timeout):
+        for ev in _sse_events(resp, timeout):
             if ev == "[DONE]":
                 done = True
                 break
@@ -426,8 +450,6 @@ def _check_stream(http, check, model, warnings):
             if text and ttft is None:
                 ttft = time.monotonic() - t0
             parts.append(text)
-    except socket.timeout:
-        raise CheckFailed("stream: no data for %.0f s and no [DONE] (a teardown hang)" % timeout)
     finally:
         resp.close()
     if not done:
@@ -442,10 +464,11 @@ def _check_cancel(http, check, model, warnings):
     path, body, chat = _stream_request(check, model)
     body["max_tokens"] = int(check.get("max_tokens") or 64)
     t0 = time.monotonic()
-    resp = http.open_stream(path, body, float(check.get("stream_timeout") or 60), _check_headers(check, model))
+    timeout = float(check.get("stream_timeout") or 60)
+    resp = http.open_stream(path, body, timeout, _check_headers(check, model))
     try:
         first = None
-        for ev in _sse_events(resp, t0 + float(check.get("stream_timeout") or 60)):
+        for ev in _sse_events(resp, timeout):
             first = ev
             break
     finally:
@@ -561,16 +584,17 @@ def run(base_url, model, checks, headers=None, deadline=600, interval=2.0, timeo
     ``aibrix_gateway``: 404 is an answer, not a route settling (AIBrix has no route for the path).
     """
     gateway_transient = tuple(s for s in TRANSIENT_STATUS if s != 404)
-    http = Http(base_url, headers, timeout, gateway_transient if target == "aibrix_gateway" else TRANSIENT_STATUS)
+    end = time.monotonic() + deadline
+    http = Http(base_url, headers, timeout, gateway_transient if target == "aibrix_gateway" else TRANSIENT_STATUS,
+                end=end)
     start_wall = time.time()
     origin = since if since is not None else start_wall
-    end = time.monotonic() + deadline
     marks = _timeline.Recorder()
     warnings = []
     results = []
 
     def attempt(fn, check):
-        if "port_open" not in marks and port_open(base_url):
+        if "port_open" not in marks and port_open(base_url, timeout=max(0.05, min(2.0, end - time.monotonic()))):
             marks.mark("port_open")
         return fn(http, check, model, warnings)
 

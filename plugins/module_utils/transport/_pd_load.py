@@ -4,7 +4,9 @@
 """**PRIVATE** to llmops.serving: a fixed greedy load through a P/D router, compared with a colocated
 engine answering the same prompts.
 
-HTTP goes through ``_http`` (``ansible.module_utils.urls.open_url``, injectable as ``opener`` for tests).
+HTTP goes through ``_http`` (``ansible.module_utils.urls.open_url``, injectable as ``opener`` for tests): each
+answer whole within ``timeout`` seconds and at most ``_http.MAX_ANSWER_BYTES``; a message quotes an answer only
+through ``_untrusted.excerpt``.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import sys
 import time
 
 from ansible_collections.llmops.serving.plugins.module_utils.common import _http
+from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import excerpt
 
 ROUTE_HEADERS = ("target-pod", "target-pod-ip", "prefill-target-pod", "prefill-target-pod-ip")
 
@@ -33,7 +36,7 @@ def complete(base_url, model, prompt, max_tokens, headers=None, timeout=120.0, o
     try:
         text = resp.json()["choices"][0]["text"]
     except (_http.HttpError, KeyError, IndexError, TypeError):
-        raise LoadError("POST %s: unexpected answer %r" % (_http.shown_url(url), resp.body[:300]))
+        raise LoadError("POST %s: unexpected answer %s" % (_http.shown_url(url), excerpt(resp.body, 300)))
     route = dict((h, resp.headers[h]) for h in ROUTE_HEADERS if resp.headers.get(h))
     return text, route, seconds
 

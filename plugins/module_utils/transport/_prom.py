@@ -4,7 +4,12 @@
 """**PRIVATE** to llmops.serving: Prometheus text exposition parsing and the KV-transfer metrics of a
 decode engine (vLLM NixlConnector, SGLang disaggregation).
 
-Only the standard library; fetching a URL goes through ``_http`` (``ansible.module_utils.urls.open_url``).
+Only the standard library; fetching a URL goes through ``_http`` (``ansible.module_utils.urls.open_url``), under
+its deadline for the whole answer and :data:`_http.MAX_METRICS_BYTES` (an endless ``/metrics`` is refused while it
+is read). A figure read from the text is a figure that can be (:func:`counter_value`, ``_untrusted.figure``): a
+counter or a histogram's ``_sum``, ``_count`` or ``_bucket`` that is ``NaN``, infinite or negative, or a bucket bound
+``le`` that is not a number, is :class:`PromValueError`, so the engine's figures are unknown, never ``Infinity`` in a
+file written after. Messages quote the text only through ``_untrusted.excerpt``.
 """
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ import math
 import re
 
 from ansible_collections.llmops.serving.plugins.module_utils.common import _http
+from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import (
+    UntrustedInput, excerpt, figure, figure_or_none)
 
 _NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
@@ -34,8 +41,51 @@ COUNTER_FIELDS = (
 )
 
 
+#: Seconds a ``/metrics`` answer may take, all of it (``_http``'s deadline for the whole answer).
+FETCH_TIMEOUT = 10.0
+
+
 class PromParseError(ValueError):
     """The text is not Prometheus exposition format."""
+
+
+class PromValueError(PromParseError):
+    """A sample whose value cannot be what its name says: a counter, or a histogram's ``_sum``, ``_count`` or
+    ``_bucket``, that is not finite or is negative; a bucket bound ``le`` that is not a number."""
+
+
+def _shown_sample(name, labels):
+    shown = ",".join('%s="%s"' % (k, v) for k, v in sorted(labels.items()))
+    return excerpt("%s{%s}" % (name, shown) if shown else name)
+
+
+def counter_value(name, labels, value):
+    """``value`` of the sample ``name{labels}`` that is a counter or a histogram's ``_sum``, ``_count`` or
+    ``_bucket`` (of durations or bytes): a finite, non-negative figure within ``_untrusted.MAX_ABS_NUMBER``, else
+    :class:`PromValueError` naming the sample."""
+    try:
+        return figure(value, "sample %s" % _shown_sample(name, labels), nonnegative=True)
+    except UntrustedInput as e:
+        raise PromValueError(str(e))
+
+
+def bucket_bound(name, labels):
+    """The upper bound ``le`` of the histogram bucket ``name{labels}``: ``math.inf`` for ``+Inf``, else a finite
+    figure within ``_untrusted.MAX_ABS_NUMBER`` (:class:`PromValueError` for ``NaN``, a word, a missing ``le``)."""
+    le = labels.get("le")
+    where = "sample %s: its bucket bound le" % _shown_sample(name, labels)
+    if le is None:
+        raise PromValueError("%s is missing" % where)
+    try:
+        bound = _parse_value(le)
+    except ValueError:
+        bound = None
+    if bound == math.inf:
+        return bound
+    try:
+        return figure(le if bound is None else bound, where)
+    except UntrustedInput as e:
+        raise PromValueError(str(e))
 
 
 def _parse_value(text):
@@ -62,18 +112,18 @@ def _parse_labels(s, pos, lineno):
             return labels, i + 1
         m = _NAME_RE.match(s, i)
         if not m:
-            raise PromParseError("line %d: bad label name at column %d: %r" % (lineno, i + 1, s))
+            raise PromParseError("line %d: bad label name at column %d: %s" % (lineno, i + 1, excerpt(s)))
         key = m.group(0)
         i = m.end()
         while i < n and s[i] == " ":
             i += 1
         if i >= n or s[i] != "=":
-            raise PromParseError("line %d: expected '=' after label %s: %r" % (lineno, key, s))
+            raise PromParseError("line %d: expected '=' after label %s: %s" % (lineno, key, excerpt(s)))
         i += 1
         while i < n and s[i] == " ":
             i += 1
         if i >= n or s[i] != '"':
-            raise PromParseError("line %d: label %s value must be quoted: %r" % (lineno, key, s))
+            raise PromParseError("line %d: label %s value must be quoted: %s" % (lineno, key, excerpt(s)))
         i += 1
         buf = []
         while i < n and s[i] != '"':
@@ -85,13 +135,13 @@ def _parse_labels(s, pos, lineno):
             buf.append(s[i])
             i += 1
         if i >= n:
-            raise PromParseError("line %d: unterminated label value for %s: %r" % (lineno, key, s))
+            raise PromParseError("line %d: unterminated label value for %s: %s" % (lineno, key, excerpt(s)))
         labels[key] = "".join(buf)
         i += 1
         while i < n and s[i] == " ":
             i += 1
         if i >= n or s[i] not in ",}":
-            raise PromParseError("line %d: expected ',' or '}' after label %s: %r" % (lineno, key, s))
+            raise PromParseError("line %d: expected ',' or '}' after label %s: %s" % (lineno, key, excerpt(s)))
 
 
 def parse_text(text):
@@ -113,7 +163,7 @@ def parse_text(text):
             continue
         m = _NAME_RE.match(line)
         if not m:
-            raise PromParseError("line %d: not a metric sample: %r" % (lineno, raw))
+            raise PromParseError("line %d: not a metric sample: %s" % (lineno, excerpt(raw)))
         name = m.group(0)
         i = m.end()
         labels = {}
@@ -125,19 +175,18 @@ def parse_text(text):
         try:
             value = _parse_value(rest[0])
         except ValueError:
-            raise PromParseError("line %d: sample %s has a non-numeric value %r" % (lineno, name, rest[0]))
+            raise PromParseError("line %d: sample %s has a non-numeric value %s" % (lineno, name, excerpt(rest[0])))
         samples.append((name, labels, value))
     return samples, types
 
 
 def _sum(samples, *names, **match):
-    """Sum of every sample named one of ``names`` whose labels include ``match``; None if absent."""
+    """Sum of every sample named one of ``names`` whose labels include ``match`` (counters and histogram sums or
+    counts: each a :func:`counter_value`); None if absent."""
     total = None
     for name, labels, value in samples:
         if name in names and all(labels.get(k) == v for k, v in match.items()):
-            if math.isnan(value):
-                continue
-            total = (total or 0.0) + value
+            total = (total or 0.0) + counter_value(name, labels, value)
     return total
 
 
@@ -145,7 +194,9 @@ def kv_sample(text):
     """The KV-transfer view of one engine's /metrics text.
 
     Sums over label sets (engines, DP ranks). Counters are accepted with and without the ``_total``
-    suffix. Fields are None when the engine does not export the metric.
+    suffix. Fields are None when the engine does not export the metric. A counter that is not a finite,
+    non-negative figure is :class:`PromValueError` (the engine's figures are unknown); a SGLang transfer gauge that
+    is not finite is left out.
     """
     samples, _types = parse_text(text)
     names = {s[0] for s in samples}
@@ -166,9 +217,11 @@ def kv_sample(text):
     by_source = {}
     for name, labels, value in samples:
         if name in (VLLM_TOKENS_BY_SOURCE + "_total", VLLM_TOKENS_BY_SOURCE) and "source" in labels:
-            by_source[labels["source"]] = by_source.get(labels["source"], 0.0) + value
-        elif name.startswith(SGLANG_KV_PREFIX) and not name.endswith("_bucket") and not math.isnan(value):
-            out["sglang_kv_transfer"][name] = out["sglang_kv_transfer"].get(name, 0.0) + value
+            by_source[labels["source"]] = by_source.get(labels["source"], 0.0) + counter_value(name, labels, value)
+        elif name.startswith(SGLANG_KV_PREFIX) and not name.endswith("_bucket"):
+            value = figure_or_none(value)
+            if value is not None:
+                out["sglang_kv_transfer"][name] = out["sglang_kv_transfer"].get(name, 0.0) + value
     if by_source:
         out["prompt_tokens_by_source"] = by_source
     if any(n.startswith("vllm:nixl_") for n in names):
@@ -233,12 +286,15 @@ def is_url(value):
     return value.strip().lower().startswith(("http://", "https://"))
 
 
-def fetch_text(url, opener=None, timeout=10):
-    """GET ``url`` and return its body as text (``_http.get_text``; ``opener`` is injectable for tests).
+def fetch_text(url, opener=None, timeout=None):
+    """GET ``url`` and return its body as text (``_http.get_text``; ``opener`` is injectable for tests), all of it
+    within ``timeout`` seconds (:data:`FETCH_TIMEOUT`) and at most ``_http.MAX_METRICS_BYTES``.
 
-    Raises ``_http.HttpError`` (its message never shows credentials or the query string of ``url``).
+    Raises ``_http.HttpError`` (its message never shows credentials or the query string of ``url``; ``timed_out``
+    or ``too_large`` for an answer that trickles or does not end).
     """
-    return _http.get_text(url, timeout=timeout, opener=opener)
+    return _http.get_text(url, timeout=FETCH_TIMEOUT if timeout is None else timeout, opener=opener,
+                          max_bytes=_http.MAX_METRICS_BYTES)
 
 
 def load(value, opener=None):

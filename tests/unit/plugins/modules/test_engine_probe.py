@@ -229,3 +229,53 @@ def test_subset_validator_without_jsonschema():
     assert _probe.validate_schema({"n": 3}, schema) == []
     assert _probe.validate_schema({"n": "3"}, schema)
     assert _probe.validate_schema({}, schema)
+
+
+# ---- an engine that trickles its answer: the probe ends at its deadline ----------------------------------- #
+
+class _Trickle(BaseHTTPRequestHandler):
+    """Every answer's headers at once, then its body a byte a second (the health answer of a wedged engine)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):  # noqa: N802 - http.server API
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "120")
+        self.end_headers()
+        try:
+            for i in range(120):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(1.0)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+
+@pytest.fixture
+def trickle():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Trickle)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    yield "http://127.0.0.1:%d" % srv.server_address[1]
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.mark.parametrize("check", [{"type": "health"}, {"type": "models"}])
+def test_a_trickled_answer_ends_the_probe_at_its_deadline(run_module, trickle, check):
+    """timeout 3 s, deadline 5 s: a byte a second never trips a per-read timeout, so the old probe waited for the
+    whole 120-byte answer (and again on each retry); now each answer has 3 s in all and nothing outlives 5 s."""
+    from ansible_collections.llmops.serving.tests.lib.no_hang import no_hang
+
+    t0 = time.monotonic()
+    box = no_hang(lambda: run_module(engine_probe, {"base_url": trickle, "model": "m", "checks": [check],
+                                                    "timeout": 3, "deadline": 5, "interval": 0.5}), timeout=15)
+    took = time.monotonic() - t0
+    r = box["value"]
+    assert r["failed"] and "still failing when the deadline (5s) passed" in r["msg"], r["msg"]
+    assert "(timed out" in r["msg"] or "deadline has passed" in r["msg"], r["msg"]
+    assert took < 5 + 1.5

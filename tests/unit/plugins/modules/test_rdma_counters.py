@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import threading
+import time
 
 import pytest
 
@@ -377,3 +378,86 @@ def test_baseline_file_linked_to_dev_zero_is_refused_before_reading(run_module, 
     link.symlink_to("/dev/zero")
     r = run_module(rdma_counters, {"sysfs_root": tree(tmp_path, "roce_mlx5"), "baseline_file": str(link)})
     assert r["failed"] and r["msg"].startswith("baseline_file: %s is not a regular file" % link)
+
+
+# ---- a metrics URL that trickles or never ends: bounded, and named --------------------------------------- #
+
+class _Hostile(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):  # noqa: N802 - http.server API
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        if self.path == "/trickle":
+            self.send_header("Content-Length", "100")
+        self.end_headers()
+        try:
+            if self.path == "/trickle":
+                for i in range(100):
+                    self.wfile.write(b"#")
+                    self.wfile.flush()
+                    time.sleep(1.0)
+            else:
+                while True:
+                    self.wfile.write(b"vllm:nixl_bytes_transferred_count 1\n" * 4096)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+
+@pytest.fixture
+def hostile_metrics():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    yield "http://127.0.0.1:%d" % srv.server_address[1]
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_a_trickled_metrics_answer_fails_at_the_fetch_deadline(run_module, tmp_path, hostile_metrics, monkeypatch):
+    """A byte a second never trips a per-read timeout: the old module waited for all 100 bytes (over 30 s with the
+    baseline's second read). Now the whole answer has FETCH_TIMEOUT seconds (2 here)."""
+    from ansible_collections.llmops.serving.plugins.module_utils.transport import _prom
+    from ansible_collections.llmops.serving.tests.lib.no_hang import no_hang
+
+    monkeypatch.setattr(_prom, "FETCH_TIMEOUT", 2.0)
+    sysfs = tree(tmp_path, "no_rdma")
+    t0 = time.monotonic()
+    box = no_hang(lambda: run_module(rdma_counters, {"sysfs_root": sysfs, "nixl_metrics": hostile_metrics + "/trickle"}),
+                  timeout=12)
+    r = box["value"]
+    assert time.monotonic() - t0 < 2.0 + 1.0
+    assert r["failed"] and r["msg"].startswith("nixl_metrics: cannot read %s/trickle" % hostile_metrics), r["msg"]
+    assert "did not end within 2s (timed out" in r["msg"]
+
+
+def test_an_endless_metrics_answer_is_refused_at_the_cap(run_module, tmp_path, hostile_metrics):
+    from ansible_collections.llmops.serving.plugins.module_utils.common import _http
+    from ansible_collections.llmops.serving.tests.lib.no_hang import no_hang
+
+    sysfs = tree(tmp_path, "no_rdma")
+    box = no_hang(lambda: run_module(rdma_counters, {"sysfs_root": sysfs, "nixl_metrics": hostile_metrics + "/endless"}),
+                  timeout=20)
+    r = box["value"]
+    assert r["failed"] and r["msg"].startswith("nixl_metrics: cannot read %s/endless" % hostile_metrics), r["msg"]
+    assert "over the %d-byte limit for it (max_bytes)" % _http.MAX_METRICS_BYTES in r["msg"]
+
+
+@pytest.mark.parametrize("line,what", [
+    ("vllm:nixl_bytes_transferred_sum +Inf", "not a finite number"),
+    ("vllm:nixl_bytes_transferred_count -3", "cannot be negative"),
+    ("vllm:nixl_num_failed_transfers_total NaN", "not a finite number"),
+])
+def test_a_counter_that_cannot_be_fails_naming_the_option_and_sample(run_module, tmp_path, line, what):
+    r = run_module(rdma_counters, {"sysfs_root": tree(tmp_path, "no_rdma"), "nixl_metrics": line + "\n"})
+    assert r["failed"] and r["msg"].startswith("nixl_metrics: the decode engine's metrics hold a figure that cannot be")
+    assert what in r["msg"] and line.split()[0] in r["msg"]
+
+
+def test_a_huge_malformed_metrics_line_is_quoted_only_in_part(run_module, tmp_path):
+    line = "vllm:x{a=" + "z" * (5 * 1024 * 1024) + "} 1\n"
+    r = run_module(rdma_counters, {"sysfs_root": tree(tmp_path, "no_rdma"), "nixl_metrics": line})
+    assert r["failed"] and r["msg"].startswith("nixl_metrics: not Prometheus text") and len(r["msg"]) < 800

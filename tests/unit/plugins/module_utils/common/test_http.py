@@ -168,3 +168,148 @@ def test_probe_retries_an_answer_that_breaks_off(server):
     with pytest.raises(_probe.Transient, match="broke off"):
         _probe.Http(server, timeout=5).request("GET", "/broken")
     assert _probe.Http(server).request("GET", "/loading", transient_status=())[0] == 503
+
+
+# ---- bounded answers: a deadline for the whole answer, a cap while reading --------------------------------- #
+
+class _Hostile(BaseHTTPRequestHandler):
+    """Answers that never end on their own: trickled a byte a second (headers or body), endless, or a stream of
+    events without [DONE]."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def _trickle(self, data, every=1.0):
+        for i in range(len(data)):
+            self.wfile.write(data[i:i + 1])
+            self.wfile.flush()
+            time.sleep(every)
+
+    def do_GET(self):  # noqa: N802 - http.server API
+        try:
+            if self.path == "/trickle-body":
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", "60")
+                self.end_headers()
+                self.wfile.flush()
+                self._trickle(b'{"data": [' + b" " * 49 + b"]}")
+            elif self.path == "/trickle-headers":
+                self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                self._trickle(b"X-Slow: " + b"a" * 60 + b"\r\n")
+            elif self.path in ("/endless", "/metrics"):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.end_headers()
+                line = b'vllm:e2e_request_latency_seconds_bucket{le="1.0"} 1\n' * 1024
+                while True:
+                    self.wfile.write(line)
+            elif self.path == "/endless-error":
+                self.send_response(503)
+                self.end_headers()
+                while True:
+                    self.wfile.write(b"x" * 65536)
+            elif self.path == "/events":
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                while True:
+                    self.wfile.write(b'data: {"choices": [{"text": "a"}]}\n\n')
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            elif self.path == "/long-line":
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                self.wfile.write(b"data: " + b"y" * (2 * 1024 * 1024) + b"\n\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up: what the tests expect
+
+
+@pytest.fixture
+def hostile():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    srv.daemon_threads = True
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    yield "http://127.0.0.1:%d" % srv.server_address[1]
+    srv.shutdown()
+    srv.server_close()
+
+
+SLACK = 1.0
+
+
+def _timed(fn, limit):
+    """``(error raised by fn, seconds)``; fails (rather than hangs) when fn has not returned within ``limit``."""
+    from ansible_collections.llmops.serving.tests.lib.no_hang import no_hang
+
+    t0 = time.monotonic()
+    box = no_hang(fn, timeout=limit)
+    return box.get("error"), time.monotonic() - t0
+
+
+@pytest.mark.parametrize("path", ["/trickle-body", "/trickle-headers"])
+def test_a_trickled_answer_ends_at_the_deadline_not_a_read_timeout_later(hostile, path):
+    """A byte a second never trips a per-read timeout of 1.5 s: the old client read for a minute. The timeout is a
+    deadline for the whole answer (headers or body)."""
+    err, took = _timed(lambda: _http.get_json(hostile + path, timeout=1.5), 1.5 + SLACK + 2)
+    assert isinstance(err, _http.HttpError) and err.timed_out and err.status is None, err
+    assert took < 1.5 + SLACK
+    assert "within 1.5s (timed out" in err.reason
+
+
+def test_an_endless_body_is_refused_at_the_cap_while_reading(hostile):
+    err, took = _timed(lambda: _http.get_text(hostile + "/endless", timeout=20, max_bytes=1024 * 1024), 15)
+    assert isinstance(err, _http.HttpError) and not isinstance(err, MemoryError), err
+    assert err.too_large and err.status is None and not err.timed_out
+    assert "over the 1048576-byte limit for it (max_bytes)" in err.reason
+    assert took < 5
+
+
+def test_metrics_answers_are_capped_by_default(hostile):
+    from ansible_collections.llmops.serving.plugins.module_utils.transport import _prom
+
+    err, dummy = _timed(lambda: _prom.fetch_text(hostile + "/metrics", timeout=30), 25)
+    assert isinstance(err, _http.HttpError) and err.too_large, err
+    assert "over the %d-byte limit" % _http.MAX_METRICS_BYTES in err.reason
+
+
+def test_an_endless_error_answer_keeps_its_status_and_only_the_start_of_its_body(hostile):
+    err, took = _timed(lambda: _http.get_text(hostile + "/endless-error", timeout=20), 15)
+    assert isinstance(err, _http.HttpError) and err.status == 503, err
+    assert len(err.body) <= _http.MAX_ERROR_BYTES and len(str(err)) < 500
+    assert took < 5
+
+
+def test_a_stream_is_read_under_its_deadline(hostile):
+    def read_events():
+        with _http.open_response("GET", hostile + "/events", timeout=1.2) as stream:
+            return sum(1 for dummy in stream)
+
+    err, took = _timed(read_events, 1.2 + SLACK + 2)
+    assert isinstance(err, _http.HttpError) and err.timed_out, err
+    assert "did not end within 1.2s" in err.reason and took < 1.2 + SLACK
+
+
+def test_a_stream_line_over_the_line_cap_is_refused(hostile):
+    def read_line():
+        with _http.open_response("GET", hostile + "/long-line", timeout=10) as stream:
+            return stream.readline()
+
+    err, dummy = _timed(read_line, 8)
+    assert isinstance(err, _http.HttpError) and err.too_large, err
+    assert "a line of over %d bytes" % _http.MAX_LINE_BYTES in err.reason
+
+
+def test_an_answer_that_is_not_json_is_quoted_only_in_part():
+    big = b"<" + b"x" * (5 * 1024 * 1024)
+
+    def opener(url, **kw):
+        return io.BytesIO(big)
+
+    with pytest.raises(_http.HttpError) as e:
+        _http.get_json("http://10.0.0.9:8000/v1/models", opener=opener)
+    assert len(str(e.value)) < 600 and "(the first 120 of %d bytes)" % len(big) in str(e.value)
