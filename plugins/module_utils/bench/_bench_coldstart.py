@@ -21,6 +21,10 @@ start (the part of the supervisor's log after its last ``==== ... starting`` ban
 Phases are consecutive, so they add up to the time to the first correct answer: ``weights_load``, ``compile``,
 ``engine_init`` (the rest of init: profile, KV cache, warm-up), ``process_other`` (interpreter and API server start,
 model construction: the rest until the port opens), ``health``, ``model_listed``, ``first_correct``.
+
+Every figure read from the log goes through ``_untrusted.figure_or_none``: one that cannot be a duration (``1.2.3``,
+400 digits, beyond ``_untrusted.MAX_ABS_NUMBER``) is left null, never a traceback, and never ``Infinity`` in the
+cold-start file (which would make every later :func:`record` refuse it).
 """
 from __future__ import annotations
 
@@ -29,7 +33,8 @@ import re
 
 from ansible_collections.llmops.serving.plugins.module_utils.cache import _kcache
 from ansible_collections.llmops.serving.plugins.module_utils.common import _fsutil
-from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import UntrustedInput, load_json
+from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import (
+    UntrustedInput, excerpt, figure, figure_or_none, load_json)
 
 STATES = ("shared_fs", "nvme", "nvme_kernel_cache")
 STATE_LABELS = {"shared_fs": "weights from the shared filesystem", "nvme": "weights on node NVMe (staged)",
@@ -106,23 +111,29 @@ def last_start(log_text):
     return log_text[starts[-1]:] if starts else log_text
 
 
+def _seconds(text):
+    """A duration the log wrote (``_untrusted.figure_or_none``: non-negative, finite, bounded), else None."""
+    return figure_or_none(text, "a duration in the engine log", nonnegative=True) if text else None
+
+
 def _last_float(regex, text, group=1):
     found = [m.group(group) for m in regex.finditer(text)]
     found = [f for f in found if f]
-    return float(found[-1]) if found else None
+    return _seconds(found[-1]) if found else None
 
 
 def parse_log(text):
-    """``{weights_load_s, model_loading_s, init_engine_s, compile_s}`` of one start's log (None when absent)."""
+    """``{weights_load_s, model_loading_s, init_engine_s, compile_s}`` of one start's log (None when absent, or when
+    the figure the log wrote cannot be a duration)."""
     init = list(INIT_RE.finditer(text))
-    compile_s = float(init[-1].group(2)) if init and init[-1].group(2) else None
+    compile_s = _seconds(init[-1].group(2)) if init else None
     if compile_s is None:
         compile_s = _last_float(COMPILE_RE, text)
     if compile_s is None:
-        dynamo = [float(m.group(1)) for m in DYNAMO_RE.finditer(text)]
-        compile_s = sum(dynamo) if dynamo else None
+        dynamo = [_seconds(m.group(1)) for m in DYNAMO_RE.finditer(text)]
+        compile_s = _seconds(sum(dynamo)) if dynamo and None not in dynamo else None
     return {"weights_load_s": _last_float(WEIGHTS_RE, text), "model_loading_s": _last_float(MODEL_LOADING_RE, text),
-            "init_engine_s": float(init[-1].group(1)) if init else None, "compile_s": compile_s}
+            "init_engine_s": _seconds(init[-1].group(1)) if init else None, "compile_s": compile_s}
 
 
 def phases(timeline, log):
@@ -172,10 +183,16 @@ def record(coldstart_file, state, rep, timeline, log_file, started_at=None, extr
     text = data.decode("utf-8", "replace")
     log = parse_log(last_start(text))
     if not isinstance(timeline, dict) or timeline.get("first_correct") is None:
-        raise ColdstartError("timeline: no first correct answer in %r; pass engine_probe's timeline of a start that "
-                             "answered correctly" % (timeline,))
-    entry = {"rep": rep, "phases": phases(timeline, log), "total_s": round(float(timeline["first_correct"]), 3),
-             "marks": dict((k, timeline.get(k)) for k in ("port_open", "health", "models", "first_correct")),
+        raise ColdstartError("timeline: no first correct answer in %s; pass engine_probe's timeline of a start that "
+                             "answered correctly" % excerpt(timeline))
+    marks = {}
+    for k in ("port_open", "health", "models", "first_correct"):
+        try:
+            marks[k] = None if timeline.get(k) is None else figure(timeline[k], "timeline.%s" % k, nonnegative=True)
+        except UntrustedInput as e:
+            raise ColdstartError("%s; pass engine_probe's timeline (seconds after the process start)" % e)
+    entry = {"rep": rep, "phases": phases(marks, log), "total_s": round(marks["first_correct"], 3),
+             "marks": marks,
              "log": log, "started_at": started_at}
     entry.update(extra or {})
     doc = {"states": []}

@@ -47,24 +47,19 @@ OVER_EXPLAINED = 1.05
 def histograms(text):
     """``{key: {sum, count, buckets: [[le, cumulative], ...]}}`` (finite ``le`` only) of the :data:`HISTOGRAMS` in one ``/metrics``
     text, summed over label sets (engines, DP ranks, model names). A family the engine does not export is absent.
-    Raises ``_prom.PromParseError`` on text that is not the exposition format."""
+    Raises ``_prom.PromParseError`` on text that is not the exposition format, and ``_prom.PromValueError`` when a
+    figure of these histograms cannot be (a ``_sum``, ``_count`` or bucket that is ``NaN``, infinite or negative, a
+    bound ``le`` that is not a number): that engine's phases are then unknown for the round."""
     samples, _types = _prom.parse_text(text)
     by_family = dict((fam, key) for key, fam in HISTOGRAMS)
     out = {}
     for name, labels, value in samples:
-        if math.isnan(value):
-            continue
         for suffix in ("_sum", "_count", "_bucket"):
             if name.endswith(suffix) and name[:-len(suffix)] in by_family:
+                value = _prom.counter_value(name, labels, value)
                 h = out.setdefault(by_family[name[:-len(suffix)]], {"sum": 0.0, "count": 0.0, "buckets": {}})
                 if suffix == "_bucket":
-                    le = labels.get("le")
-                    if le is None:
-                        break
-                    try:
-                        bound = _prom._parse_value(le)  # pylint: disable=protected-access
-                    except ValueError:
-                        break
+                    bound = _prom.bucket_bound(name, labels)
                     if math.isinf(bound):
                         break  # the +Inf bucket is the count (and JSON has no Infinity)
                     h["buckets"][bound] = h["buckets"].get(bound, 0.0) + value
@@ -169,8 +164,9 @@ def engines(target):
 
 
 def snapshot(target, opener=None, fetch=None):
-    """``{engines: {role: histograms}, errors: [...]}``; an engine that cannot be read is named in ``errors``
-    (the round still runs: its phases are then unknown)."""
+    """``{engines: {role: histograms}, errors: [...]}``; an engine that cannot be read, or whose ``/metrics`` holds a
+    figure that cannot be, is named in ``errors`` (the round still runs and keeps its client samples: that engine's
+    phases are then unknown)."""
     fetch = fetch or (lambda url: _prom.fetch_text(url, opener=opener))
     snap = {"engines": {}, "errors": []}
     for role, url in sorted(engines(target).items()):

@@ -31,6 +31,7 @@ import re
 import signal as _signal
 
 from ansible_collections.llmops.serving.plugins.module_utils.common import _secrets
+from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import figure_or_none
 from ansible_collections.llmops.serving.plugins.module_utils.engine import _process_command
 
 # --------------------------------------------------------------------------------------------- #
@@ -282,8 +283,10 @@ def analyse_log(text):
         if m:
             facts["argparse_error"] = s
         m = _PROGRESS.search(s)
-        if m:
-            facts["progress"] = {"desc": m.group("desc"), "n": int(m.group("n")), "total": int(m.group("total")),
+        # shard counts that cannot be (5000 digits: int() raises) make no progress line
+        counts = [figure_or_none(m.group(g), nonnegative=True) for g in ("n", "total")] if m else [None]
+        if None not in counts:
+            facts["progress"] = {"desc": m.group("desc"), "n": int(counts[0]), "total": int(counts[1]),
                                  "elapsed_s": _hms(m.group("elapsed")),
                                  "remaining_s": _hms(m.group("remaining")) if m.group("remaining") else None,
                                  "line": "%s: %s/%s [%s elapsed]" % (

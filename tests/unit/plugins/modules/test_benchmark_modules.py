@@ -7,6 +7,7 @@ import hashlib
 import http.server
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -620,3 +621,66 @@ def test_a_transport_warmup_round_run_as_a_job_is_a_usable_client_round(tmp_path
     assert _bench_outdir.round_problem(rec, 1, plan_doc) is None
     assert "round.transport_requests[0].kv_bytes" in _bench_outdir.round_problem(
         dict(rec, transport_requests=[{"ok": True, "kv_bytes": -1}]), 1, plan_doc)
+
+
+# ---- measurements that cannot be: the engine's phases are unknown, the round and the report go on --------- #
+
+@pytest.mark.parametrize("pattern,replacement,what", [
+    (r'^(vllm:e2e_request_latency_seconds_sum\{[^}]*\}) \S+$', r"\1 +Inf", "not a finite number"),
+    (r'^(vllm:e2e_request_latency_seconds_count\{[^}]*\}) \S+$', r"\1 -3", "cannot be negative"),
+    (r'^(vllm:request_queue_time_seconds_bucket\{engine="0",)le="0.3"', r'\1le="NaN"', "bucket bound le"),
+])
+def test_a_metrics_figure_that_cannot_be_leaves_the_engines_phases_unknown(
+        run_module, server, tokenizer, fake_python, tmp_path, pattern, replacement, what):
+    """+Inf was written into the round file as Infinity (and a negative count as itself): the round was then
+    refused on reading, its client samples with it. Now only that engine's phases are unknown."""
+    after = re.sub(pattern, replacement, _fixture_text("vllm_cpu_colocated_one.txt"), count=1, flags=re.M)
+    assert after != _fixture_text("vllm_cpu_colocated_one.txt")
+    server["handler"].metrics_texts[:] = [_fixture_text("vllm_cpu_colocated_idle.txt"), after]
+    out = tmp_path / "out"
+    run_module(benchmark_plan, _plan_args(server, tokenizer, out, concurrency=[1], seeds=[1], warmup_rounds=0,
+                                          requests_per_round=1))
+    res = run_module(benchmark_round, {"out_dir": str(out), "index": 1, "python": fake_python})
+    assert not res.get("failed"), res.get("msg")
+    assert res["record"]["phases"]["engines"] == {}
+    assert [e for e in res["record"]["phases"]["errors"] if e.startswith("engine metrics: ") and what in e]
+    with open(_bench_outdir.round_path(str(out), 1)) as f:
+        text = f.read()
+    assert "Infinity" not in text and "NaN" not in text.replace('le=\\"NaN\\"', "")
+    rounds, problems = _bench_outdir.read_rounds(str(out))
+    assert problems == [] and len(rounds[1]["samples"]) == 1
+    report = _bench_assemble.build_report(str(out), n_boot=50)
+    _bench_report.validate(report)
+    assert report["cells"][0]["phases_ms"] in (None, {}) or all(
+        v is None for v in report["cells"][0]["phases_ms"].values())
+
+
+@pytest.mark.parametrize("line", [
+    "(Worker pid=2) INFO [default_loader.py:501] Loading weights took 1.2.3 seconds",
+    "(Worker pid=2) INFO [default_loader.py:501] Loading weights took %s seconds" % ("9" * 400),
+    "(Worker pid=2) INFO [default_loader.py:501] Loading weights took %s seconds" % ("9" * 5000),
+])
+def test_a_log_figure_that_cannot_be_is_null_and_later_records_still_work(run_module, tmp_path, line):
+    """1.2.3 was a ValueError traceback; 400 nines were float('inf'), written as Infinity, which made every later
+    record refuse the cold-start file."""
+    log = tmp_path / "engine.log"
+    log.write_text("==== 2026-12-01T10:05:00Z starting: vllm serve\n%s\n" % line)
+    timeline = {"port_open": 60.0, "health": 61.0, "models": 61.5, "first_correct": 62.0}
+    args = {"action": "record", "state": "nvme", "timeline": timeline, "log_file": str(log),
+            "coldstart_file": str(tmp_path / "cs.json")}
+    first = run_module(benchmark_coldstart, dict(args, rep=1))
+    assert not first.get("failed"), first.get("msg")
+    assert first["entry"]["log"]["weights_load_s"] is None and first["entry"]["phases"]["weights_load"] is None
+    second = run_module(benchmark_coldstart, dict(args, rep=2))
+    assert not second.get("failed"), second.get("msg")
+    with open(tmp_path / "cs.json") as f:
+        assert "Infinity" not in f.read()
+
+
+def test_a_timeline_figure_that_cannot_be_is_a_clean_error(run_module, tmp_path):
+    log = tmp_path / "engine.log"
+    log.write_text(LOG)
+    bad = run_module(benchmark_coldstart, {"action": "record", "state": "nvme", "rep": 1, "log_file": str(log),
+                                           "timeline": {"port_open": 1.0, "first_correct": float("inf")},
+                                           "coldstart_file": str(tmp_path / "cs.json")})
+    assert bad["failed"] and bad["msg"].startswith("timeline.first_correct is inf, not a finite number")

@@ -13,6 +13,7 @@ import pytest
 
 from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_phases
 from ansible_collections.llmops.serving.plugins.module_utils.common import _http
+from ansible_collections.llmops.serving.plugins.module_utils.transport import _prom
 
 PROM = os.path.join(os.path.dirname(os.path.dirname(__file__)), "..", "..", "fixtures", "prom")
 
@@ -151,3 +152,31 @@ def test_a_saved_rounds_phases_of_the_wrong_shape_are_named(doc, field):
     assert _bench_phases.round_problem(doc).startswith(field)
     rp = _bench_phases.delta(None, hist("vllm_cpu_colocated_one.txt"))
     assert _bench_phases.round_problem({"engines": {"engine": rp}, "errors": []}) is None
+
+
+@pytest.mark.parametrize("line,what", [
+    ('vllm:e2e_request_latency_seconds_sum{engine="0"} +Inf', "not a finite number"),
+    ('vllm:e2e_request_latency_seconds_count{engine="0"} -3', "cannot be negative"),
+    ('vllm:request_queue_time_seconds_bucket{engine="0",le="NaN"} 1', "bucket bound le"),
+    ('vllm:request_queue_time_seconds_sum{engine="0"} NaN', "not a finite number"),
+])
+def test_a_figure_that_cannot_be_makes_that_engines_phases_unknown(line, what):
+    """+Inf became Infinity in the round file and a negative count a round refused on reading: either way the
+    round's client samples were lost. Now the engine is named in errors and left out."""
+    with pytest.raises(_prom.PromValueError, match=what):
+        _bench_phases.histograms(line + "\n")
+    target = {"name": "pd", "url": "http://r:8000", "decode_metrics_url": "http://d:8000/metrics",
+              "prefill_metrics_url": "http://p:8000/metrics"}
+    texts = {"http://d:8000/metrics": prom("vllm_cpu_decode_real.txt"), "http://p:8000/metrics": line + "\n"}
+    snap = _bench_phases.snapshot(target, fetch=texts.get)
+    assert set(snap["engines"]) == {"decode"}
+    assert len(snap["errors"]) == 1 and snap["errors"][0].startswith("prefill metrics: ") and what in snap["errors"][0]
+    phases = _bench_phases.round_phases(snap, snap)
+    assert _bench_phases.round_problem(phases) is None and set(phases["engines"]) == {"decode"}
+
+
+def test_a_huge_malformed_metrics_line_reaches_the_round_only_as_an_excerpt():
+    line = "vllm:e2e_request_latency_seconds_sum{le=" + "x" * (5 * 1024 * 1024) + "} 1\n"
+    snap = _bench_phases.snapshot({"url": "http://e:8000"}, fetch=lambda url: line)
+    phases = _bench_phases.round_phases(snap, snap)
+    assert len(phases["errors"]) == 2 and all(len(e) < 400 for e in phases["errors"])

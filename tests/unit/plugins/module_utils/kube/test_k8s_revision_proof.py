@@ -235,3 +235,17 @@ def test_gateway_url_needs_a_workload_and_no_credentials(run_module):
     assert r["failed"] is True and r["msg"].startswith("gateway_url: needs workload_name")
     r = run_module(k8s_engine_wait, dict(REPLAY, gateway_url="http://admin:s3cret@gw.example"))
     assert r["failed"] is True and "s3cret" not in str(r) and r["reason"] == "credentials_in_url"
+
+
+def test_a_recorded_answer_header_of_the_wrong_type_is_a_clean_error(run_module):
+    """An int or a list as target-pod-ip was an AttributeError traceback ('int' object has no attribute 'strip')
+    once the rollout was ready."""
+    cluster = _cluster()
+    cluster.apply(_surge(B))
+    cluster.advance(400)
+    done = cluster.objects()
+    for value in (5, ["10.244.0.1:8000"], {"ip": "10.244.0.1"}, True):
+        r = run_module(k8s_engine_wait, dict(REPLAY, objects=done,
+                                             answer_headers={"target-pod": "e-1", "target-pod-ip": value}))
+        assert r["failed"] and r["reason"] == "answer_headers_type", r["msg"]
+        assert r["msg"].startswith("answer_headers.target-pod-ip: must be a string") and type(value).__name__ in r["msg"]

@@ -131,3 +131,44 @@ def test_real_vllm_cpu_decode_metrics_after_four_pd_requests():
     assert s["xfer_time_s"] == pytest.approx(0.044187)
     assert s["failed_transfers"] == 0 and s["failed_notifications"] == 0
     assert s["prompt_tokens_by_source"] == {"local_compute": 0, "local_cache_hit": 0, "external_kv_transfer": 67}
+
+
+# ---- figures that cannot be, and messages that quote only a short excerpt --------------------------------- #
+
+def test_a_huge_malformed_line_is_quoted_only_in_part():
+    """A 5 MB malformed line was echoed whole into the message (and twice into the round file)."""
+    line = "vllm:x{a=" + "z" * (5 * 1024 * 1024) + "} 1"
+    with pytest.raises(_prom.PromParseError) as e:
+        _prom.parse_text(line)
+    assert str(e.value).startswith("line 1: label a value must be quoted: 'vllm:x{a=zzz")
+    assert "(the first 120 of %d characters)" % len(line) in str(e.value) and len(str(e.value)) < 300
+
+
+@pytest.mark.parametrize("text,what", [
+    ("vllm:nixl_bytes_transferred_sum +Inf\n", "is inf, not a finite number"),
+    ("vllm:nixl_bytes_transferred_count -1\n", "cannot be negative"),
+    ("vllm:nixl_xfer_time_seconds_sum NaN\n", "is nan, not a finite number"),
+    ('vllm:prompt_tokens_by_source_total{source="local_compute"} -Inf\n', "not a finite number"),
+    ("vllm:nixl_num_failed_transfers_total 1e30\n", "beyond"),
+])
+def test_a_counter_that_cannot_be_is_refused_naming_the_sample(text, what):
+    with pytest.raises(_prom.PromValueError) as e:
+        _prom.kv_sample(text)
+    assert what in str(e.value) and text.split("{")[0].split()[0] in str(e.value)
+
+
+def test_a_sglang_gauge_that_is_not_finite_is_left_out():
+    s = _prom.kv_sample("sglang:kv_transfer_speed_gb_s NaN\nsglang:kv_transfer_latency_ms +Inf\n"
+                        "sglang:kv_transfer_bootstrap_ms 2.5\n")
+    assert s["sglang_kv_transfer"] == {"sglang:kv_transfer_bootstrap_ms": 2.5}
+
+
+@pytest.mark.parametrize("le,out", [("+Inf", math.inf), ("0.25", 0.25), ("1e3", 1000.0)])
+def test_bucket_bounds(le, out):
+    assert _prom.bucket_bound("h_bucket", {"le": le}) == out
+
+
+@pytest.mark.parametrize("labels", [{"le": "NaN"}, {"le": "soon"}, {"le": "-Inf"}, {"le": "1e300"}, {}])
+def test_a_bucket_bound_that_cannot_be_is_refused(labels):
+    with pytest.raises(_prom.PromValueError, match="its bucket bound le"):
+        _prom.bucket_bound("h_bucket", labels)
