@@ -125,7 +125,7 @@ def rollout_status(workload, replicasets=None, pods=None):
                updated=_k8s_shape.integer(status.get("updatedReplicas")), ready=_k8s_shape.integer(status.get("readyReplicas")),
                available=_k8s_shape.integer(status.get("availableReplicas")), revision_label=None, revision=None, current_pods=None)
     pods = pods or []
-    label, value = None, None
+    label, value, unproven = None, None, False
     if kind == "Deployment":
         label = HASH_LABEL
         rs = current_replicaset(workload, replicasets)
@@ -170,13 +170,6 @@ def rollout_status(workload, replicasets=None, pods=None):
         # group is Ready and its status says Available. A first generation has no older revision to confuse.
         unproven = observed is None and conds and gen is not None and gen > 1 and not any(
             c.get("observedGeneration") is not None for c in conds)
-        if unproven:
-            out.update(state="failed", message=(
-                "%s: generation %s cannot be told from the one before: its controller reports no "
-                "status.observedGeneration (LeaderWorkerSet older than v0.9.0, kubernetes-sigs/lws#807), so a Ready "
-                "group may still run the old template. Upgrade LeaderWorkerSet to v0.9.0 or later; until then check "
-                "the pods' leaderworkerset.sigs.k8s.io/template-revision-hash by hand" % (name, gen)))
-            return out
         if gen is not None and observed is not None and observed < gen:
             waiting = "%s: waiting for the controller to observe generation %s (observedGeneration %s)" % (name, gen, observed)
         elif stale:
@@ -197,6 +190,14 @@ def rollout_status(workload, replicasets=None, pods=None):
             waiting = "%s: rolling from revision %s to %s (%d of %d updated)" % (name, cur, upd, out["updated"], want)
         elif out["updated"] < want or upd_ready < want:
             waiting = "%s: %d of %d replicas updated, %d of them ready" % (name, out["updated"], want, upd_ready)
+    if kind == "LeaderWorkerSet" and unproven and not waiting:
+        # a rollout it reports (UpdateInProgress) is evidence enough that it saw the change; a finished one is not
+        out.update(state="failed", message=(
+            "%s: generation %s cannot be told from the one before: its controller reports no "
+            "status.observedGeneration (LeaderWorkerSet older than v0.9.0, kubernetes-sigs/lws#807), so a Ready "
+            "group may still run the old template. Upgrade LeaderWorkerSet to v0.9.0 or later; until then check "
+            "the pods' leaderworkerset.sigs.k8s.io/template-revision-hash by hand" % (name, gen)))
+        return out
     if waiting:
         out.update(state="rolling", message=waiting)
     else:

@@ -189,9 +189,13 @@ def test_leaderworkerset_update_in_progress_is_rolling_and_old_groups_do_not_cou
     v = _k8s_wait.evaluate(pods, None, check_route=False, workload=_lws(updated=0, ready=0, conds=updating))
     assert v["state"] == "waiting" and "UpdateInProgress" in v["message"]
     assert v["rollout"]["revision"] == "7a1b2c" and v["rollout"]["current_pods"] == ["glm-5-2-fp8-vllm-1"]
-    done = [{"type": "Available", "status": "True", "reason": "AllGroupsReady"}]
+    # done, as LWS v0.9.0+ reports it (status.observedGeneration, kubernetes-sigs/lws#807); without it a finished
+    # rollout is not told from the old one (test_k8s_lws.py)
+    done = [{"type": "Available", "status": "True", "reason": "AllGroupsReady", "observedGeneration": 2}]
     pods = [_lws_pod("glm-5-2-fp8-vllm-1", "7a1b2c", "2026-08-02T09:00:00Z")]
-    v = _k8s_wait.evaluate(pods, None, check_route=False, workload=_lws(conds=done))
+    finished = _lws(conds=done)
+    finished["status"]["observedGeneration"] = 2
+    v = _k8s_wait.evaluate(pods, None, check_route=False, workload=finished)
     assert v["state"] == "ready" and v["revision"]["model_path"] == B
 
 
