@@ -240,6 +240,10 @@ class _Exchange(object):
     ``max_bytes`` (one byte more is read, to know) or when the caller closes the exchange (the socket is then
     shut down under a blocked read). Items: ``("open", resp)``, ``("status", HTTPError)``, ``("data", bytes)``,
     ``("end", None)``, ``("over", None)``, ``("fail", exception)``.
+
+    A thread still waiting for the headers at the deadline (their socket is not reachable before ``open_url``
+    returns) is left to end on its own, at the opener's per-read timeout or when the server stops; it is a daemon
+    and keeps neither the caller nor the process waiting, and it closes the answer if one comes.
     """
 
     def __init__(self, method, url, opener, kwargs, timeout, max_bytes):

@@ -349,13 +349,15 @@ def excerpt(value, limit=EXCERPT_CHARS):
     quotes rejected input quotes it through this, never whole: a 5 MB line stays a short message."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         size = len(value)
-        text = bytes(value[:limit * 4]).decode("utf-8", "replace")[:limit]
+        text = bytes(value[:limit * 4]).decode("utf-8", "replace")  # a character is at most 4 bytes
+        whole = size <= limit * 4 and len(text) <= limit
         unit = "bytes"
     else:
         text = value if isinstance(value, str) else str(value)
         size = len(text)
+        whole = size <= limit
         unit = "characters"
-    if size <= limit and len(text) == size:
+    if whole:
         return repr(text)
     return "%r... (the first %d of %d %s)" % (text[:limit], limit, size, unit)
 
