@@ -58,10 +58,11 @@ $(VENV)/.stamp-test: requirements-test.txt meta/ee-requirements.txt $(VENV)/.sta
 	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $@
 
-# Build the collection artifact from galaxy.yml and install it where ansible.cfg looks.
+# Build the collection artifact from galaxy.yml and install it where ansible.cfg looks. The artifact's one recipe,
+# awx/ee/build_artifact.py, writes the commit it was built from into meta/build_identity.json (the release check).
 install: venv
 	rm -rf $(BUILD)/dist && mkdir -p $(BUILD)/dist $(COLL_DIR)
-	ansible-galaxy collection build --force --output-path $(BUILD)/dist . >/dev/null
+	$(VPY) awx/ee/build_artifact.py --galaxy $(VENV)/bin/ansible-galaxy --output-path $(BUILD)/dist >/dev/null
 	ansible-galaxy collection install --force -p $(COLL_DIR) $(BUILD)/dist/llmops-serving-*.tar.gz >/dev/null
 	@echo "installed llmops.serving into $(COLL_DIR)"
 

@@ -12,9 +12,13 @@
 # ansible-runner at the definition's pins, ansible-builder at requirements-test.txt's range), never the engine's.
 # Environment:
 #   EE_RUNTIME        podman or docker (default: podman when it is on PATH, else docker)
-#   EE_TAG            the image's local name (default: llmops-serving-ee:<galaxy.yml's version>, the release the job
-#                     templates check at start)
-#   EE_PUSH           registry/repository:tag to tag the image as and push it to once its job passed (default: none)
+#   EE_TAG            the image's local name (default: llmops-serving-ee:<galaxy.yml's version>-<commit, 12 hex
+#                     digits>[-dirty]: one name per build, so that the EE object's `pull: missing` never serves an older
+#                     build under a reused name; the artifact inside records the same commit, which the job templates'
+#                     release check compares with the project's revision)
+#   EE_PUSH           registry/repository:tag to tag the image as and push it to once its job passed (default: none);
+#                     its tag must name the commit (e.g. <version>-<commit>), and a build with uncommitted changes is
+#                     never pushed
 #   EE_SUITE          Debian suite of the base (default: the host's); EE_MIRROR (default: the host's first apt source)
 #   EE_REBUILD_BASE=1 debootstrap again even when the base image exists
 #   EE_TEMPLATE / EE_ANSWERS   the job template of awx/controller_templates.yml run at the end, and its survey answers
@@ -64,13 +68,24 @@ fi
 field() { sed -n "s/^$1: *//p" "$2" | head -1 | tr -d "\"' "; }
 VERSION=$(field version "$ROOT/galaxy.yml")
 [ -n "$VERSION" ] || die "galaxy.yml has no version"
-TAG=${EE_TAG:-llmops-serving-ee:$VERSION}
+# The build's identity: the commit (and whether the checkout has uncommitted changes), as awx/ee/build_artifact.py
+# writes it into the artifact.
+COMMIT=$(git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null) \
+    || die "$ROOT is not a git checkout: make ee names the image and the artifact after the commit they are built from"
+DIRTY=$([ -n "$(git -C "$ROOT" status --porcelain --untracked-files=normal)" ] && echo 1 || echo 0)
+IDENT=$VERSION-$COMMIT$([ "$DIRTY" = 1 ] && echo -dirty || true)
+TAG=${EE_TAG:-llmops-serving-ee:$IDENT}
 PUSH=${EE_PUSH:-}
 if [ -n "$PUSH" ]; then
     case ${PUSH##*/} in
         *:?*) ;;
-        *) die "EE_PUSH=$PUSH has no tag; give registry/repository:tag (for example registry.example/llmops/serving-ee:$VERSION)" ;;
+        *) die "EE_PUSH=$PUSH has no tag; give registry/repository:tag (for example registry.example/llmops/serving-ee:$VERSION-$COMMIT)" ;;
     esac
+    case ${PUSH##*:} in
+        *"$COMMIT"*) ;;
+        *) die "EE_PUSH=$PUSH: its tag does not name commit $COMMIT; push as ${PUSH%:*}:$VERSION-$COMMIT (a reused tag lets pull: missing run an older build)" ;;
+    esac
+    [ "$DIRTY" = 0 ] || die "EE_PUSH=$PUSH: the checkout has uncommitted changes, so commit $COMMIT does not describe this build; commit them (or stash them) and run make ee again"
 fi
 BASE=$(sed -n '/^  base_image:/,/name:/s/^ *name: *//p' "$ROOT/execution-environment.yml" | tr -d "\"' ")
 CORE=$(sed -n '/^  ansible_core:/,/package_pip:/s/^ *package_pip: *//p' "$ROOT/execution-environment.yml" | tr -d "\"' ")
@@ -88,8 +103,8 @@ fi
 SYSTEM=$(awk '{sub(/#.*/, "")} /platform:dpkg/ {print $1}' "$ROOT/bindep.txt" "$ROOT/meta/ee-bindep.txt" | sort -u | paste -sd, -)
 
 if [ "$PLAN" = 1 ]; then
-    printf 'runtime=%s tag=%s push=%s base=%s system=%s core=%s runner=%s builder=%s kubernetes.core=%s kubernetes.core_fallback=%s tools=%s\n' \
-        "$RT" "$TAG" "${PUSH:-none}" "$BASE" "$SYSTEM" "$CORE" "$RUNNER" "$BUILDER" "$KC" "${ANSIBLE_PKG:-none}" "$TOOLS"
+    printf 'runtime=%s tag=%s push=%s commit=%s dirty=%s base=%s system=%s core=%s runner=%s builder=%s kubernetes.core=%s kubernetes.core_fallback=%s tools=%s\n' \
+        "$RT" "$TAG" "${PUSH:-none}" "$COMMIT" "$DIRTY" "$BASE" "$SYSTEM" "$CORE" "$RUNNER" "$BUILDER" "$KC" "${ANSIBLE_PKG:-none}" "$TOOLS"
     exit 0
 fi
 
@@ -136,13 +151,14 @@ else
     say "base $BASE exists (EE_REBUILD_BASE=1 rebuilds it)"
 fi
 
-# 2. The two collection tarballs the definition installs: this repository's artifact, and kubernetes.core at
-#    requirements.yml's pin (the one a project sync would install, so both paths carry the same version).
+# 2. The two collection tarballs the definition installs: this repository's artifact (its one recipe, which writes
+#    the commit into meta/build_identity.json), and kubernetes.core at requirements.yml's pin (the one a project
+#    sync would install, so both paths carry the same version).
 cols=$WORK/collections
 mkdir -p "$cols"
 rm -rf "$cols/.dist" && mkdir "$cols/.dist"
-"$BIN/ansible-galaxy" collection build --force --output-path "$cols/.dist" "$ROOT" >/dev/null \
-    || die "ansible-galaxy collection build failed"
+"$PY" "$ROOT/awx/ee/build_artifact.py" --galaxy "$BIN/ansible-galaxy" --output-path "$cols/.dist" >/dev/null \
+    || die "the artifact build (awx/ee/build_artifact.py) failed"
 mv "$cols"/.dist/llmops-serving-*.tar.gz "$cols/llmops-serving.tar.gz"
 manifest_version() { tar -xzOf "$1" MANIFEST.json 2>/dev/null | "$PY" -c 'import json, sys; print(json.load(sys.stdin)["collection_info"]["version"])' 2>/dev/null || true; }
 if [ "$(manifest_version "$cols/kubernetes-core.tar.gz")" != "$KC" ]; then

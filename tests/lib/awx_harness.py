@@ -383,7 +383,9 @@ def build_collection(workdir):
     """
     dist, dest = os.path.join(workdir, "dist"), os.path.join(workdir, "collections")
     env = dict(os.environ, ANSIBLE_NOCOLOR="1", PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
-    for cmd in ([os.path.join(BIN, "ansible-galaxy"), "collection", "build", "--force", "--output-path", dist, ROOT],):
+    # the artifact's one recipe (awx/ee/build_artifact.py): it records the commit the release check compares
+    for cmd in ([sys.executable, os.path.join(AWX_DIR, "ee", "build_artifact.py"), "--galaxy",
+                 os.path.join(BIN, "ansible-galaxy"), "--output-path", dist],):
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=300)
         if proc.returncode:
             raise RuntimeError("ansible-galaxy collection build failed: %s" % (proc.stdout + proc.stderr)[-2000:])
@@ -1032,8 +1034,9 @@ def ee_collections(dest):
     os.makedirs(dest, exist_ok=True)
     dist = os.path.join(dest, ".dist")
     env = dict(os.environ, ANSIBLE_NOCOLOR="1")
-    proc = subprocess.run([os.path.join(BIN, "ansible-galaxy"), "collection", "build", "--force", "--output-path", dist,
-                           ROOT], capture_output=True, text=True, check=False, timeout=300, env=env)
+    proc = subprocess.run([sys.executable, os.path.join(AWX_DIR, "ee", "build_artifact.py"), "--galaxy",
+                           os.path.join(BIN, "ansible-galaxy"), "--output-path", dist],
+                          capture_output=True, text=True, check=False, timeout=300, env=env)
     if proc.returncode:
         raise RuntimeError("ansible-galaxy collection build failed: %s" % (proc.stdout + proc.stderr)[-2000:])
     built = [os.path.join(dist, n) for n in os.listdir(dist) if n.startswith("llmops-serving-")]

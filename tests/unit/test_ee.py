@@ -245,19 +245,40 @@ def test_bindep_packages_are_in_the_base_or_the_build_fails(tmp_path):
     assert call("upgrade").returncode == 2
 
 
-def _plan(tmp_path, runtimes, **env):
+def _plan(tmp_path, runtimes, root=ROOT, **env):
     """``build.sh --plan`` with only the named fake runtimes on PATH (and the few tools the script reads with)."""
     fake = tmp_path / ("bin-" + "-".join(runtimes or ["none"]))
     fake.mkdir(parents=True)
-    for tool in ("dirname", "sed", "awk", "head", "tr", "sort", "paste", "date", "cat"):
+    for tool in ("dirname", "sed", "awk", "head", "tr", "sort", "paste", "date", "cat", "git"):
         os.symlink(shutil.which(tool), str(fake / tool))
     for rt in runtimes:
         (fake / rt).write_text("#!/bin/sh\necho \"$0 $*\" >> %s/calls\n" % tmp_path)
         (fake / rt).chmod(0o755)
-    proc = subprocess.run([shutil.which("bash"), os.path.join(ROOT, "awx", "ee", "build.sh"), "--plan"],
+    proc = subprocess.run([shutil.which("bash"), os.path.join(str(root), "awx", "ee", "build.sh"), "--plan"],
                           capture_output=True, text=True, timeout=30, check=False, env=dict(env, PATH=str(fake)))
     plan = dict(kv.split("=", 1) for kv in proc.stdout.split()) if proc.returncode == 0 else None
     return proc, plan
+
+
+#: The files build.sh reads (its plan is made from them alone).
+PLAN_FILES = ("galaxy.yml", "execution-environment.yml", "requirements.yml", "requirements-test.txt", "bindep.txt",
+              "meta/ee-bindep.txt", "awx/ee/build.sh")
+
+
+def _checkout(path):
+    """A clean git checkout holding the files build.sh reads; returns (path, its commit)."""
+    for rel in PLAN_FILES:
+        os.makedirs(os.path.dirname(os.path.join(str(path), rel)), exist_ok=True)
+        shutil.copy2(os.path.join(ROOT, rel), os.path.join(str(path), rel))
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@example.invalid",
+                               "-c", "commit.gpgsign=false"] + list(args), capture_output=True, text=True, check=True,
+                              timeout=60).stdout.strip()
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-q", "-m", "one")
+    return path, git("rev-parse", "--short=12", "HEAD")
 
 
 @pytest.mark.parametrize("runtimes,chosen,env", [
@@ -284,22 +305,57 @@ def test_make_ee_refuses_a_runtime_or_push_target_it_cannot_use(tmp_path, runtim
     assert proc.returncode == 1 and error in proc.stderr, proc.stderr
 
 
-def test_make_ee_tags_with_the_release_and_pushes_where_asked(tmp_path):
-    proc, plan = _plan(tmp_path, ["docker"])
+def test_make_ee_tags_each_build_with_its_commit_and_pushes_where_asked(tmp_path):
+    """One name per build: <version>-<commit> (the commit the artifact inside records, meta/build_identity.json), so
+    that the EE object's `pull: missing` never runs an older build pushed under a reused name."""
+    root, commit = _checkout(tmp_path / "repo")
+    proc, plan = _plan(tmp_path, ["docker"], root=root)
     assert proc.returncode == 0, proc.stderr
-    # the tag is galaxy.yml's version, the one the definition names and the job templates' release check reads
-    assert plan["tag"] == "llmops-serving-ee:%s" % _galaxy_version()
-    assert _load("execution-environment.yml")["options"]["tags"] == [plan["tag"]]
+    tag = "llmops-serving-ee:%s-%s" % (_galaxy_version(), commit)
+    assert (plan["tag"], plan["commit"], plan["dirty"]) == (tag, commit, "0")
+    # the definition names no fixed tag: one tag for every build was the stale-image path
+    assert "tags" not in _load("execution-environment.yml")["options"]
     assert plan["push"] == "none"
     # the tools venv is the script's own (ansible-core / ansible-runner at the definition's pins), not .venv
     deps = _load("execution-environment.yml")["dependencies"]
-    assert plan["tools"] == os.path.join(ROOT, ".build", "ee", "tools")
+    assert plan["tools"] == os.path.join(str(root), ".build", "ee", "tools")
     assert (plan["core"], plan["runner"]) == (deps["ansible_core"]["package_pip"], deps["ansible_runner"]["package_pip"])
     assert plan["builder"].startswith("ansible-builder")
     # when Galaxy does not answer, kubernetes.core comes from the ansible package of requirements-test.txt's range
     assert plan["kubernetes.core_fallback"] == "ansible>=12,<13"
-    proc, plan = _plan(tmp_path / "x", ["docker"], EE_TAG="ee:test", EE_PUSH="registry.example:5000/llmops/ee:0.1")
-    assert (plan["tag"], plan["push"]) == ("ee:test", "registry.example:5000/llmops/ee:0.1"), proc.stderr
+    push = "registry.example:5000/llmops/ee:%s-%s" % (_galaxy_version(), commit)
+    proc, plan = _plan(tmp_path / "x", ["docker"], root=root, EE_TAG="ee:test", EE_PUSH=push)
+    assert (plan["tag"], plan["push"]) == ("ee:test", push), proc.stderr
+    # a push tag without the commit (the old registry.example/llmops/serving-ee:0.1.0) is refused, naming the fix
+    proc, plan = _plan(tmp_path / "y", ["docker"], root=root, EE_PUSH="registry.example/llmops/serving-ee:0.1.0")
+    assert proc.returncode == 1 and "its tag does not name commit %s" % commit in proc.stderr, proc.stderr
+    assert "push as registry.example/llmops/serving-ee:%s-%s" % (_galaxy_version(), commit) in proc.stderr
+    # uncommitted changes: the local tag says so, and such a build is never pushed
+    with open(os.path.join(str(root), "bindep.txt"), "a", encoding="utf-8") as f:
+        f.write("# local change\n")
+    proc, plan = _plan(tmp_path / "z", ["docker"], root=root)
+    assert plan["tag"].endswith("-%s-dirty" % commit) and plan["dirty"] == "1", proc.stderr
+    proc, plan = _plan(tmp_path / "w", ["docker"], root=root, EE_PUSH=push)
+    assert proc.returncode == 1 and "the checkout has uncommitted changes" in proc.stderr, proc.stderr
+
+
+def test_make_ee_refuses_a_tree_that_is_no_git_checkout(tmp_path):
+    for rel in PLAN_FILES:
+        os.makedirs(os.path.dirname(str(tmp_path / "tree" / rel)), exist_ok=True)
+        shutil.copy2(os.path.join(ROOT, rel), str(tmp_path / "tree" / rel))
+    proc, plan = _plan(tmp_path, ["docker"], root=tmp_path / "tree", GIT_CEILING_DIRECTORIES=str(tmp_path))
+    assert proc.returncode == 1 and "is not a git checkout" in proc.stderr, proc.stderr
+
+
+def test_the_ee_object_never_serves_a_stale_build():
+    """`pull: missing` is safe only because every build has its own tag; the image the EE object names comes from
+    llmops_awx_ee_image, whose documented example names a commit."""
+    (ee,) = _load("awx/controller_execution_environments.yml")["controller_execution_environments"]
+    assert ee["pull"] in ("missing", "always")
+    with open(os.path.join(ROOT, "docs", "awx.md"), encoding="utf-8") as f:
+        docs = f.read()
+    examples = re.findall(r"llmops_awx_ee_image=(\S+)", docs)
+    assert examples and all(re.search(r":\d+\.\d+\.\d+-(<commit>|[0-9a-f]{12})", e) for e in examples), examples
 
 
 def test_the_base_carries_every_system_package_bindep_declares_for_dpkg(tmp_path):
