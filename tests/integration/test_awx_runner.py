@@ -131,7 +131,8 @@ def workflow_jobs(controller, staged):
     _copy_revision(controller, staged, "served-by-workflow", "r2")
     return controller.run_workflow(
         WORKFLOW, answers={"stage_model_name": "served-by-workflow", "stage_model_revision": "r2", "engine_name": "vllm"},
-        node_prompts={"deploy": {"job_type": "check"}, "verify": {"job_type": "check"}})
+        node_prompts={"deploy": {"job_type": "check"}, "verify": {"job_type": "check"}},
+        approvals={"approve deploy": "approve"})
 
 
 def test_the_workflow_hands_the_stage_artifacts_to_the_deploy_node(workflow_jobs):
@@ -152,9 +153,14 @@ def test_the_workflow_hands_the_stage_artifacts_to_the_deploy_node(workflow_jobs
 
 def test_the_workflow_runs_deploy_and_verify_as_check_jobs(controller, workflow_jobs):
     jobs = workflow_jobs
-    assert list(jobs) == ["stage", "deploy", "verify"], "\n".join("%s: %s" % (k, j.summary(800)) for k, j in jobs.items())
-    for job in jobs.values():
-        _assert_ok(job)
+    assert list(jobs) == ["stage", "approve deploy", "deploy", "verify"], "\n".join(
+        "%s: %s" % (k, j.summary(800) if hasattr(j, "summary") else j.status) for k, j in jobs.items())
+    assert jobs["approve deploy"].status == "successful"  # approved: the deploy ran
+    for ident, job in jobs.items():
+        if ident != "approve deploy":
+            _assert_ok(job)
+    # every step succeeded: the workflow job is successful, its success notifications fire, diagnose never ran
+    assert (jobs.status, jobs.not_run) == ("successful", ["diagnose"])
     deploy, verify = jobs["deploy"], jobs["verify"]
     assert deploy.artifacts["llmops_engine_url"].startswith("http://127.0.0.1:")
     assert deploy.artifacts["llmops_engine_name"] == "vllm"

@@ -266,3 +266,21 @@ def test_the_awx_variant_of_the_example_fleet_is_the_example_fleet_that_applies(
     assert example["all"]["vars"]["engine_k8s_mode"] == "render"
     assert variant["all"]["vars"] == dict(example["all"]["vars"], engine_k8s_mode="apply")
     assert variant["_meta"]["hostvars"] == example["_meta"]["hostvars"]
+
+
+def test_verify_refuses_a_kubernetes_pair_without_its_urls(tmp_path):
+    """The pd_verify_* URLs default to the local pair's loopback ports: on a Kubernetes pair (the example fleet's
+    platform, where no template sets them) the verify play refuses before any snapshot or load, naming them."""
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
+               ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, ".build", "pycoll"))
+    base = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i",
+            os.path.join(ROOT, "inventories", "local"), os.path.join(ROOT, "playbooks", "verify_transport.yml"),
+            "--tags", "verify", "-e", "pd_disagg_platform=kubernetes"]
+    proc = subprocess.run(base + ["-e", "pd_verify_router_url=http://gw.example"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode != 0, out[-3000:]
+    assert "pd_disagg_platform is kubernetes: set pd_verify_decode_metrics_url, pd_verify_prefill_metrics_url" in out
+    assert "Snapshot every RDMA port" not in out
+    tpl = awx.by_name(TEMPLATES, "llmops verify transport")
+    assert tpl["credentials"] == ["llmops GPU nodes"] and "llmops_k8s_delegate_to" not in (tpl.get("extra_vars") or {})
