@@ -50,7 +50,9 @@ options:
     type: dict
     default: {}
   timeout:
-    description: Per-request timeout in seconds.
+    description:
+      - Seconds each request's whole answer may take, a deadline for the answer rather than for each read (a router
+        that trickles its answer cannot stretch it); an answer over 8 MiB is refused while it is read.
     type: float
     default: 120.0
 extends_documentation_fragment:
