@@ -278,14 +278,19 @@ options:
     default: 0s
   gateway_policies:
     description:
-      - The EnvoyPatchPolicy objects of the AIBrix gateway as read from the cluster (for example the C(resources)
-        of C(kubernetes.core.k8s_info) kind C(EnvoyPatchPolicy) in O(gateway_namespace)).
+      - The EnvoyPatchPolicy and EnvoyExtensionPolicy objects of the AIBrix gateway as read from the cluster (for
+        example the C(resources) of C(kubernetes.core.k8s_info) of those kinds in O(gateway_namespace)).
       - With a routing strategy (always with O(workload=stormservice)) every request goes through AIBrix's Envoy
         route C(original_route), whose timeout (120s in the v0.7.0 install, Helm
         C(gateway.envoyPatchPolicy.route.timeout)) applies instead of O(route_request_timeout). The longest answer
         streams for O(route_request_timeout) when that is set, else for the profile's context length
         (C(max-model-len) / C(context-length)) at 65 tokens/s; a shorter C(original_route) timeout fails here
-        with the fix, before anything is written.
+        with the fix, before anything is written. So does the same route's C(idle_timeout) (Helm
+        C(gateway.envoyPatchPolicy.route.idleTimeout), 300s; without one Envoy's 5-minute stream idle timeout): a
+        non-streamed answer is idle until it is whole.
+      - A vLLM prefill runs inside the gateway plugin's ext_proc call; a C(messageTimeout) of its
+        EnvoyExtensionPolicy (60s, Helm C(gatewayPlugin.messageTimeout)) under C(AIBRIX_PREFILL_REQUEST_TIMEOUT)
+        is a warning. Every such message names all three limits.
       - Unset (render only), the same comparison against the v0.7.0 default is a warning.
     type: list
     elements: dict

@@ -404,14 +404,22 @@ def test_a_stormservice_answer_longer_than_original_route_is_caught_before_apply
                   ucx_net_devices={"rdma": "mlx5_0:1,mlx5_1:1", "tcp": "eth0"}, engine_args={"max-model-len": 131072})
     assert any("original_route" in w for w in pd.render(dict(params))["warnings"])
 
-    def epp(timeout):
+    def epp(timeout, idle=None):
+        # Helm dist/chart/templates/gateway-instance/gateway.yaml also sets idle_timeout (route.idleTimeout, 300s);
+        # without one Envoy's 5-minute stream idle timeout applies: a non-streamed answer is idle until it is whole
+        route = {"cluster": "original_destination_cluster", "timeout": timeout}
+        if idle is not None:
+            route["idle_timeout"] = idle
         return {"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "EnvoyPatchPolicy",
                 "metadata": {"name": "aibrix-epp", "namespace": "aibrix-system"},
                 "spec": {"jsonPatches": [{"operation": {"op": "add", "path": "/virtual_hosts/0/routes/0", "value": {
-                    "name": "original_route", "route": {"cluster": "original_destination_cluster", "timeout": timeout}}}}]}}
+                    "name": "original_route", "route": route}}}]}}
 
     with pytest.raises(_k8s_checks.SpecError) as e:
         pd.render(dict(params, gateway_policies=[epp("120s")]))
     assert "gateway.envoyPatchPolicy.route.timeout" in str(e.value)
     assert oracle.gateway(objs + [epp("0s")], "POST", "/v1/chat/completions", model=DOTTED).timeout_s == 0
-    assert not any("original_route" in w for w in pd.render(dict(params, gateway_policies=[epp("0s")]))["warnings"])
+    with pytest.raises(_k8s_checks.SpecError) as e:  # the timeout raised as told, the idle timeout still cuts it
+        pd.render(dict(params, gateway_policies=[epp("0s")]))
+    assert "gateway.envoyPatchPolicy.route.idleTimeout" in str(e.value)
+    assert not any("original_route" in w for w in pd.render(dict(params, gateway_policies=[epp("0s", "0s")]))["warnings"])

@@ -221,6 +221,18 @@ def route_objects(model, service, namespace, port, gateway_name=DEFAULT_GATEWAY_
 
 ORIGINAL_ROUTE = "original_route"
 ORIGINAL_ROUTE_TIMEOUT_S = 120
+#: The same route's ``idle_timeout`` (Helm ``gateway.envoyPatchPolicy.route.idleTimeout: 300s``,
+#: dist/chart/templates/gateway-instance/gateway.yaml); the kustomize patch sets none, and then Envoy's
+#: HttpConnectionManager ``stream_idle_timeout`` applies, 5 minutes by default
+#: (envoy.extensions.filters.network.http_connection_manager.v3, RouteAction.idle_timeout). A non-streamed answer
+#: sends no byte until it is whole: one that takes longer is reset.
+ORIGINAL_ROUTE_IDLE_TIMEOUT_S = 300
+#: The gateway plugin's ext_proc ``messageTimeout`` (EnvoyExtensionPolicy ``gateway-plugins-extension-policy``,
+#: config/gateway/gateway-plugin/gateway-plugin.yaml; Helm ``gatewayPlugin.messageTimeout: "60s"``,
+#: dist/chart/templates/gateway-plugin/envoy_extension_policy.yaml). vLLM's prefill runs inside the plugin's
+#: request-body call (pkg/plugins/gateway/algorithms/pd_disaggregation.go Route -> doPrefillRequest; pd_readme.md
+#: "vLLM -> sync"), so a prefill longer than this fails whatever AIBRIX_PREFILL_REQUEST_TIMEOUT says.
+EXT_PROC_MESSAGE_TIMEOUT_S = 60
 #: Envoy's route timeout when a route sets none (``envoy.config.route.v3.RouteAction.timeout``).
 ENVOY_DEFAULT_ROUTE_TIMEOUT_S = 15
 #: The v0.7.0 install (``config/gateway/gateway-plugin/gateway-plugin.yaml``, Helm ``dist/chart/values.yaml``)
@@ -264,6 +276,52 @@ def original_route_timeout(objects):
     return None, None
 
 
+def original_route_limits(objects):
+    """The three limits AIBrix's gateway puts on a routing-strategy request, from the policies read from the cluster:
+    ``{"timeout": (s, where), "idle_timeout": (s, where), "message_timeout": (s, where)}`` (``(None, None)`` when no
+    policy defines it; ``0`` is no limit). The route's ``idle_timeout`` defaults to Envoy's stream idle timeout
+    (:data:`ORIGINAL_ROUTE_IDLE_TIMEOUT_S`) when its patch sets none."""
+    timeout, where = original_route_timeout(objects)
+    idle = (None, None)
+    if where is not None:
+        idle = (float(ORIGINAL_ROUTE_IDLE_TIMEOUT_S), "%s (no idle_timeout: Envoy's stream_idle_timeout)" % where)
+        for obj in objects or []:
+            meta = (obj or {}).get("metadata") or {} if isinstance(obj, dict) else {}
+            if not isinstance(obj, dict) or obj.get("kind") != "EnvoyPatchPolicy" or \
+                    "EnvoyPatchPolicy %s/%s" % (meta.get("namespace"), meta.get("name")) != where:
+                continue
+            for patch in (obj.get("spec") or {}).get("jsonPatches") or []:
+                value = ((patch or {}).get("operation") or {}).get("value") if isinstance(patch, dict) else None
+                route = value.get("route") if isinstance(value, dict) and value.get("name") == ORIGINAL_ROUTE else None
+                if isinstance(route, dict) and "idle_timeout" in route:
+                    try:
+                        idle = (envoy_duration(route["idle_timeout"]), where)
+                    except ValueError:
+                        raise RouteError("%s: original_route idle_timeout %r is not an Envoy duration"
+                                         % (where, route["idle_timeout"]))
+    message = (None, None)
+    for obj in objects or []:
+        if not isinstance(obj, dict) or obj.get("kind") != "EnvoyExtensionPolicy":
+            continue
+        meta = obj.get("metadata") or {}
+        for proc in (obj.get("spec") or {}).get("extProc") or []:
+            if isinstance(proc, dict) and proc.get("messageTimeout") is not None:
+                pwhere = "EnvoyExtensionPolicy %s/%s" % (meta.get("namespace"), meta.get("name"))
+                try:
+                    message = (envoy_duration(proc["messageTimeout"]), pwhere)
+                except ValueError:
+                    raise RouteError("%s: messageTimeout %r is not a duration" % (pwhere, proc["messageTimeout"]))
+    return {"timeout": (timeout, where), "idle_timeout": idle, "message_timeout": message}
+
+
+#: What raises each limit, for the messages.
+_KNOBS = ("the route timeout (Helm gateway.envoyPatchPolicy.route.timeout; the timeout of the original_route patch in "
+          "the EnvoyPatchPolicy aibrix-epp), its idle_timeout (Helm gateway.envoyPatchPolicy.route.idleTimeout, 300s; "
+          "the patch's idle_timeout) and the gateway plugin's messageTimeout (Helm gatewayPlugin.messageTimeout, 60s; "
+          "the EnvoyExtensionPolicy gateway-plugins-extension-policy), which bounds a vLLM prefill together with "
+          "AIBRIX_PREFILL_REQUEST_TIMEOUT")
+
+
 def longest_answer(max_tokens, request_timeout=DEFAULT_REQUEST_TIMEOUT, tokens_per_s=SINGLE_STREAM_TOKENS_PER_S):
     """``(seconds, why)`` the longest answer of the profile may stream, by the documented rule: the configured
     request timeout when it is set (non-zero: the operator's own bound on one request), else ``max_tokens``
@@ -281,22 +339,47 @@ def _fix(need):
             "(aibrix-system, kustomize install)" % (int(need) + 1, int(need) + 1))
 
 
-def check_original_route(timeout_s, where, need_s, why):
-    """The error for an ``original_route`` timeout that would cut the longest answer (None when it does not)."""
-    if timeout_s is None or timeout_s == 0 or timeout_s >= need_s:
+def check_original_route(timeout_s, where, need_s, why, idle=(None, None)):
+    """The error for an ``original_route`` timeout or idle timeout that would cut the longest answer (None when
+    neither does); it names all three limits of that path (:data:`_KNOBS`)."""
+    cut = []
+    if timeout_s is not None and timeout_s != 0 and timeout_s < need_s:
+        cut.append("%s: original_route (every routing-strategy request, the StormService path) times out after %gs, "
+                   "but %s streams for %ds; the gateway would cut it with a 504. %s"
+                   % (where, timeout_s, why, need_s, _fix(need_s)))
+    idle_s, idle_where = idle
+    if idle_s is not None and idle_s != 0 and idle_s < need_s:
+        cut.append("%s: original_route resets a stream idle for %gs, and a non-streamed answer is idle until it is "
+                   "whole: %s takes %ds. Raise it to at least %ds: helm upgrade ... --set "
+                   "gateway.envoyPatchPolicy.route.idleTimeout=%ds, or the patch's idle_timeout"
+                   % (idle_where, idle_s, why, need_s, int(need_s) + 1, int(need_s) + 1))
+    if not cut:
         return None
-    return ("%s: original_route (every routing-strategy request, the StormService path) times out after %gs, but %s "
-            "streams for %ds; the gateway would cut it with a 504. %s" % (where, timeout_s, why, need_s, _fix(need_s)))
+    return "%s. That path has three limits: %s" % ("; ".join(cut), _KNOBS)
 
 
 def original_route_note(need_s, why):
-    """What a render-mode run says next to the objects: the cluster's ``original_route`` timeout is not read."""
+    """What a render-mode run says next to the objects: the cluster's ``original_route`` limits are not read."""
     if need_s <= ORIGINAL_ROUTE_TIMEOUT_S:
         return None
     return ("AIBrix sends every routing-strategy request (the StormService path) through its original_route, whose "
             "timeout is %ds in the v0.7.0 install (config/gateway/gateway.yaml; Helm gateway.envoyPatchPolicy.route."
             "timeout), and an HTTPRoute's request timeout does not apply there; %s streams for %ds. Rendered only, so "
-            "the cluster's EnvoyPatchPolicy was not read. %s" % (ORIGINAL_ROUTE_TIMEOUT_S, why, need_s, _fix(need_s)))
+            "the cluster's EnvoyPatchPolicy was not read. %s. That path has three limits: %s"
+            % (ORIGINAL_ROUTE_TIMEOUT_S, why, need_s, _fix(need_s), _KNOBS))
+
+
+def prefill_note(limits):
+    """A warning when the plugin's ext_proc ``messageTimeout`` read from the cluster is shorter than the prefill
+    timeout of the v0.7.0 install: a vLLM prefill runs inside that call (:data:`EXT_PROC_MESSAGE_TIMEOUT_S`), so
+    the shorter one decides; None otherwise."""
+    seconds, where = limits.get("message_timeout") or (None, None)
+    if seconds is None or seconds == 0 or seconds >= PREFILL_REQUEST_TIMEOUT_S:
+        return None
+    return ("%s: the gateway plugin's messageTimeout is %gs, shorter than AIBRIX_PREFILL_REQUEST_TIMEOUT (%ds in the "
+            "v0.7.0 install); AIBrix runs a vLLM prefill inside that call (pd_disaggregation.go doPrefillRequest), so "
+            "a prompt that takes longer to prefill fails whatever the prefill timeout says. That path has three "
+            "limits: %s" % (where, seconds, PREFILL_REQUEST_TIMEOUT_S, _KNOBS))
 
 
 def answer_tokens(flags):
@@ -312,13 +395,22 @@ def answer_tokens(flags):
     return None
 
 
-def original_route_findings(flags, request_timeout=DEFAULT_REQUEST_TIMEOUT, policies=None):
+def original_route_findings(flags, request_timeout=DEFAULT_REQUEST_TIMEOUT, policies=None, engine=None):
     """``(error, warning)`` about ``original_route`` for a model whose requests a routing strategy routes.
 
-    ``policies``: the EnvoyPatchPolicy objects read from the cluster (apply mode), or None (render mode, where
-    only a warning can be given). The need is :func:`longest_answer` of the engine's context length
-    (:func:`answer_tokens`) or of ``request_timeout`` when that is set.
+    ``policies``: the EnvoyPatchPolicy and EnvoyExtensionPolicy objects read from the cluster (apply mode), or None
+    (render mode, where only a warning can be given). The need is :func:`longest_answer` of the engine's context
+    length (:func:`answer_tokens`) or of ``request_timeout`` when that is set; the route's ``timeout`` and
+    ``idle_timeout`` must cover it (:func:`original_route_limits`). With ``engine`` ``vllm`` a plugin
+    ``messageTimeout`` under the prefill timeout is a warning (:func:`prefill_note`).
     """
+    error, note = _original_route_findings(flags, request_timeout, policies)
+    if engine == "vllm" and policies is not None:
+        note = "; ".join(n for n in (note, prefill_note(original_route_limits(policies))) if n) or None
+    return error, note
+
+
+def _original_route_findings(flags, request_timeout, policies):
     tokens = answer_tokens(flags)
     if parse_duration(request_timeout or "0s") == 0 and tokens is None:
         return None, ("AIBrix sends every routing-strategy request (the StormService path) through its original_route, "
@@ -330,9 +422,10 @@ def original_route_findings(flags, request_timeout=DEFAULT_REQUEST_TIMEOUT, poli
     need, why = longest_answer(tokens or 0, request_timeout)
     if policies is None:
         return None, original_route_note(need, why)
-    timeout, where = original_route_timeout(policies)
+    limits = original_route_limits(policies)
+    timeout, where = limits["timeout"]
     if where is None:
         return None, ("no EnvoyPatchPolicy in the cluster defines original_route, which AIBrix's routing-strategy "
                       "requests (the StormService path) need; install AIBrix's gateway configuration "
                       "(config/gateway/gateway.yaml, or the Helm chart's gateway-instance)")
-    return check_original_route(timeout, where, need, why), None
+    return check_original_route(timeout, where, need, why, limits["idle_timeout"]), None

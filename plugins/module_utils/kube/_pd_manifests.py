@@ -518,7 +518,8 @@ def render(params):
     _command, _args, final = engine_command(p, "decode")
     if p["routing_strategy"]:  # every request takes AIBrix's original_route and its timeout, not the HTTPRoute's
         try:
-            error, note = aroute.original_route_findings(final, p["route_request_timeout"], p["gateway_policies"])
+            error, note = aroute.original_route_findings(final, p["route_request_timeout"], p["gateway_policies"],
+                                                         engine=p["engine"] if p["workload"] == "stormservice" else None)
         except aroute.RouteError as e:
             raise _k8s_checks.SpecError("gateway_policies: %s" % e)
         if error:

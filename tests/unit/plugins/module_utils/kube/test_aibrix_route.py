@@ -257,13 +257,16 @@ def test_the_route_oracle_catches_what_aibrix_would_break():
 
 # ---- original_route: the timeout every routing-strategy request gets --------------------------------------- #
 
-def _epp(timeout="120s", name="aibrix-epp"):
+def _epp(timeout="120s", name="aibrix-epp", idle=None):
     """The EnvoyPatchPolicy of AIBrix v0.7.0's config/gateway/gateway.yaml (kustomize prefix aibrix-), trimmed to
     the original_route patch; Helm dist/chart/templates/gateway-instance/gateway.yaml renders the same route from
-    gateway.envoyPatchPolicy.route.timeout (120s in dist/chart/values.yaml)."""
+    gateway.envoyPatchPolicy.route.timeout (120s in dist/chart/values.yaml) and adds ``idle_timeout`` from
+    gateway.envoyPatchPolicy.route.idleTimeout (300s)."""
     route_action = {"cluster": "original_destination_cluster"}
     if timeout is not None:
         route_action["timeout"] = timeout
+    if idle is not None:
+        route_action["idle_timeout"] = idle
     return {"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "EnvoyPatchPolicy",
             "metadata": {"name": name, "namespace": "aibrix-system"},
             "spec": {"type": "JSONPatch", "targetRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway",
@@ -303,8 +306,8 @@ def test_original_route_findings_fail_in_apply_mode_and_warn_in_render_mode():
     assert note is None and error.startswith("EnvoyPatchPolicy aibrix-system/aibrix-epp: original_route")
     assert "times out after 120s" in error and "streams for 2016s" in error
     assert "gateway.envoyPatchPolicy.route.timeout=2017s" in error
-    assert route.original_route_findings(flags, "0s", [_epp("0s")]) == (None, None)
-    assert route.original_route_findings(flags, "0s", [_epp("3600s")]) == (None, None)
+    assert route.original_route_findings(flags, "0s", [_epp("0s", idle="0s")]) == (None, None)
+    assert route.original_route_findings(flags, "0s", [_epp("3600s", idle="1h")]) == (None, None)
     # the operator's own request timeout is the bound when set: 100 s fits in 120 s
     assert route.original_route_findings(flags, "100s", [_epp()]) == (None, None)
     error, dummy = route.original_route_findings(flags, "30m", [_epp()])
@@ -329,5 +332,40 @@ def test_the_stormservice_render_checks_original_route():
     with pytest.raises(_k8s_checks.SpecError) as e:
         pd.render(dict(params, gateway_policies=[_epp()]))
     assert str(e.value).startswith("gateway_policies: EnvoyPatchPolicy aibrix-system/aibrix-epp: original_route")
-    r = pd.render(dict(params, gateway_policies=[_epp("0s")]))
+    r = pd.render(dict(params, gateway_policies=[_epp("0s", idle="0s")]))
     assert not any("original_route" in w for w in r["warnings"])
+
+
+def _eep(message_timeout="60s"):
+    """AIBrix v0.7.0 config/gateway/gateway-plugin/gateway-plugin.yaml EnvoyExtensionPolicy
+    gateway-plugins-extension-policy (Helm dist/chart/templates/gateway-plugin/envoy_extension_policy.yaml,
+    gatewayPlugin.messageTimeout "60s"), trimmed."""
+    return {"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "EnvoyExtensionPolicy",
+            "metadata": {"name": "aibrix-gateway-plugins-extension-policy", "namespace": "aibrix-system"},
+            "spec": {"targetRef": {"group": "gateway.networking.k8s.io", "kind": "HTTPRoute",
+                                   "name": "aibrix-reserved-router"},
+                     "extProc": [{"backendRefs": [{"name": "aibrix-gateway-plugins", "port": 50052}],
+                                  "processingMode": {"request": {"body": "Buffered"}, "response": {"body": "Streamed"}},
+                                  "messageTimeout": message_timeout}]}}
+
+
+def test_a_raised_route_timeout_still_meets_the_idle_timeout_and_every_message_names_the_three_limits():
+    """m3: the Helm install also sets the same route's idle_timeout 300s (a non-streamed answer is idle until it is
+    whole), and the gateway plugin's ext_proc messageTimeout 60s bounds a vLLM prefill (it runs inside the plugin's
+    request-body call: pkg/plugins/gateway/algorithms/pd_disaggregation.go doPrefillRequest). Before, an operator who
+    raised the route timeout as told passed the check and got resets at 300 s."""
+    flags = {"max-model-len": 131072}  # 2016 s at 65 tok/s
+    error, note = route.original_route_findings(flags, "0s", [_epp("0s", idle="300s"), _eep()])
+    assert error and "idle for 300s" in error and "gateway.envoyPatchPolicy.route.idleTimeout=2017s" in error
+    for knob in ("gateway.envoyPatchPolicy.route.timeout", "gateway.envoyPatchPolicy.route.idleTimeout",
+                 "gatewayPlugin.messageTimeout", "AIBRIX_PREFILL_REQUEST_TIMEOUT"):
+        assert knob in error, knob
+    # the kustomize patch sets no idle_timeout: Envoy's stream idle timeout (5 min) applies
+    assert route.original_route_limits([_epp("0s")])["idle_timeout"][0] == 300
+    assert route.original_route_findings(flags, "0s", [_epp("0s", idle="0s"), _eep()]) == (None, None)
+    # a messageTimeout under the prefill timeout decides for vLLM's synchronous prefill
+    assert route.original_route_limits([_eep("30s")])["message_timeout"] == (
+        30, "EnvoyExtensionPolicy aibrix-system/aibrix-gateway-plugins-extension-policy")
+    error, note = route.original_route_findings(flags, "0s", [_epp("0s", idle="0s"), _eep("30s")], engine="vllm")
+    assert error is None and "messageTimeout is 30s" in note and "gatewayPlugin.messageTimeout" in note
+    assert route.original_route_findings(flags, "0s", [_epp("0s", idle="0s"), _eep("30s")], engine="sglang") == (None, None)
