@@ -151,6 +151,20 @@ def gateway_argument_spec(name=True):
     return spec
 
 
+def gateway_namespace_warnings(gateway_namespace):
+    """AIBrix v0.7.0's gateway plugin looks ``<model>-router`` up in ``aibrix-system`` whatever namespace it runs in
+    (pkg/plugins/gateway/gateway.go ``defaultAIBrixNamespace``, validateHTTPRouteStatus): a route anywhere else is
+    never found, and every request without a routing strategy gets a 503. A warning, not a refusal: a later AIBrix
+    may read the namespace it is installed in."""
+    if gateway_namespace == DEFAULT_GATEWAY_NAMESPACE:
+        return []
+    return ["gateway_namespace: %r - AIBrix up to v0.7.0 looks the route <model>-router up in %s only "
+            "(pkg/plugins/gateway/gateway.go defaultAIBrixNamespace), whatever namespace it was installed in: a route "
+            "in %s is never found and every request without a routing strategy gets a 503. Keep %s unless this "
+            "AIBrix reads its own namespace"
+            % (gateway_namespace, DEFAULT_GATEWAY_NAMESPACE, gateway_namespace, DEFAULT_GATEWAY_NAMESPACE)]
+
+
 def route_objects(model, service, namespace, port, gateway_name=DEFAULT_GATEWAY_NAME,
                   gateway_namespace=DEFAULT_GATEWAY_NAMESPACE, request_timeout=DEFAULT_REQUEST_TIMEOUT,
                   paths=ROUTE_PATHS, labels=None, timeout_field="route_request_timeout", paths_field="route_paths"):
@@ -172,7 +186,7 @@ def route_objects(model, service, namespace, port, gateway_name=DEFAULT_GATEWAY_
     if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
         raise RouteError("port: %r is not a TCP port" % (port,))
     check_paths(list(paths), paths_field)
-    warnings = check_request_timeout(request_timeout, timeout_field)
+    warnings = check_request_timeout(request_timeout, timeout_field) + gateway_namespace_warnings(gateway_namespace)
     route = names.route_name(model)
     labels = dict(labels or {})
     objects = []

@@ -369,3 +369,15 @@ def test_a_raised_route_timeout_still_meets_the_idle_timeout_and_every_message_n
     error, note = route.original_route_findings(flags, "0s", [_epp("0s", idle="0s"), _eep("30s")], engine="vllm")
     assert error is None and "messageTimeout is 30s" in note and "gatewayPlugin.messageTimeout" in note
     assert route.original_route_findings(flags, "0s", [_epp("0s", idle="0s"), _eep("30s")], engine="sglang") == (None, None)
+
+
+def test_a_gateway_namespace_other_than_aibrix_system_warns_that_the_route_is_never_found():
+    """m6: AIBrix v0.7.0 pkg/plugins/gateway/gateway.go: defaultAIBrixNamespace = "aibrix-system", and
+    validateHTTPRouteStatus reads HTTPRoutes(defaultAIBrixNamespace).Get("<model>-router"): a route elsewhere is never
+    found, every request without a routing strategy gets a 503. Before, any namespace was accepted in silence."""
+    out = route.route_objects("glm-5.2-fp8", "glm-5-2-fp8-320dd373", "llm", 8000, gateway_namespace="gateway-system")
+    (warning,) = [w for w in out["warnings"] if w.startswith("gateway_namespace:")]
+    assert "'gateway-system'" in warning and "aibrix-system only" in warning and "503" in warning
+    assert out["objects"][-1]["metadata"]["namespace"] == "gateway-system"  # rendered as asked, with the warning
+    assert not [w for w in route.route_objects("glm-5.2-fp8", "glm-5-2-fp8-320dd373", "llm", 8000)["warnings"]
+                if w.startswith("gateway_namespace:")]
