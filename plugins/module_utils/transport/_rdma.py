@@ -43,7 +43,8 @@ SATURATED_VALUES = (2 ** 32 - 1, 2 ** 64 - 1)
 HW_NOT_COUNTERS = ("lifespan",)
 NO_PMA = "N/A (no PMA)"
 # Why a counter has no value (the only strings a snapshot records for one).
-UNAVAILABLE_REASONS = (NO_PMA, "N/A", "missing", "unparsable (not an integer)", "unparsable (negative)")
+UNAVAILABLE_REASONS = (NO_PMA, "N/A", "missing", "unparsable (not an integer)", "unparsable (negative)",
+                       "unparsable (beyond 64 bits)")
 # Engine sample fields that are counters (kept in step with _prom.COUNTER_FIELDS).
 KV_COUNTER_FIELDS = (
     "bytes", "transfers", "xfer_time_s", "xfer_count", "failed_transfers", "failed_notifications",
@@ -103,6 +104,8 @@ def _read_counter(path):
         return None, "unparsable (not an integer)"
     if value < 0:
         return None, "unparsable (negative)"
+    if value >= 2 ** 64:  # no hardware counter is wider; a baseline holding it would be refused
+        return None, "unparsable (beyond 64 bits)"
     return value, None
 
 

@@ -306,3 +306,16 @@ def test_rdma_with_no_kv_moved_fails_and_recompute_is_reported(tmp_path):
              lambda r: bump(r, "mlx5_0", 1, "port_rcv_data", 1 << 30), "rdma", direction="rx", kv=kv)
     assert not v["passed"] and "no KV bytes transferred (0)" in v["summary"]
     assert any("computed 8192 prompt tokens locally" in w for w in v["warnings"])
+
+
+@pytest.mark.parametrize("raw", ["9" * 4000, str(2 ** 64)])
+def test_a_counter_beyond_64_bits_is_unavailable_and_the_snapshot_is_a_valid_baseline(tmp_path, raw):
+    """4000 digits in a sysfs counter became a snapshot value the same module refused as a baseline (a counter is
+    below 2**64)."""
+    root = tree(tmp_path, "roce_mlx5")
+    set_counter(root, "mlx5_0", 1, "port_xmit_data", raw)
+    snap = _rdma.snapshot(root)
+    port = snap["ports"]["mlx5_0/1"]
+    assert port["unavailable"]["port_xmit_data"] == "unparsable (beyond 64 bits)"
+    assert "port_xmit_data" not in port["counters"]
+    _rdma.validate_snapshot(snap, "baseline")
