@@ -1,10 +1,16 @@
-"""A module starts a child only through ``common/_process_run`` (docs/development.md, "Where each idea lives").
+"""A module starts a child only through ``common/_process_run``, and takes a lock only on a file opened by
+``_fsutil.open_lock_file`` (docs/development.md, "Where each idea lives").
 
 ``_process_run.Child`` / ``run`` / ``python_json`` register every child, so a signalled module (SIGTERM, SIGHUP,
 SIGINT) stops it and removes its ``.partial-*`` directories. A ``subprocess.Popen``, ``os.fork``,
 ``AnsibleModule.run_command`` or the like anywhere else in plugins/ would start a child that outlives the module:
 this scan fails on one, naming the file, the line and the way through. :data:`ALLOWED` names the few processes
 that must outlive the module on purpose, each with its owner and why.
+
+``flock`` needs only a descriptor, read-only or not (flock(2)): a lock file another local user can open is a lock
+that user can hold to stop every run. ``_fsutil.open_lock_file`` creates it 0600 and makes an older one of this
+user 0600. :func:`lock_violations` fails on a function or class that flocks without opening its file that way;
+:data:`LOCKS_ALLOWED` names the exceptions and why.
 """
 from __future__ import annotations
 
@@ -100,6 +106,87 @@ def violations(plugins=PLUGINS, allowed=None):
             if (rel, way) not in used:
                 bad.append("plugins/%s: allowed %s but no longer uses it; remove it from ALLOWED" % (rel, way))
     return bad
+
+
+#: file (relative to plugins/) -> {function or class: why it may flock a descriptor it opened itself}
+LOCKS_ALLOWED = {
+    "module_utils/common/_fsutil.py": {
+        "try_flock": "the flock itself, on a descriptor its caller opened", "wait_flock": "the same, waiting",
+    },
+    "module_utils/common/_clock.py": {
+        "sequence_lock": "a lock on the engine root directory itself: a holder delays a publish by at most its "
+                         "timeout, then the order falls back to names (_clock.order_key)",
+    },
+    "module_utils/cache/_kcache.py": {
+        "lock_is_free": "only tries the lock file fingerprint_lock made (open_lock_file), creates nothing",
+    },
+    "module_utils/engine/_process.py": {
+        "NameLock": "opens its own lock file with the ownership checks of one engine per name (_open_lock)",
+    },
+    "module_utils/stage/_stage_peer.py": {
+        "running": "only tries the pid file the daemon made 0600 (no file is created)",
+        "_daemon": "the daemon's pid file, created 0600 and O_NOFOLLOW by the daemon itself",
+    },
+}
+FLOCKS = ("flock", "try_flock", "wait_flock")
+
+
+def _calls(node, names):
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            f = n.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+            if name in names:
+                return n.lineno
+    return None
+
+
+def lock_violations(plugins=PLUGINS, allowed=None):
+    """Every top-level function or class under ``plugins`` that flocks without ``open_lock_file``, and every
+    :data:`LOCKS_ALLOWED` entry no longer needed."""
+    allowed = LOCKS_ALLOWED if allowed is None else allowed
+    bad, used = [], set()
+    for dirpath, dirnames, filenames in os.walk(plugins):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(f for f in filenames if f.endswith(".py")):
+            rel = os.path.relpath(os.path.join(dirpath, name), plugins)
+            with open(os.path.join(dirpath, name), encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+            for node in tree.body:
+                if not isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                    continue
+                line = _calls(node, FLOCKS)
+                if line is None or _calls(node, ("open_lock_file",)) is not None:
+                    continue
+                if node.name in allowed.get(rel, {}):
+                    used.add((rel, node.name))
+                    continue
+                bad.append("plugins/%s:%d %s flocks a file it did not open with _fsutil.open_lock_file (0600, no "
+                           "symlink): another user who can open that file can hold the lock" % (rel, line, node.name))
+    for rel, names in sorted(allowed.items()):
+        for n in sorted(names):
+            if (rel, n) not in used:
+                bad.append("plugins/%s: %s is in LOCKS_ALLOWED but no longer flocks; remove it" % (rel, n))
+    return bad
+
+
+def test_every_lock_file_is_opened_so_that_no_other_user_can_hold_it():
+    assert lock_violations() == []
+
+
+def test_a_lock_on_a_file_opened_another_way_is_named(tmp_path):
+    (tmp_path / "module_utils" / "x").mkdir(parents=True)
+    (tmp_path / "module_utils" / "x" / "_l.py").write_text(
+        "import fcntl, os\n"
+        "def good(p):\n    fd = _fsutil.open_lock_file(p)\n    _fsutil.wait_flock(fd, 1)\n"
+        "def bad(p):\n    fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)\n    fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "class Bad(object):\n    def enter(self):\n        _fsutil.try_flock(open(self.p, 'a').fileno())\n")
+    assert lock_violations(str(tmp_path), {"module_utils/y.py": {"gone": "stale"}}) == [
+        "plugins/module_utils/x/_l.py:7 bad flocks a file it did not open with _fsutil.open_lock_file (0600, no "
+        "symlink): another user who can open that file can hold the lock",
+        "plugins/module_utils/x/_l.py:10 Bad flocks a file it did not open with _fsutil.open_lock_file (0600, no "
+        "symlink): another user who can open that file can hold the lock",
+        "plugins/module_utils/y.py: gone is in LOCKS_ALLOWED but no longer flocks; remove it"]
 
 
 def test_every_child_is_started_through_process_run():

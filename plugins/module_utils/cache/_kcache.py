@@ -467,7 +467,10 @@ def fingerprint_lock(cache_root, engine, fingerprint, timeout, poll=0.2):
     """Exclusive flock on ``.locks/<fp>.lock``; yields the seconds spent waiting."""
     ldir = os.path.join(engine_root(cache_root, engine), ".locks")
     os.makedirs(ldir, exist_ok=True)
-    fd = os.open(os.path.join(ldir, fingerprint + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = _fsutil.open_lock_file(os.path.join(ldir, fingerprint + ".lock"))  # 0600: no other user can hold it
+    except ValueError as e:
+        raise KCacheError("cache_root: %s" % e)
     start = time.monotonic()
     try:
         if not _fsutil.wait_flock(fd, start + timeout, poll):

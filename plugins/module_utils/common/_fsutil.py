@@ -2,8 +2,8 @@
 # Copyright: llmops.serving contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """**PRIVATE** to llmops.serving: small filesystem helpers shared by staging, caches, the process supervisor
-and preflight: content hashes, atomic file writes, directory fsync, waiting for an exclusive flock, the
-nearest existing parent, a part of a regular file read without blocking.
+and preflight: content hashes, atomic file writes, directory fsync, a lock file only its owner can open and
+waiting for an exclusive flock on it, the nearest existing parent, a part of a regular file read without blocking.
 
 An atomic write goes to a temporary file in the destination's own directory (a name no other writer can
 pick: pid and a random part), is fsynced, renamed over the destination with ``os.replace`` and the
@@ -102,6 +102,26 @@ def atomic_write_json(path, doc, mode=0o644, fsync=True, indent=None, sort_keys=
     """
     text = json.dumps(doc, indent=indent, sort_keys=sort_keys)
     return atomic_write_text(path, text + "\n" if newline else text, mode=mode, fsync=fsync)
+
+
+def open_lock_file(path):
+    """``path`` opened for an exclusive ``flock`` (:func:`wait_flock`): created with mode 0600, never through a
+    symlink (ELOOP), close-on-exec. ``flock`` needs only a descriptor, read-only or not (flock(2)), so a lock file
+    another local user can open is a lock that user can hold to stop every run: one of this user's that others
+    may read (0644, as lock files were made before) is made 0600, and one of another user (put first where both
+    may write, such as /tmp) is refused. Raises OSError, and ValueError with a message naming ``path`` and the
+    fix when it is not a regular file or belongs to another user."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    st = os.fstat(fd)
+    me = os.geteuid()
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != me:
+        os.close(fd)
+        raise ValueError("lock file %s is %s; another user could hold it and stop every run; remove it" % (
+            path, "not a regular file" if not stat.S_ISREG(st.st_mode) else
+            "of uid %d, not of uid %d that runs this" % (st.st_uid, me)))
+    if st.st_mode & 0o077:
+        os.fchmod(fd, 0o600)
+    return fd
 
 
 def try_flock(fd):

@@ -52,7 +52,7 @@ import threading
 import time
 import uuid
 
-from ansible_collections.llmops.serving.plugins.module_utils.common import _untrusted
+from ansible_collections.llmops.serving.plugins.module_utils.common import _fsutil, _untrusted
 
 CAP_FILE = "fleet.json"
 MAX_RECORD_BYTES = 4096  # a cap record or a lease is well under 1 KiB
@@ -522,10 +522,11 @@ class FleetSlots:
             file=self.directory, reason="slot_timeout")
 
     def _try_acquire_once(self):
-        try:
-            hl = open(self._host_lock_path, "a")
-        except OSError as e:
-            raise FleetSlotError("fleet_slots_dir: cannot open the host lock %s: %s" % (self._host_lock_path, e.strerror),
+        try:  # 0600: no other user can open it to hold the lock
+            hl = os.fdopen(_fsutil.open_lock_file(self._host_lock_path), "ab")
+        except (OSError, ValueError) as e:
+            raise FleetSlotError("fleet_slots_dir: cannot open the host lock %s: %s"
+                                 % (self._host_lock_path, getattr(e, "strerror", None) or e),
                                  file=self._host_lock_path, reason="not_writable")
         with hl:
             fcntl.flock(hl.fileno(), fcntl.LOCK_EX)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import stat
 import time
 
 from ansible_collections.llmops.serving.plugins.module_utils.common import _fsutil
@@ -35,7 +34,9 @@ class DestLock(object):
 
     def _open(self):
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+            fd = _fsutil.open_lock_file(self.path)  # 0600: no other user can open it to hold the lock
+        except ValueError as e:
+            raise StageError("dest: %s" % e)
         except OSError as e:
             if e.errno == errno.ELOOP:
                 raise StageError("dest: lock file %s is a symlink; remove it (model_stage creates a regular file "
@@ -44,9 +45,6 @@ class DestLock(object):
                 raise StageError("dest: lock file %s is a directory; remove it (model_stage creates a regular file "
                                  "there)" % self.path)
             raise
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise StageError("dest: lock file %s is not a regular file; remove it" % self.path)
         return fd
 
     def __enter__(self):
