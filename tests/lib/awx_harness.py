@@ -778,17 +778,13 @@ class Controller:
 
         def run_node(ident, node):
             ujt = node["unified_job_template"]
+            aa = node_ancestor_artifacts(dag, ident, jobs, ancestor_artifacts)
             if ujt.get("type") == "workflow_approval":
                 if ident not in (approvals or {}):
                     raise KeyError("approval node %r needs a decision (approvals={%r: 'approve'})" % (ident, ident))
                 jobs[ident] = Approval(approvals[ident])
                 return jobs[ident]
             template = self.template(ujt["name"])
-            aa = {}
-            for parent, _kind in dag.parents[ident]:
-                aa.update(ancestor_artifacts.get(parent, {}))
-                aa.update(jobs[parent].artifacts if parent in jobs else {})
-            ancestor_artifacts[ident] = aa
             node_vars = node_runtime_vars(template, node, aa, wj_vars)
             prompts = dict((node_prompts or {}).get(ident) or {})
             if wj_limit and template.get("ask_limit_on_launch"):
@@ -927,6 +923,18 @@ class WorkflowDAG:
         if unhandled:
             return True, "No error handling path for workflow job node(s) [%s]." % ",".join(unhandled)
         return False, None
+
+
+def node_ancestor_artifacts(dag, ident, jobs, kept):
+    """The ancestor artifacts of node ``ident`` (``WorkflowJobNode.get_job_kwargs``): each parent's own kept ancestor
+    artifacts, then its job's artifacts, in parent order; kept in ``kept`` for the node's children. Every node keeps
+    them, an approval node too, so a stage node's artifacts pass through an approval to the deploy after it."""
+    aa = {}
+    for parent, _kind in dag.parents[ident]:
+        aa.update(kept.get(parent, {}))
+        aa.update(getattr(jobs.get(parent), "artifacts", None) or {})
+    kept[ident] = aa
+    return aa
 
 
 def node_runtime_vars(template, node, ancestor_artifacts, workflow_vars):

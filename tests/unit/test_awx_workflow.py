@@ -206,3 +206,18 @@ def test_a_node_extra_data_reaches_its_job_only_through_the_template_prompts():
             if node.get("extra_data"):
                 tpl = awx.by_name(OBJECTS["controller_templates"], node["unified_job_template"]["name"])
                 assert awx.node_runtime_vars(tpl, node, {}, {}) == node["extra_data"], node["identifier"]
+
+
+def test_artifacts_pass_through_an_approval_to_the_next_node():
+    """AWX keeps ancestor artifacts on every node it spawns, an approval's too: the stage node's site_models reach
+    the deploy behind the approval (and the verify after it)."""
+    (wf,) = WORKFLOWS
+    dag = awx.WorkflowDAG(wf["workflow_nodes"])
+    stage = Finished("successful")
+    stage.artifacts = {"site_models": [{"name": "m", "revision": "r"}]}
+    jobs, kept = {"stage": stage}, {}
+    for ident in ("stage", "approve deploy", "deploy"):
+        awx.node_ancestor_artifacts(dag, ident, jobs, kept)
+        jobs.setdefault(ident, awx.Approval("approve") if ident == "approve deploy" else Finished("successful"))
+    assert kept["deploy"] == {"site_models": [{"name": "m", "revision": "r"}]}
+    assert awx.node_ancestor_artifacts(dag, "verify", jobs, kept) == kept["deploy"]
