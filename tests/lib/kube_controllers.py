@@ -77,11 +77,20 @@ The kubelet's hostPath check fails the mount of a node that lacks the directory 
 image_manager.go``: ``ErrImagePull`` then ``ImagePullBackOff``, Events ``Failed`` "Failed to pull image ...: not
 found" and ``BackOff``).
 
-AIBrix v0.7.0's StormService controller (``pkg/controller/stormservice/sync.go`` ``scaling``/``updateStatus``,
-``pkg/controller/constants/stormservice.go``): ``spec.replicas`` RoleSets, each with every role's ``replicas``
-pods labelled ``storm-service-name``, ``roleset-name``, ``role-name`` and ``storm-service-revision`` (the update
-revision); status ``observedGeneration``, ``currentRevision``/``updateRevision``, ``replicas`` (RoleSets),
-``updatedReplicas``, ``readyReplicas`` and ``updatedReadyReplicas`` (RoleSets whose pods are all Ready).
+AIBrix v0.7.0's StormService and RoleSet controllers (``pkg/controller/stormservice/sync.go`` ``scaling``/
+``updateStatus``, ``rolesetoperations.go`` ``renderRoleSet``/``updateRoleSet``, ``pkg/controller/roleset/utils.go``
+``renderStormServicePod``, ``pkg/controller/constants/stormservice.go``): ``spec.replicas`` RoleSets named
+``<storm>-roleset-<5>`` (GenerateName), carrying the template's labels plus ``storm-service-name`` and
+``storm-service-revision`` (the revision they were rendered from) and the annotations
+``stormservice.orchestration.aibrix.ai/role-revision.<role>`` (each role's ControllerRevision number). The
+revision label is on the RoleSet only: a pod inherits ``storm-service-name`` and gets ``roleset-name``,
+``role-name``, ``role-template-hash`` and ``stormservice.orchestration.aibrix.ai/role-revision`` (its RoleSet's
+annotation for its role), and a stateful role's pod is named ``<roleset>-<role>-<templateHash>-<index>``. With the
+``InPlaceUpdate`` strategy the collection renders, an update re-renders the existing RoleSets in place (same names,
+new revision label and annotations); the pods of a changed role template are replaced (their name carries the
+template hash). Status ``observedGeneration``, ``currentRevision``/``updateRevision``, ``replicas`` (RoleSets),
+``updatedReplicas`` (RoleSets of the update revision), ``readyReplicas`` and ``updatedReadyReplicas`` (RoleSets
+whose pods are all Ready).
 Any other object is stored as applied; an HTTPRoute gets the status the gateway's controller writes, from
 tests/lib/aibrix_oracle.py ``route_conditions`` (Gateway API v1.4.1 Accepted/ResolvedRefs reasons).
 
@@ -159,6 +168,7 @@ class Cluster(object):
         if self.fleet is not None:
             self.nodes = [n["name"] for n in self.fleet]
         self.storms, self.others, self.missing_images = {}, {}, set()
+        self.rolesets, self.storm_role_revisions = {}, {}
         self.t = _timeline.parse_time(start)
         self.pull_seconds, self.terminate_seconds = pull_seconds, terminate_seconds
         self.deployments, self.replicasets, self.pods, self.events = {}, {}, {}, []
@@ -610,37 +620,65 @@ class Cluster(object):
     def _sync_storm(self, ss):
         name, spec = ss["metadata"]["name"], ss["spec"]
         revision = "%s-%s" % (name, compute_hash(spec["template"])[:10])
-        mine = [p for p in self.pods.values() if (p["metadata"].get("labels") or {}).get("storm-service-name") == name
-                and not p["metadata"].get("deletionTimestamp")]
-        for pod in mine:  # a new revision replaces the pods of the old one (RoleSets of another revision)
-            if pod["metadata"]["labels"].get("storm-service-revision") != revision:
-                pod["metadata"]["deletionTimestamp"] = self._iso()
-                pod["x-terminating-since"] = self.t
-        rolesets = {}
+        role_revs = self.storm_role_revisions.setdefault(name, {})
+        for role in spec["template"]["spec"]["roles"]:  # a ControllerRevision per role template
+            h = compute_hash(role["template"])
+            seen = role_revs.setdefault(role["name"], [])
+            if h not in seen:
+                seen.append(h)
+        prefix = "stormservice.orchestration.aibrix.ai/role-revision"
+        rolesets = []
         for i in range(spec.get("replicas", 1)):
-            roleset = "%s-roleset-%s" % (name, compute_hash({"r": revision, "i": i})[:5])
-            rolesets[roleset] = []
+            rs_name = "%s-roleset-%s" % (name, compute_hash({"s": name, "i": i})[:5])
+            rs = self.rolesets.get(rs_name)
+            labels = dict((spec["template"].get("metadata") or {}).get("labels") or {})
+            labels.update({"storm-service-name": name, "storm-service-revision": revision})
+            annotations = {"stormservice.orchestration.aibrix.ai/revision": revision,
+                           "stormservice.orchestration.aibrix.ai/roleset-index": str(i)}
+            annotations.update(("%s.%s" % (prefix, r), str(len(v))) for r, v in role_revs.items())
+            if rs is None:
+                rs = {"apiVersion": "orchestration.aibrix.ai/v1alpha1", "kind": "RoleSet",
+                      "metadata": {"name": rs_name, "namespace": self.ns, "uid": self._new_uid(),
+                                   "creationTimestamp": self._iso(),
+                                   "ownerReferences": [{"apiVersion": "orchestration.aibrix.ai/v1alpha1",
+                                                        "kind": "StormService", "name": name, "controller": True,
+                                                        "uid": ss["metadata"]["uid"]}]},
+                      "status": {}}
+                self.rolesets[rs_name] = rs
+            rs["metadata"].update(labels=labels, annotations=annotations)  # InPlaceUpdate: the same RoleSet
+            rolesets.append(rs)
+        ready = 0
+        for rs in rolesets:
+            rs_name, pods = rs["metadata"]["name"], []
             for role in spec["template"]["spec"]["roles"]:
-                t = role["template"]
+                t, h = role["template"], compute_hash(role["template"])[:10]
+                for pod in list(self.pods.values()):  # pods of an older template of this role are replaced
+                    pl = pod["metadata"].get("labels") or {}
+                    if pl.get("roleset-name") == rs_name and pl.get("role-name") == role["name"] \
+                            and pl.get("role-template-hash") != h and not pod["metadata"].get("deletionTimestamp"):
+                        pod["metadata"]["deletionTimestamp"] = self._iso()
+                        pod["x-terminating-since"] = self.t
                 for j in range(role.get("replicas", 1)):
-                    pod_name = "%s-%s-%d" % (roleset, role["name"], j)
+                    pod_name = "%s-%s-%s-%d" % (rs_name, role["name"], h, j)
                     if pod_name not in self.pods:
                         labels = dict((t.get("metadata") or {}).get("labels") or {})
-                        labels.update({"storm-service-name": name, "roleset-name": roleset, "role-name": role["name"],
-                                       "storm-service-revision": revision})
+                        labels.update({"storm-service-name": name, "roleset-name": rs_name, "role-name": role["name"],
+                                       "role-template-hash": h,
+                                       prefix: rs["metadata"]["annotations"].get("%s.%s" % (prefix, role["name"]), "")})
                         self.pods[pod_name] = {
                             "apiVersion": "v1", "kind": "Pod",
                             "metadata": {"name": pod_name, "namespace": self.ns, "uid": self._new_uid(),
                                          "creationTimestamp": self._iso(), "labels": labels,
                                          "annotations": dict((t.get("metadata") or {}).get("annotations") or {}),
                                          "ownerReferences": [{"apiVersion": "orchestration.aibrix.ai/v1alpha1",
-                                                              "kind": "RoleSet", "name": roleset, "controller": True,
-                                                              "uid": "roleset-" + roleset}]},
-                            "spec": copy.deepcopy(t["spec"]),
+                                                              "kind": "RoleSet", "name": rs_name, "controller": True,
+                                                              "uid": rs["metadata"]["uid"]}]},
+                            "spec": dict(copy.deepcopy(t["spec"]), hostname=pod_name, subdomain=name),
                             "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
                                                                            "lastTransitionTime": self._iso()}]}}
-                    rolesets[roleset].append(self.pods[pod_name])
-        ready = sum(1 for pods in rolesets.values() if all(self._ready(p) for p in pods))
+                    pods.append(self.pods[pod_name])
+            if all(self._ready(p) for p in pods):
+                ready += 1
         ss["status"] = {"observedGeneration": ss["metadata"]["generation"], "replicas": len(rolesets),
                         "currentRevision": revision, "updateRevision": revision, "currentReplicas": len(rolesets),
                         "updatedReplicas": len(rolesets), "readyReplicas": ready, "updatedReadyReplicas": ready,
@@ -718,7 +756,7 @@ class Cluster(object):
         others = [self._with_route_status(o) if o["kind"] == "HTTPRoute" else o for o in self.others.values()]
         return copy.deepcopy(list(self.deployments.values()) + list(self.replicasets.values()) + pods + self.events
                              + list(self.services.values()) + list(self.endpointslices.values())
-                             + list(self.storms.values()) + others)
+                             + list(self.storms.values()) + list(self.rolesets.values()) + others)
 
     def _with_route_status(self, route):
         """The HTTPRoute with the status the gateway's controller writes for its parent (aibrix_oracle)."""

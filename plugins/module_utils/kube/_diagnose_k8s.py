@@ -324,7 +324,8 @@ def diagnose_kubernetes(objects, logs=None, namespace=None, name=None, served_mo
                                 "an unknown serviceAccount) or scale it up."))
     rollout = None
     if workload is not None:
-        rollout = _k8s_revision.rollout_status(workload, ctx.o.of("ReplicaSet", namespace), pods)
+        rollout = _k8s_revision.rollout_status(workload, ctx.o.of("ReplicaSet", namespace), pods, [
+            o for o in _k8s_revision.owned_controllers(workload, ctx.o.of("RoleSet", namespace))])
     judged = pods
     if rollout is not None and rollout["current_pods"] is not None:
         judged = [p for p in pods if obj_name(p) in rollout["current_pods"]]
@@ -438,6 +439,9 @@ def fetch_kubernetes(api_client, namespace, name, gateway_namespace="aibrix-syst
             plan.append(("ReplicaSet", apps.list_namespaced_replica_set, (namespace,)))
         else:
             plan.append((kind, custom.list_namespaced_custom_object, (group, version, namespace, plural)))
+    # a StormService's RoleSets tell which pods are of its current revision (_k8s_revision.rollout_status)
+    plan.append(("RoleSet", custom.list_namespaced_custom_object, ("orchestration.aibrix.ai", "v1alpha1", namespace,
+                                                                   "rolesets")))
     for kind, call, args in plan:
         items = listed(kind, call, *args)
         if items is not None:

@@ -33,8 +33,15 @@ HASH_LABEL = "pod-template-hash"
 REVISION_ANNOTATION = "deployment.kubernetes.io/revision"
 #: kubernetes-sigs/lws api/leaderworkerset/v1/leaderworkerset_types.go RevisionKey (every pod of a group).
 LWS_REVISION_LABEL = "leaderworkerset.sigs.k8s.io/template-revision-hash"
-#: vllm-project/aibrix v0.7.0 pkg/controller/constants/stormservice.go StormServiceRevisionLabelKey.
+#: vllm-project/aibrix v0.7.0 pkg/controller/constants/stormservice.go StormServiceRevisionLabelKey: on a RoleSet
+#: (stormservice/rolesetoperations.go renderRoleSet), never on its pods (roleset/utils.go renderStormServicePod).
 STORM_REVISION_LABEL = "storm-service-revision"
+#: the same file's RoleSetNameLabelKey (on every pod of a RoleSet) and RoleRevisionLabelKey /
+#: RoleRevisionAnnotationPrefix: a pod's role revision, and its RoleSet's current one per role in
+#: ``<prefix>.<role>`` (renderRoleSet writes it, renderStormServicePod copies it onto the pods it creates).
+ROLESET_NAME_LABEL = "roleset-name"
+ROLE_NAME_LABEL = "role-name"
+ROLE_REVISION_KEY = "stormservice.orchestration.aibrix.ai/role-revision"
 
 
 def _labels(obj):
@@ -94,7 +101,29 @@ def revision_facts(workload, container="engine"):
     return dict(image=engine.get("image"), model_path=cmd.get("model"), served_names=cmd.get("served_names") or [])
 
 
-def rollout_status(workload, replicasets=None, pods=None):
+def _storm_current_pods(update_revision, rolesets, pods):
+    """The pods of a StormService's current revision: on a RoleSet labelled ``storm-service-revision`` =
+    ``update_revision``, and of the role revision that RoleSet names for their role (an in-place update relabels the
+    RoleSet before its pods are replaced). None when no RoleSet was read (then every pod counts)."""
+    if not rolesets:
+        return None
+    current = {}
+    for rs in rolesets:
+        if _labels(rs).get(STORM_REVISION_LABEL) == update_revision:
+            current[(rs.get("metadata") or {}).get("name")] = (rs.get("metadata") or {}).get("annotations") or {}
+    out = []
+    for p in pods:
+        labels = _labels(p)
+        annotations = current.get(labels.get(ROLESET_NAME_LABEL))
+        if annotations is None:
+            continue
+        want = annotations.get("%s.%s" % (ROLE_REVISION_KEY, labels.get(ROLE_NAME_LABEL)))
+        if want is None or labels.get(ROLE_REVISION_KEY) == want:
+            out.append((p.get("metadata") or {}).get("name"))
+    return out
+
+
+def rollout_status(workload, replicasets=None, pods=None, rolesets=None):
     """Whether the workload's current revision is rolled out, and which pods are of it.
 
     Returns ``dict(kind, name, state=done|rolling|failed, message, generation, observed_generation, replicas,
@@ -112,7 +141,8 @@ def rollout_status(workload, replicasets=None, pods=None):
       current pods carry the newest ``template-revision-hash`` while it rolls.
     * StormService (AIBrix v0.7.0 CRD status): ``observedGeneration`` >= generation, ``currentRevision`` ==
       ``updateRevision``, ``updatedReplicas`` and ``updatedReadyReplicas`` == ``spec.replicas``; current pods
-      carry ``storm-service-revision`` = ``updateRevision``.
+      belong to a RoleSet (``rolesets``) labelled ``storm-service-revision`` = ``updateRevision`` and carry the role
+      revision it names (:func:`_storm_current_pods`).
     """
     kind = workload.get("kind")
     meta = workload.get("metadata") or {}
@@ -138,8 +168,9 @@ def rollout_status(workload, replicasets=None, pods=None):
                   for p in pods if _labels(p).get(label)]
         value = max(hashes)[1] if hashes else None
     elif kind == "StormService":
-        label = STORM_REVISION_LABEL
-        value = status.get("updateRevision") if any(label in _labels(p) for p in pods) else None
+        current = _storm_current_pods(status.get("updateRevision"), rolesets, pods)
+        if current is not None and status.get("updateRevision"):
+            out.update(revision_label=STORM_REVISION_LABEL, revision=status.get("updateRevision"), current_pods=current)
     if value:
         out.update(revision_label=label, revision=value,
                    current_pods=[(p.get("metadata") or {}).get("name") for p in pods if _labels(p).get(label) == value])

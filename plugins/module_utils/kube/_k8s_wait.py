@@ -293,9 +293,9 @@ def evaluate(pods, route=None, now=None, replicas=1, schedule_timeout=900, gatew
     if workload is not None:
         workload = _k8s_shape.shape(workload) or _k8s_shape.shape(workload, "Deployment")
         rsets = [x for x in (_k8s_shape.shape(r, "ReplicaSet") for r in replicasets or []) if x is not None]
-        ro = _k8s_revision.rollout_status(workload, rsets, live)
         owned = _k8s_revision.owned_controllers(
             workload, rsets + [x for x in (_k8s_shape.shape(c) for c in controllers or []) if x is not None])
+        ro = _k8s_revision.rollout_status(workload, rsets, live, [o for o in owned if o.get("kind") == "RoleSet"])
         creating = _k8s_revision.create_failure(workload, owned, events, shaped, now)
         if ro["current_pods"] is not None:
             judged = [p for p in live if (p.get("metadata") or {}).get("name") in ro["current_pods"]]

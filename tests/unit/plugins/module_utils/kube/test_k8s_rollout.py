@@ -213,3 +213,39 @@ def test_stormservice_between_revisions_is_rolling():
     assert _k8s_revision.rollout_status(_k8s_shape.shape(storm), [], [])["state"] == "done"
     storm["metadata"]["generation"] = 4
     assert "observe generation 4" in _k8s_revision.rollout_status(_k8s_shape.shape(storm), [], [])["message"]
+
+
+def test_stormservice_pods_are_told_by_their_roleset_and_role_revision_not_a_pod_label():
+    """m11: AIBrix v0.7.0 labels a RoleSet storm-service-revision (stormservice/rolesetoperations.go renderRoleSet),
+    never its pods; a pod carries roleset-name and its role's revision (roleset/utils.go renderStormServicePod). With
+    InPlaceUpdate the StormService controller re-renders the RoleSet first (new revision label, role-revision
+    annotation 2) and the RoleSet controller replaces the pod after: in between, the old pod is Ready and the status
+    can read rolled out. The old pod must not count."""
+    cluster = kc.Cluster()
+    cluster.engines[A] = kc.Engine(load_seconds=30)
+    storm = {"apiVersion": "orchestration.aibrix.ai/v1alpha1", "kind": "StormService",
+             "metadata": {"name": "glm-pd", "labels": {}},
+             "spec": {"replicas": 1, "updateStrategy": {"type": "InPlaceUpdate"},
+                      "template": {"metadata": {"labels": {"app.kubernetes.io/name": "glm-pd"}}, "spec": {"roles": [
+                          {"name": "prefill", "replicas": 1, "stateful": True,
+                           "template": kc.deployment(A)["spec"]["template"]}]}}}}
+    cluster.apply(storm)
+    cluster.advance(120)
+    objs = cluster.objects()
+    (pod,) = [o for o in objs if o["kind"] == "Pod"]
+    assert "storm-service-revision" not in pod["metadata"]["labels"]
+    assert pod["metadata"]["labels"]["roleset-name"] and pod["metadata"]["labels"][_k8s_revision.ROLE_REVISION_KEY] == "1"
+    workload = [o for o in objs if o["kind"] == "StormService"][0]
+    rolesets = [o for o in objs if o["kind"] == "RoleSet"]
+    v = _k8s_wait.evaluate([pod], check_route=False, workload=workload, controllers=rolesets)
+    assert v["state"] == "ready" and v["rollout"]["current_pods"] == [pod["metadata"]["name"]], v["message"]
+    # the StormService controller has re-rendered the RoleSet in place; the RoleSet controller has not acted yet
+    new_rev = "glm-pd-b2b2b2b2b2"
+    rolesets[0]["metadata"]["labels"]["storm-service-revision"] = new_rev
+    rolesets[0]["metadata"]["annotations"][_k8s_revision.ROLE_REVISION_KEY + ".prefill"] = "2"
+    workload["metadata"]["generation"] += 1
+    workload["status"].update(observedGeneration=workload["metadata"]["generation"], currentRevision=new_rev,
+                              updateRevision=new_rev)
+    v = _k8s_wait.evaluate([pod], check_route=False, workload=workload, controllers=rolesets)
+    assert v["state"] == "waiting" and v["rollout"]["current_pods"] == [], v["message"]
+    assert "0/1 engine pod(s) of the current revision Ready" in v["message"]
