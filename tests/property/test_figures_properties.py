@@ -82,11 +82,18 @@ def histogram_lines(draw):
 
 @SETTINGS
 @given(lines=st.lists(histogram_lines(), max_size=12), junk=st.one_of(st.none(), st.text(max_size=300)),
-       long_line=st.booleans())
-@example(lines=['vllm:e2e_request_latency_seconds_sum{engine="0"} +Inf'], junk=None, long_line=False)
-@example(lines=['vllm:e2e_request_latency_seconds_count{engine="0"} -3'], junk=None, long_line=True)
-@example(lines=['vllm:request_queue_time_seconds_bucket{engine="0",le="NaN"} 1'], junk=None, long_line=False)
-def test_a_rounds_phases_are_finite_or_the_engine_is_named(lines, junk, long_line):
+       long_line=st.booleans(), client_ms=st.floats(min_value=1e-300, max_value=1e6))
+@example(lines=['vllm:e2e_request_latency_seconds_sum{engine="0"} +Inf'], junk=None, long_line=False, client_ms=10.0)
+@example(lines=['vllm:e2e_request_latency_seconds_count{engine="0"} -3'], junk=None, long_line=True, client_ms=10.0)
+@example(lines=['vllm:request_queue_time_seconds_bucket{engine="0",le="NaN"} 1'], junk=None, long_line=False,
+         client_ms=10.0)
+@example(lines=["vllm:request_queue_time_seconds_sum 1e19", "vllm:request_queue_time_seconds_count 1e-300"],
+         junk=None, long_line=False, client_ms=10.0)
+@example(lines=["vllm:request_queue_time_seconds_sum 1e19", "vllm:request_queue_time_seconds_count 1",
+                "vllm:request_prefill_time_seconds_sum 1", "vllm:request_prefill_time_seconds_count 1",
+                "vllm:request_decode_time_seconds_sum 1", "vllm:request_decode_time_seconds_count 1"],
+         junk=None, long_line=False, client_ms=1e-300)
+def test_a_rounds_phases_are_finite_or_the_engine_is_named(lines, junk, long_line, client_ms):
     text = "\n".join(lines + ([junk] if junk is not None else []) + (["x{a=" + "y" * 200000] if long_line else []))
     snap = _bench_phases.snapshot({"url": "http://e:8000"}, fetch=lambda url: text)
     assert set(snap["engines"]) | {e.split(" metrics: ")[0] for e in snap["errors"]} == {"engine"}
@@ -95,15 +102,17 @@ def test_a_rounds_phases_are_finite_or_the_engine_is_named(lines, junk, long_lin
         for h in hists.values():
             assert math.isfinite(h["sum"]) and h["sum"] >= 0 and math.isfinite(h["count"]) and h["count"] >= 0
             assert all(math.isfinite(le) and math.isfinite(c) and c >= 0 for le, c in h["buckets"])
-    phases = _bench_phases.round_phases(snap, snap)
+    idle = _bench_phases.snapshot({"url": "http://e:8000"}, fetch=lambda url: "")  # the round's whole figures count
+    phases = _bench_phases.round_phases(idle, snap)
     assert _json_ok(phases) and _bench_phases.round_problem(phases) is None
-    cell = _bench_phases.cell_phases([phases], client_e2el_ms_mean=10.0, client_requests=1)
+    cell = _bench_phases.cell_phases([phases], client_e2el_ms_mean=client_ms, client_requests=1)
     assert _json_ok(cell)
 
 
 @SETTINGS
 @given(values=st.lists(NUMBER_TEXT, min_size=1, max_size=6))
 @example(values=["+Inf"])
+@example(values=["1e19", "1", "1e-300"])
 @example(values=["1", "2", "3", "0", "4", "inf"])
 def test_the_kv_view_is_finite_json_or_a_parse_error(values):
     names = [_prom.VLLM_BYTES + "_sum", _prom.VLLM_BYTES + "_count", _prom.VLLM_XFER_TIME + "_sum",
@@ -115,7 +124,7 @@ def test_the_kv_view_is_finite_json_or_a_parse_error(values):
     except _prom.PromParseError as e:
         assert len(str(e)) < 1000
         return
-    assert _json_ok(before) and _json_ok(_prom.kv_delta(before, before))
+    assert _json_ok(before) and _json_ok(_prom.kv_delta(None, before)) and _json_ok(_prom.kv_delta(before, before))
 
 
 LOG_TEMPLATES = [

@@ -19,6 +19,7 @@ import time
 from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_inputs
 from ansible_collections.llmops.serving.plugins.module_utils.bench._bench_inputs import shown
 from ansible_collections.llmops.serving.plugins.module_utils.common import _http
+from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import figure_or_none
 from ansible_collections.llmops.serving.plugins.module_utils.transport import _prom, _rdma
 
 
@@ -74,7 +75,7 @@ def evidence(before, after, expect="any", direction="both", min_bytes=1048576, t
     tcp_bytes = None
     if kv_bytes is not None and rdma_bytes is not None:
         tcp_bytes = max(0.0, kv_bytes - rdma_bytes)
-    ratio = (float(rdma_bytes) / kv_bytes) if kv_bytes and rdma_bytes is not None else None
+    ratio = figure_or_none(float(rdma_bytes) / kv_bytes) if kv_bytes and rdma_bytes is not None else None
     return {"kv_bytes": kv_bytes, "rdma_bytes": rdma_bytes, "tcp_bytes": tcp_bytes, "rdma_to_kv_ratio": ratio,
             "kv_rate_bytes_per_s": kv.get("rate_bytes_per_s") if kv else None,
             "kv_xfer_s": kv.get("xfer_time_s") if kv else None,
@@ -97,7 +98,7 @@ def _kv_now(target, opener):
 def _kv_entry(before, after):
     """``{kv_bytes, kv_transfers, kv_xfer_s, per_transfer_ms, rate_bytes_per_s}`` between two NIXL samples."""
     d = _prom.kv_delta(before, after)
-    per = (round(d["xfer_time_s"] / d["xfer_count"] * 1000.0, 4) if d["xfer_time_s"] and d["xfer_count"]
+    per = (figure_or_none(round(d["xfer_time_s"] / d["xfer_count"] * 1000.0, 4)) if d["xfer_time_s"] and d["xfer_count"]
            else None)
     return {"kv_bytes": d["bytes"], "kv_transfers": d["transfers"], "kv_xfer_s": d["xfer_time_s"],
             "per_transfer_ms": per, "rate_bytes_per_s": d["rate_bytes_per_s"]}

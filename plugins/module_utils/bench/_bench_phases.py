@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 
 from ansible_collections.llmops.serving.plugins.module_utils.common import _http
+from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import figure_or_none
 from ansible_collections.llmops.serving.plugins.module_utils.transport import _prom
 
 #: (phase key, histogram family) read from every engine.
@@ -138,8 +139,9 @@ def summary(h, key, q=QUANTILE):
     ``p95_bucket_ms`` gives the bound."""
     scale, unit = (1000.0, "ms") if key in SECONDS else (1.0, "bytes")
     count = h.get("count") or 0.0
-    mean = h["sum"] / count if count > 0 else None
+    mean = figure_or_none(h["sum"] / count) if count > 0 else None  # a figure or unknown, never inf
     value, bucket = quantile(h, q)
+    value = figure_or_none(value) if value is not None else None
     if bucket is not None and bucket[0] <= 0:
         value = None
     return {"count": int(round(count)), "mean_%s" % unit: None if mean is None else round(mean * scale, 4),
@@ -253,10 +255,11 @@ def cell_phases(round_phase_docs, client_e2el_ms_mean=None, client_requests=None
     means = [_mean_ms(out["phases_ms"].get(k)) for k in order]
     if client_e2el_ms_mean and all(m is not None for m in means):
         total = sum(means)
+        fraction = figure_or_none(total / client_e2el_ms_mean)
         out["phases_total_ms"] = round(total, 4)
-        out["explained_fraction"] = round(total / client_e2el_ms_mean, 4)
+        out["explained_fraction"] = round(fraction, 4) if fraction is not None else None
         out["unexplained_ms"] = round(client_e2el_ms_mean - total, 4)
-        if out["explained_fraction"] > OVER_EXPLAINED:
+        if fraction is not None and fraction > OVER_EXPLAINED:
             out["warnings"].append("the engine phases add up to %.0f %% of the client's mean end-to-end latency: "
                                    "these figures hold requests that are not the client's, or phases that overlap"
                                    % (out["explained_fraction"] * 100))

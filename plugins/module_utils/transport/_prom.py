@@ -61,12 +61,17 @@ def _shown_sample(name, labels):
 
 def counter_value(name, labels, value):
     """``value`` of the sample ``name{labels}`` that is a counter or a histogram's ``_sum``, ``_count`` or
-    ``_bucket`` (of durations or bytes): a finite, non-negative figure within ``_untrusted.MAX_ABS_NUMBER``, else
-    :class:`PromValueError` naming the sample."""
+    ``_bucket`` (of durations or bytes): a finite, non-negative figure within ``_untrusted.MAX_ABS_NUMBER``, and a
+    whole number when it counts (``_count``, ``_bucket``, ``_total``: a count of 1e-300 would make any mean
+    infinite), else :class:`PromValueError` naming the sample."""
+    where = "sample %s" % _shown_sample(name, labels)
     try:
-        return figure(value, "sample %s" % _shown_sample(name, labels), nonnegative=True)
+        number = figure(value, where, nonnegative=True)
     except UntrustedInput as e:
         raise PromValueError(str(e))
+    if name.endswith(("_count", "_bucket", "_total")) and not number.is_integer():
+        raise PromValueError("%s is %g: it counts, so it is a whole number" % (where, number))
+    return number
 
 
 def bucket_bound(name, labels):
@@ -273,7 +278,7 @@ def kv_delta(before, after):
                 out["restarted"].append("prompt_tokens_by_source:" + src)
     out["sglang_kv_transfer"] = dict(after.get("sglang_kv_transfer") or {})
     if out["bytes"] is not None and out["xfer_time_s"]:
-        out["rate_bytes_per_s"] = out["bytes"] / out["xfer_time_s"]
+        out["rate_bytes_per_s"] = figure_or_none(out["bytes"] / out["xfer_time_s"])  # None, never inf
     else:
         out["rate_bytes_per_s"] = None
     failed = [out[f] for f in ("failed_transfers", "sglang_failed_reqs", "sglang_bootstrap_failed_reqs")

@@ -180,3 +180,14 @@ def test_a_huge_malformed_metrics_line_reaches_the_round_only_as_an_excerpt():
     snap = _bench_phases.snapshot({"url": "http://e:8000"}, fetch=lambda url: line)
     phases = _bench_phases.round_phases(snap, snap)
     assert len(phases["errors"]) == 2 and all(len(e) < 400 for e in phases["errors"])
+
+
+def test_a_ratio_that_would_be_infinite_is_unknown():
+    hists = _bench_phases.histograms("vllm:request_queue_time_seconds_sum 1e19\nvllm:request_queue_time_seconds_count 1\n"
+                                     "vllm:request_prefill_time_seconds_sum 1\nvllm:request_prefill_time_seconds_count 1\n"
+                                     "vllm:request_decode_time_seconds_sum 1\nvllm:request_decode_time_seconds_count 1\n")
+    cell = _bench_phases.cell_phases([{"engines": {"engine": _bench_phases.delta(None, hists)}, "errors": []}],
+                                     client_e2el_ms_mean=1e-300, client_requests=1)
+    assert cell["explained_fraction"] is None and cell["phases_ms"]["queue"]["mean_ms"] == 1e22
+    with pytest.raises(_prom.PromValueError, match="whole number"):
+        _bench_phases.histograms("vllm:request_queue_time_seconds_count 0.5\n")

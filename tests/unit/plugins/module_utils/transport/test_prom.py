@@ -172,3 +172,13 @@ def test_bucket_bounds(le, out):
 def test_a_bucket_bound_that_cannot_be_is_refused(labels):
     with pytest.raises(_prom.PromValueError, match="its bucket bound le"):
         _prom.bucket_bound("h_bucket", labels)
+
+
+def test_a_count_is_a_whole_number_and_a_rate_is_never_infinite():
+    """A count of 1e-300 made the mean 1e19 / 1e-300 = inf (Infinity in the round, a report that cannot be
+    written); a transfer time of 1e-300 made the rate inf."""
+    with pytest.raises(_prom.PromValueError, match="it counts, so it is a whole number"):
+        _prom.kv_sample("vllm:nixl_xfer_time_seconds_count 1e-300\n")
+    d = _prom.kv_delta(None, _prom.kv_sample("vllm:nixl_bytes_transferred_sum 1e19\n"
+                                             "vllm:nixl_xfer_time_seconds_sum 1e-300\n"))
+    assert d["bytes"] == 1e19 and d["rate_bytes_per_s"] is None
