@@ -60,11 +60,14 @@ AREAS = {
                   "plugins/modules/demo_model.py", "plugins/modules/reference_generate.py",
                   "plugins/modules/preflight_facts.py", "plugins/filter/reference_checks.yml", "roles/engine/",
                   "roles/demo_model/", "roles/preflight/", "roles/diagnose/", "playbooks/site.yml",
-                  "playbooks/diagnose.yml", "playbooks/stop.yml", "inventories/local/", "requirements-engine-cpu.txt"),
+                  "playbooks/diagnose.yml", "playbooks/stop.yml", "inventories/local/", "requirements-engine-cpu.txt",
+                  "plugins/modules/serving_record.py", "roles/upgrade/", "playbooks/upgrade.yml",
+                  "playbooks/demo_upgrade.yml"),
         "unit": ("tests/unit/plugins/module_utils/engine/", "tests/unit/plugins/modules/test_engine_process.py",
                  "tests/unit/plugins/modules/test_engine_probe.py", "tests/unit/plugins/modules/test_demo_model.py",
-                 "tests/unit/plugins/modules/test_preflight_facts.py", "tests/unit/plugins/modules/test_engine_diagnose.py"),
-        "integration": ("test_site_local.py", "test_diagnose_local.py", "test_site_demo_model_default.py",
+                 "tests/unit/plugins/modules/test_preflight_facts.py", "tests/unit/plugins/modules/test_engine_diagnose.py",
+                 "tests/unit/plugins/modules/test_serving_record.py"),
+        "integration": ("test_site_local.py", "test_diagnose_local.py", "test_site_demo_model_default.py", "test_upgrade_local.py",
                         "test_engine_argv.py", "test_argument_specs.py"),
         "molecule": ("engine", "demo_model", "preflight", "diagnose"),
     },
@@ -90,7 +93,8 @@ AREAS = {
         "molecule": ("pd_disagg",),
     },
     "bench": {
-        "paths": ("plugins/module_utils/bench/", "plugins/modules/benchmark_", "plugins/filter/k8s_cold_start.yml",
+        "paths": ("plugins/module_utils/bench/", "plugins/modules/benchmark_", "plugins/filter/bench.py",
+                  "plugins/filter/bench_tokenizer_paths.yml", "plugins/filter/k8s_cold_start.yml",
                   "roles/benchmark/", "playbooks/benchmark.yml", "playbooks/coldstart.yml", "benchmarks/"),
         "unit": ("tests/unit/plugins/module_utils/bench/", "tests/unit/plugins/modules/test_benchmark_modules.py",
                  "tests/unit/plugins/modules/test_benchmark_job_fleet.py", "tests/property/test_bench_process_properties.py"),
@@ -102,16 +106,17 @@ AREAS = {
                   "plugins/doc_fragments/", "plugins/plugin_utils/", "plugins/modules/release_check.py", "plugins/action/release_check.py",
                   "plugins/modules/deprecated_vars.py", "plugins/action/deprecated_vars.py",
                   "playbooks/tasks/release_check.yml", "tests/lib/no_hang.py", "tests/lib/ansiballz.py",
-                  "tests/lib/interface.py", "tests/lib/areas.py", "tests/check.py"),
+                  "tests/lib/interface.py", "tests/lib/refusals.py", "tests/lib/areas.py", "tests/check.py"),
         "unit": ("tests/unit/plugins/module_utils/common/", "tests/unit/plugins/action/test_deprecated_vars.py",
                  "tests/unit/plugins/plugin_utils/",
                  "tests/unit/test_ansiballz.py", "tests/unit/test_module_docs.py",
-                 "tests/unit/plugins/modules/test_url_credentials.py", "tests/unit/plugins/modules/test_module_requirements.py"),
+                 "tests/unit/plugins/modules/test_url_credentials.py", "tests/unit/plugins/modules/test_module_requirements.py",
+                 "tests/property/test_process_signal_properties.py"),
         "integration": ("test_renamed_variables.py", "test_argument_specs.py"),
         "molecule": (),
     },
     "awx": {
-        "paths": ("awx/", "playbooks/awx_configure.yml", "tests/lib/awx_", "execution-environment.yml",
+        "paths": ("awx/", "inventories/example-h20-awx/", "playbooks/awx_configure.yml", "playbooks/lookup_plugins/awx_literal_inputs.py", "tests/lib/awx_", "execution-environment.yml",
                   "meta/ee-requirements.txt", "bindep.txt", "requirements.yml"),
         "unit": ("tests/unit/test_awx_hosts.py", "tests/unit/test_awx_surveys.py", "tests/unit/test_ee.py"),
         "integration": ("test_awx_runner.py", "test_awx_configure_api.py", "test_awx_netns.py", "test_awx_deploy_netns.py",
@@ -122,7 +127,7 @@ AREAS = {
 
 #: Checks that read the whole tree: cheap, and any change can break them.
 ALWAYS = ("tests/unit/test_layout.py", "tests/unit/test_interface.py", "tests/unit/test_self_contained.py",
-          "tests/unit/test_areas.py", "tests/unit/test_suite_order.py")
+          "tests/unit/test_areas.py", "tests/unit/test_suite_order.py", "tests/unit/test_process_layout.py")
 
 #: Python test trees the import graph covers (integration tests are chosen by area: they run playbooks, not imports).
 IMPORT_TREES = ("tests/unit", "tests/property")
