@@ -159,9 +159,12 @@ DIGITS = st.one_of(st.integers(0, 10 ** 6).map(str), st.text(alphabet="012345678
 @SETTINGS
 @given(n=DIGITS, total=DIGITS, elapsed=st.text(alphabet="0123456789:", min_size=1, max_size=6000))
 @example(n="9" * 5000, total="2", elapsed="00:01")
+@example(n="1", total="2", elapsed="9" * 4000)
 def test_a_loading_progress_line_is_read_or_left_out(n, total, elapsed):
     line = "Loading safetensors checkpoint shards:  50%% Completed | %s/%s [%s<00:01, 1.0it/s]" % (n, total, elapsed)
     progress = _diagnose.analyse_log(line)["progress"]
     assert progress is None or (0 <= progress["n"] <= _untrusted.MAX_ABS_NUMBER
-                                and 0 <= progress["total"] <= _untrusted.MAX_ABS_NUMBER)
+                                and 0 <= progress["total"] <= _untrusted.MAX_ABS_NUMBER
+                                and 0 <= progress["elapsed_s"] <= _untrusted.MAX_ABS_NUMBER
+                                and len(progress["line"]) < 300)
     assert _json_ok(progress)

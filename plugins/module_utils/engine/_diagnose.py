@@ -31,7 +31,8 @@ import re
 import signal as _signal
 
 from ansible_collections.llmops.serving.plugins.module_utils.common import _secrets
-from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import figure_or_none
+from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import (
+    MAX_ABS_NUMBER, MAX_FIGURE_CHARS, figure_or_none)
 from ansible_collections.llmops.serving.plugins.module_utils.engine import _process_command
 
 # --------------------------------------------------------------------------------------------- #
@@ -206,6 +207,8 @@ def _log_lines(text):
 
 
 def _hms(text):
+    if len(text) > MAX_FIGURE_CHARS:  # no duration tqdm writes; int() of 5000 digits raises
+        return None
     try:
         parts = [int(p) for p in text.split(":")]
     except ValueError:
@@ -213,7 +216,7 @@ def _hms(text):
     total = 0
     for p in parts:
         total = total * 60 + p
-    return total
+    return total if total <= MAX_ABS_NUMBER else None
 
 
 def _tracebacks(lines):
@@ -283,9 +286,9 @@ def analyse_log(text):
         if m:
             facts["argparse_error"] = s
         m = _PROGRESS.search(s)
-        # shard counts that cannot be (5000 digits: int() raises) make no progress line
+        # shard counts or times that cannot be (5000 digits: int() raises) make no progress line
         counts = [figure_or_none(m.group(g), nonnegative=True) for g in ("n", "total")] if m else [None]
-        if None not in counts:
+        if None not in counts and _hms(m.group("elapsed")) is not None:
             facts["progress"] = {"desc": m.group("desc"), "n": int(counts[0]), "total": int(counts[1]),
                                  "elapsed_s": _hms(m.group("elapsed")),
                                  "remaining_s": _hms(m.group("remaining")) if m.group("remaining") else None,
