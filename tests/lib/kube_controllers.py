@@ -94,6 +94,22 @@ whose pods are all Ready).
 Any other object is stored as applied; an HTTPRoute gets the status the gateway's controller writes, from
 tests/lib/aibrix_oracle.py ``route_conditions`` (Gateway API v1.4.1 Accepted/ResolvedRefs reasons).
 
+The LeaderWorkerSet controller (kubernetes-sigs/lws, ``pkg/controllers/leaderworkerset_controller.go`` and
+``pod_controller.go``; ``api/leaderworkerset/v1/leaderworkerset_types.go``): the leader StatefulSet ``<lws>`` with
+``spec.replicas`` leader pods ``<lws>-<i>``, and per leader a worker StatefulSet ``<lws>-<i>`` of ``size - 1`` pods
+``<lws>-<i>-<j>``; every StatefulSet and pod labelled ``leaderworkerset.sigs.k8s.io/name``, the pods also
+``group-index``, ``worker-index`` and ``template-revision-hash`` (the revision of the template they were made
+from). An update with ``maxUnavailable: 1, maxSurge: 0`` recreates one group at a time, the highest index first, once
+the others are Ready. ``updateConditions``: ``readyReplicas`` = groups whose leader and workers are Ready,
+``updatedReplicas`` = groups of the current revision; ``UpdateInProgress`` (reason GroupsUpdating) and
+``Progressing`` True while a group is not updated, ``Available`` (AllGroupsReady) once all are updated and Ready, else
+``Progressing`` (GroupsProgressing); the others False. ``Cluster.lws_version``: from ``(0, 9)`` (kubernetes-sigs/lws
+#807) ``status.observedGeneration`` and every condition's ``observedGeneration`` are the generation reconciled;
+before, neither is written. The StatefulSet controller creates each missing pod
+(``pkg/controller/statefulset/stateful_pod_control.go``); a refused create is the Warning Event ``FailedCreate``
+"create Pod <pod> in StatefulSet <set> failed error: <error>" on the StatefulSet (``recordPodEvent``), no
+condition; ``status.replicas`` counts the pods it has.
+
 The engine's own behaviour per model path (``Cluster.engines``) says how long it loads, and whether it stops
 answering some time after it served. ``Cluster.models()`` answers ``GET /v1/models`` through the Service: from one
 Ready pod in turn, ``root`` = the model path that pod loaded (vLLM ``serving_models.py`` ModelCard ``root``).
@@ -169,6 +185,7 @@ class Cluster(object):
             self.nodes = [n["name"] for n in self.fleet]
         self.storms, self.others, self.missing_images = {}, {}, set()
         self.rolesets, self.storm_role_revisions = {}, {}
+        self.lwss, self.statefulsets, self.lws_version = {}, {}, (0, 9)
         self.t = _timeline.parse_time(start)
         self.pull_seconds, self.terminate_seconds = pull_seconds, terminate_seconds
         self.deployments, self.replicasets, self.pods, self.events = {}, {}, {}, []
@@ -198,6 +215,8 @@ class Cluster(object):
             return self.apply_service(manifest)
         if kind == "StormService":
             return self._apply_storm(manifest)
+        if kind == "LeaderWorkerSet":
+            return self._apply_lws(manifest)
         if kind != "Deployment":
             obj = copy.deepcopy(manifest)
             obj["metadata"].setdefault("namespace", self.ns)
@@ -594,6 +613,8 @@ class Cluster(object):
                 self._sync_replicaset(rs)
             for ss in list(self.storms.values()):
                 self._sync_storm(ss)
+            for lws in list(self.lwss.values()):
+                self._sync_lws(lws)
             for pod in list(self.pods.values()):
                 self._kubelet(pod)
             if self.endpoints_delay or self.gateway_delay:
@@ -687,6 +708,123 @@ class Cluster(object):
                                         "status": "True", "reason": "Ready" if ready >= spec.get("replicas", 1)
                                         else "Processing"}]}
 
+    # ---- the LeaderWorkerSet controller -------------------------------------------------------------------------
+
+    LWS = "leaderworkerset.sigs.k8s.io/"
+
+    def _apply_lws(self, manifest):
+        name = manifest["metadata"]["name"]
+        old = self.lwss.get(name)
+        if old is None:
+            obj = copy.deepcopy(manifest)
+            obj["metadata"].update(namespace=self.ns, uid=self._new_uid(), generation=1, creationTimestamp=self._iso())
+            obj["status"] = {}
+            self.lwss[name] = obj
+        elif old["spec"] != manifest["spec"]:
+            old["spec"] = copy.deepcopy(manifest["spec"])
+            old["metadata"]["generation"] += 1
+        return self.lwss[name]
+
+    def _sts(self, name, lws, replicas, owner):
+        sts = self.statefulsets.get(name)
+        if sts is None:
+            sts = {"apiVersion": "apps/v1", "kind": "StatefulSet",
+                   "metadata": {"name": name, "namespace": self.ns, "uid": self._new_uid(),
+                                "creationTimestamp": self._iso(), "labels": {self.LWS + "name": lws},
+                                "ownerReferences": [owner]},
+                   "spec": {"replicas": replicas}, "status": {"replicas": 0, "readyReplicas": 0}}
+            self.statefulsets[name] = sts
+        sts["spec"]["replicas"] = replicas
+        return sts
+
+    def _sts_pod(self, sts, pod_name, template, labels):
+        """The StatefulSet controller creates ``pod_name`` (None when admission refuses it: the Event is recorded)."""
+        if pod_name in self.pods:
+            return self.pods[pod_name]
+        spec = copy.deepcopy(template.get("spec") or {})
+        refused = self.admit(pod_name, spec)
+        if refused:
+            self._object_event(sts, "Warning", "FailedCreate", "create Pod %s in StatefulSet %s failed error: %s"
+                               % (pod_name, sts["metadata"]["name"], refused), "statefulset-controller")
+            return None
+        self.pods[pod_name] = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod_name, "namespace": self.ns, "uid": self._new_uid(), "creationTimestamp": self._iso(),
+                         "labels": dict(((template.get("metadata") or {}).get("labels") or {}), **labels),
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "controller": True,
+                                              "name": sts["metadata"]["name"], "uid": sts["metadata"]["uid"]}]},
+            "spec": spec,
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                                                           "reason": "Unschedulable", "lastTransitionTime": self._iso()}]}}
+        return self.pods[pod_name]
+
+    def _sync_lws(self, lws):
+        name, spec, gen = lws["metadata"]["name"], lws["spec"], lws["metadata"]["generation"]
+        lwt = spec["leaderWorkerTemplate"]
+        size, replicas = lwt.get("size", 1), spec.get("replicas", 1)
+        rev = compute_hash(lwt)[:10]
+        owner = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "controller": True,
+                 "name": name, "uid": lws["metadata"]["uid"]}
+        leader_sts = self._sts(name, name, replicas, owner)
+
+        def group_pods(i):
+            return [p for n, p in self.pods.items() if n == "%s-%d" % (name, i) or n.startswith("%s-%d-" % (name, i))]
+
+        def group_ready(i):
+            pods = [p for p in group_pods(i) if not p["metadata"].get("deletionTimestamp")]
+            return len(pods) == size and all(self._ready(p) for p in pods)
+
+        def group_rev(i):
+            leader = self.pods.get("%s-%d" % (name, i))
+            return (leader["metadata"]["labels"].get(self.LWS + "template-revision-hash") if leader else None)
+
+        # rolling update, maxUnavailable 1 / maxSurge 0: one old group at a time, the highest index first
+        old = [i for i in range(replicas) if group_rev(i) not in (None, rev)]
+        busy = any(p["metadata"].get("deletionTimestamp") for i in range(replicas) for p in group_pods(i))
+        if old and not busy and all(group_ready(i) for i in range(replicas) if i not in old[-1:]):
+            for pod in group_pods(old[-1]):
+                pod["metadata"]["deletionTimestamp"] = self._iso()
+                pod["x-terminating-since"] = self.t
+        for i in range(replicas):
+            leader_name = "%s-%d" % (name, i)
+            if leader_name in self.pods and self.pods[leader_name]["metadata"].get("deletionTimestamp"):
+                continue
+            labels = {self.LWS + "name": name, self.LWS + "group-index": str(i), self.LWS + "worker-index": "0",
+                      self.LWS + "template-revision-hash": group_rev(i) or rev}
+            leader = self._sts_pod(leader_sts, leader_name, lwt.get("leaderTemplate") or lwt["workerTemplate"], labels)
+            if leader is None or size < 2:
+                continue
+            by_leader = {"apiVersion": "v1", "kind": "Pod", "controller": True, "name": leader_name,
+                         "uid": leader["metadata"]["uid"]}
+            worker_sts = self._sts(leader_name, name, size - 1, by_leader)
+            for j in range(1, size):
+                self._sts_pod(worker_sts, "%s-%d" % (leader_name, j), lwt["workerTemplate"],
+                              dict(labels, **{self.LWS + "worker-index": str(j)}))
+        for sts in self.statefulsets.values():
+            mine = [p for p in self.pods.values() if p["metadata"]["ownerReferences"][0].get("uid") == sts["metadata"]["uid"]
+                    and not p["metadata"].get("deletionTimestamp")]
+            sts["status"].update(replicas=len(mine), readyReplicas=sum(1 for p in mine if self._ready(p)))
+        ready = sum(1 for i in range(replicas) if group_ready(i))
+        updated = sum(1 for i in range(replicas) if group_rev(i) == rev and len(group_pods(i)) == size)
+        if updated < replicas:
+            chosen = {"UpdateInProgress": "GroupsUpdating", "Progressing": "GroupsProgressing"}
+        elif ready == replicas:
+            chosen = {"Available": "AllGroupsReady"}
+        else:
+            chosen = {"Progressing": "GroupsProgressing"}
+        conds = []
+        for ctype, reason in (("Available", "AllGroupsReady"), ("Progressing", "GroupsProgressing"),
+                              ("UpdateInProgress", "GroupsUpdating")):
+            cond = {"type": ctype, "status": "True" if ctype in chosen else "False", "reason": reason,
+                    "lastTransitionTime": self._iso()}
+            if self.lws_version >= (0, 9):
+                cond["observedGeneration"] = gen
+            conds.append(cond)
+        lws["status"] = {"replicas": leader_sts["status"]["replicas"], "readyReplicas": ready, "updatedReplicas": updated,
+                         "conditions": conds}
+        if self.lws_version >= (0, 9):
+            lws["status"]["observedGeneration"] = gen
+
     # ---- Services and the EndpointSlice controller ---------------------------------------------------------------
 
     def apply_service(self, manifest):
@@ -756,7 +894,8 @@ class Cluster(object):
         others = [self._with_route_status(o) if o["kind"] == "HTTPRoute" else o for o in self.others.values()]
         return copy.deepcopy(list(self.deployments.values()) + list(self.replicasets.values()) + pods + self.events
                              + list(self.services.values()) + list(self.endpointslices.values())
-                             + list(self.storms.values()) + list(self.rolesets.values()) + others)
+                             + list(self.storms.values()) + list(self.rolesets.values())
+                             + list(self.lwss.values()) + list(self.statefulsets.values()) + others)
 
     def _with_route_status(self, route):
         """The HTTPRoute with the status the gateway's controller writes for its parent (aibrix_oracle)."""
@@ -775,10 +914,11 @@ class Cluster(object):
     def fetch(self):
         """What ``k8s_engine_wait`` reads in one poll."""
         objs = self.objects()
-        dep = next(iter(o for o in objs if o["kind"] == "Deployment"), None)
+        dep = next(iter(o for o in objs if o["kind"] in ("Deployment", "LeaderWorkerSet", "StormService")), None)
         svc = next(iter(self.services), None)
         return dict(pods=[o for o in objs if o["kind"] == "Pod"], route=None, workload=dep,
                     replicasets=[o for o in objs if o["kind"] == "ReplicaSet"],
+                    controllers=[o for o in objs if o["kind"] in ("StatefulSet", "RoleSet")],
                     events=[o for o in objs if o["kind"] == "Event"],
                     endpointslices=[o for o in objs if o["kind"] == "EndpointSlice"] if svc else None,
                     service="%s/%s" % (self.ns, svc) if svc else None,

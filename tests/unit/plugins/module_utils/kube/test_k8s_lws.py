@@ -250,3 +250,82 @@ def test_an_lws_from_v0_9_is_judged_by_its_observed_generation():
     assert v["state"] == "waiting" and "observe generation 2" in v["message"], v["message"]
     lws, pod = _lws_status(2, v09=True, observed=2)
     assert _k8s_wait.evaluate([pod], check_route=False, workload=lws)["state"] == "ready"
+
+
+def _lws_on(cluster, path):
+    """The collection's two-node engine (LeaderWorkerSet) for ``path``, applied to the model ``cluster``; its fetch
+    selects the leader pods as k8s_engine_wait does (pod_selector)."""
+    built = k8s.build(dict(VLLM_TWO_NODES, model_path=path))
+    lws = [o for o in built["objects"] if o["kind"] == "LeaderWorkerSet"][0]
+    cluster.apply(lws)
+    selector = built["pod_selector"]
+
+    def fetch():
+        f = cluster.fetch()
+        f["pods"] = [p for p in f["pods"] if all(p["metadata"]["labels"].get(k) == v for k, v in selector.items())]
+        return f
+    return fetch
+
+
+VLLM_TWO_NODES = dict(engine="vllm", served_model_name="glm-5.2-fp8-vllm", namespace="llm-lab",
+                      image="vllm/vllm-openai:v0.26.0@sha256:" + "a" * 64, nodes=2, pp_size=2)
+
+
+@pytest.mark.parametrize("version", [(0, 8), (0, 9)])
+def test_right_after_a_re_apply_the_old_group_is_never_ready(version):
+    """m2 against the LWS model (tests/lib/kube_controllers.py, kubernetes-sigs/lws leaderworkerset_controller.go):
+    the poll right after the apply, before the controller reconciled generation 2, sees the old group Ready and an
+    Available status. LWS v0.9+ tells it by observedGeneration (waiting); before v0.9 nothing does (refused)."""
+    from ansible_collections.llmops.serving.tests.lib import kube_controllers as kc
+
+    cluster = kc.Cluster()
+    cluster.lws_version = version
+    cluster.engines.update({"/m/a": kc.Engine(load_seconds=30), "/m/b": kc.Engine(load_seconds=30)})
+    fetch = _lws_on(cluster, "/m/a")
+    cluster.advance(120)
+    assert _k8s_wait.judge(fetch, check_route=False)["state"] == "ready"
+    _lws_on(cluster, "/m/b")  # generation 2, not reconciled yet
+    v = _k8s_wait.judge(fetch, check_route=False)
+    if version >= (0, 9):
+        assert v["state"] == "waiting" and "observe generation 2" in v["message"], v["message"]
+        for _i in range(30):
+            cluster.advance(10)
+            v = _k8s_wait.judge(fetch, check_route=False)
+            if v["state"] != "waiting":
+                break
+        assert v["state"] == "ready" and v["revision"]["model_path"] == "/m/b", v["message"]
+    else:
+        assert v["state"] == "failed" and "v0.9.0" in v["message"], v["message"]
+
+
+def test_the_lws_model_names_and_labels_groups_as_upstream():
+    from ansible_collections.llmops.serving.tests.lib import kube_controllers as kc
+
+    cluster = kc.Cluster()
+    _lws_on(cluster, "/m/a")
+    cluster.advance(2)
+    objs = cluster.objects()
+    lws = [o for o in objs if o["kind"] == "LeaderWorkerSet"][0]
+    name = lws["metadata"]["name"]
+    assert sorted(o["metadata"]["name"] for o in objs if o["kind"] == "StatefulSet") == [name, name + "-0"]
+    pods = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Pod"}
+    assert sorted(pods) == [name + "-0", name + "-0-1"]
+    labels = pods[name + "-0-1"]["metadata"]["labels"]
+    assert labels["leaderworkerset.sigs.k8s.io/worker-index"] == "1" and labels["leaderworkerset.sigs.k8s.io/name"] == name
+    assert lws["status"]["observedGeneration"] == 1
+    assert {c["type"]: c["status"] for c in lws["status"]["conditions"]}["Progressing"] == "True"
+
+
+def test_a_leaderworkerset_whose_pods_the_namespace_refuses_fails_within_about_a_minute():
+    """M1 for LeaderWorkerSets: the StatefulSet controller reports a refused create only as FailedCreate Events on
+    the StatefulSet (pkg/controller/statefulset/stateful_pod_control.go recordPodEvent), no condition."""
+    from ansible_collections.llmops.serving.tests.lib import kube_controllers as kc
+
+    cluster = kc.Cluster()
+    cluster.pod_security = "baseline"
+    fetch = _lws_on(cluster, "/m/a")
+    cluster.advance(30)
+    assert _k8s_wait.judge(fetch, check_route=False)["state"] == "waiting"
+    cluster.advance(40)
+    v = _k8s_wait.judge(fetch, check_route=False)
+    assert v["state"] == "failed" and "StatefulSet" in v["message"] and "violates PodSecurity" in v["message"], v["message"]
