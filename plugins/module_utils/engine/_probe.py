@@ -244,7 +244,8 @@ def _check_models(http, check, model, warnings):
     ids = [m.get("id") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
     if model not in ids:
         raise CheckFailed("%s does not list %r; it serves %s. The served name, the request's model and the "
-                          "AIBrix label model.aibrix.ai/name must be identical." % (path, model, ids), models=ids)
+                          "AIBrix label model.aibrix.ai/name must be identical." % (path, model, excerpt(ids, 300)),
+                          models=ids)
     return {"models": ids}
 
 
@@ -311,7 +312,10 @@ def validate_schema(instance, schema, path="$"):
         import jsonschema  # pylint: disable=import-outside-toplevel
 
         errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(instance), key=lambda e: list(e.path))
-        return ["%s: %s" % ("/".join(str(p) for p in e.path) or "$", e.message) for e in errors]
+        # jsonschema's message quotes the instance whole: it is the engine's output, so only its start is shown
+        return ["%s: %s" % ("/".join(str(p) for p in e.path) or "$", e.message if len(e.message) <= 300
+                            else "%s fails the schema's %r rule" % (excerpt(e.instance, 80), e.validator))
+                for e in errors]
     except ImportError:
         pass
     errs = []
@@ -319,9 +323,9 @@ def validate_schema(instance, schema, path="$"):
              "boolean": bool, "null": type(None)}
     t = schema.get("type")
     if t and not isinstance(instance, types.get(t, object)) or (t in ("integer", "number") and isinstance(instance, bool)):
-        return ["%s: %r is not of type %s" % (path, instance, t)]
+        return ["%s: %s is not of type %s" % (path, excerpt(instance, 80), t)]
     if "enum" in schema and instance not in schema["enum"]:
-        errs.append("%s: %r is not one of %s" % (path, instance, schema["enum"]))
+        errs.append("%s: %s is not one of %s" % (path, excerpt(instance, 80), schema["enum"]))
     if isinstance(instance, dict):
         for req in schema.get("required", []):
             if req not in instance:
@@ -332,7 +336,7 @@ def validate_schema(instance, schema, path="$"):
         if schema.get("additionalProperties") is False:
             extra = set(instance) - set(schema.get("properties") or {})
             if extra:
-                errs.append("%s: unexpected properties %s" % (path, sorted(extra)))
+                errs.append("%s: unexpected properties %s" % (path, excerpt(sorted(extra), 200)))
     if isinstance(instance, list) and isinstance(schema.get("items"), dict):
         for i, item in enumerate(instance):
             errs += validate_schema(item, schema["items"], "%s/%d" % (path, i))
@@ -368,23 +372,24 @@ def _check_tool_call(http, check, model, warnings):
         raise CheckFailed("tool_call: the answer hit max_tokens (%s) before the tool call was complete; raise "
                           "max_tokens" % check.get("max_tokens"))
     if not calls:
-        raise CheckFailed("tool_call: no tool_calls in the answer (content: %r); is the engine started with a tool "
+        raise CheckFailed("tool_call: no tool_calls in the answer (content: %s); is the engine started with a tool "
                           "call parser (vLLM --enable-auto-tool-choice --tool-call-parser ...)?"
                           % excerpt(msg.get("content") or "", 200))
     fn = calls[0].get("function") or {}
     name = fn.get("name")
+    shown = excerpt(name, 80)
     if check.get("expect_function") and name != check["expect_function"]:
-        raise CheckFailed("tool_call: called %r, expected %r" % (name, check["expect_function"]))
+        raise CheckFailed("tool_call: called %s, expected %r" % (shown, check["expect_function"]))
     try:
-        args = loads_json(fn.get("arguments") or "{}", "tool_call: the argument text of %r" % (name,))
+        args = loads_json(fn.get("arguments") or "{}", "tool_call: the argument text of %s" % shown)
     except UntrustedInput as e:
         raise CheckFailed("%s: %s" % (e, excerpt(fn.get("arguments"), 300)))
     spec = next((t.get("function", {}) for t in tools if t.get("function", {}).get("name") == name), None)
     if spec is None:
-        raise CheckFailed("tool_call: called %r, which is not among the offered tools" % name)
+        raise CheckFailed("tool_call: called %s, which is not among the offered tools" % shown)
     errors = validate_schema(args, spec.get("parameters") or {})
     if errors:
-        raise CheckFailed("tool_call: arguments of %r do not validate: %s" % (name, "; ".join(errors[:5])))
+        raise CheckFailed("tool_call: arguments of %s do not validate: %s" % (shown, "; ".join(errors[:5])))
     return {"function": name, "arguments": args, "latency_ms": ms}
 
 
@@ -533,10 +538,10 @@ def _check_route(http, check, model, warnings):
                           % (", ".join(missing), sorted(headers), why, ", ".join(wanted)), headers=_route_headers(headers))
     header = wanted[-1] if not check.get("header") else wanted[0]
     if strategy and not check.get("header") and headers.get("routing-strategy") != strategy:
-        raise CheckFailed("route: the gateway routed with %r, not %r" % (headers.get("routing-strategy"), strategy),
+        raise CheckFailed("route: the gateway routed with %s, not %r" % (excerpt(headers.get("routing-strategy"), 80), strategy),
                           headers=_route_headers(headers))
     if check.get("expect_regex") and not re.search(check["expect_regex"], headers[header]):
-        raise CheckFailed("route: %s=%r does not match /%s/" % (header, headers[header], check["expect_regex"]))
+        raise CheckFailed("route: %s=%s does not match /%s/" % (header, excerpt(headers[header], 120), check["expect_regex"]))
     return {"header": header, "value": headers[header], "headers": _route_headers(headers), "strategy": strategy}
 
 

@@ -279,3 +279,10 @@ def test_a_trickled_answer_ends_the_probe_at_its_deadline(run_module, trickle, c
     assert r["failed"] and "still failing when the deadline (5s) passed" in r["msg"], r["msg"]
     assert "(timed out" in r["msg"] or "deadline has passed" in r["msg"], r["msg"]
     assert took < 5 + 1.5
+
+
+def test_a_huge_wrong_answer_is_quoted_only_in_part(run_module, server):
+    server.text = "x" * (5 * 1024 * 1024)
+    r = run_module(engine_probe, _probe_args(server, [{"type": "completion", "prompt": "x", "expect": "FP8_OK"}]))
+    assert r["failed"] and "(the first 300 of %d characters) != expected 'FP8_OK'" % len(server.text) in r["msg"]
+    assert len(r["msg"]) < 1000
