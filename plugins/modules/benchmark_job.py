@@ -37,11 +37,17 @@ options:
     type: str
     default: python3
   tokenizer_host_path:
-    description: Node directory (hostPath, read-only) that holds the plan's tokenizer path under O(tokenizer_mount).
+    description:
+      - Node directory (hostPath, read-only) that holds the plan's tokenizer, the staging root (the benchmark role
+        passes C(model_stage_dest_root)).
+      - The plan's tokenizer may be given on the node (under this directory, as C(playbooks/benchmark.yml) does by
+        default) or in the pod (under O(tokenizer_mount)); the client gets the pod's path. A tokenizer under
+        neither fails with C(reason=tokenizer_path), naming C(benchmark_tokenizer).
     type: str
     default: /mnt/nvme/models
   tokenizer_mount:
-    description: Where the Job mounts O(tokenizer_host_path).
+    description: Where the Job mounts O(tokenizer_host_path); C(<tokenizer_host_path>/<name>/<revision>) is
+      C(<tokenizer_mount>/<name>/<revision>) in the pod.
     type: str
     default: /models
   node_selector:
@@ -203,6 +209,8 @@ def main():
         module.no_log_values.update(_bench_inputs.secret_header_values(plan["targets"]))
         try:
             _bench_job.check_header_secret(plan, module.params["header_secret"])
+            _bench_job.tokenizer_paths(plan["tokenizer"], module.params["tokenizer_host_path"],
+                                       module.params["tokenizer_mount"])
         except _bench_inputs.BenchError as e:
             module.fail_json(**_bench_inputs.failure(e))
     _render_dir.run_module(module, _render, _SpecError, (), always_list_files=True)

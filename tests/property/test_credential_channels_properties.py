@@ -130,7 +130,7 @@ def test_a_credential_header_never_reaches_the_client_command_line_or_the_job(na
            "num_prompts": 2, "seed": 1, "rep": 0}
     argv = _bench_client.client_argv("python3", target, rnd, "/tok", "/out", "r.json")
     assert value not in json.dumps(argv)
-    plan = {"targets": [target], "rounds": [rnd], "tokenizer": "/tok"}
+    plan = {"targets": [target], "rounds": [rnd], "tokenizer": "/models/tok"}
     try:
         _bench_job.job_manifest(plan, rnd, "llm", "img")
         raise AssertionError("a credential header without header_secret was rendered")

@@ -151,7 +151,7 @@ def test_a_job_reads_the_credential_header_from_the_secret_and_holds_no_value(ru
                                      {"x-custom": "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz01234567"}])
 def test_every_credential_header_by_the_one_rule_goes_through_the_secret(headers):
     plan = {"targets": [{"name": "gw", "url": "http://gw", "model": "m", "headers": headers}], "rounds": [ROUND],
-            "tokenizer": "/tok"}
+            "tokenizer": "/models/tok"}
     with pytest.raises(_bench_job.BenchError) as e:
         _bench_job.check_header_secret(plan, None)
     assert e.value.reason == "credential_header"

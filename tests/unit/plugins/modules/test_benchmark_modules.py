@@ -296,12 +296,14 @@ def test_pd_round_carries_nixl_and_rdma_evidence(run_module, server, tokenizer, 
 def test_rounds_render_as_jobs_and_a_job_log_is_a_round(run_module, server, tokenizer, tmp_path):
     out = tmp_path / "out"
     run_module(benchmark_plan, _plan_args(server, tokenizer, out, check_targets=False))
+    # the plan's tokenizer is the node's directory (under tokenizer_host_path); the client reads it in the pod
     res = run_module(benchmark_job, {"out_dir": str(out), "namespace": "llm", "image": "vllm/vllm-openai:v0.10.1",
-                                     "render_dir": str(tmp_path / "jobs")})
+                                     "tokenizer_host_path": str(tmp_path), "render_dir": str(tmp_path / "jobs")})
     assert not res.get("failed"), res
     assert res["names"][0] == "bench-001-colocated" and len(res["objects"]) == 6
     job = res["objects"][1]  # warm-up C=1, then C=1 seed 1
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--tokenizer") + 1] == "/models/model"
     assert args[args.index("--max-concurrency") + 1] == "1" and args[args.index("--seed") + 1] == "1"
     assert "--save-result" not in args  # the Job's own code adds them with its result directory
     assert (tmp_path / "jobs" / "kustomization.yaml").exists()
