@@ -42,6 +42,16 @@ options:
       - CUDA version the engine image is built for (for example C(12.9) or C(13.0)). Set, RV(image_cuda) says
         whether the node's driver runs it (CUDA 13 images need R580 or newer, 12.x R525, 11.x 450.80.02; NVIDIA's
         CUDA Toolkit Release Notes). On Kubernetes the engine runs in the image, so its CUDA, not this host's, counts.
+      - With O(image), a version that contradicts the CUDA the image's tag names fails before anything is read
+        (C(reason=image_cuda_mismatch)), naming both.
+    type: str
+  image:
+    description:
+      - The engine image (C(engine_image)) that O(image_cuda_version) describes. Its tag names its CUDA, as a
+        C(-cuNNN) variant (C(-cu129) is 12.9, C(-cu130) 13.0), or an unsuffixed C(vllm/vllm-openai) release tag, the
+        CUDA 13.0 build from v0.20.0 on and a CUDA 12 build before (vllm-project/vllm pull request 39878).
+      - An image pinned by digest alone, a moving tag (C(latest)) or another project's unsuffixed tag cannot be read
+        this way; the module warns and checks the driver against O(image_cuda_version) as declared.
     type: str
 extends_documentation_fragment:
   - llmops.serving.attributes
@@ -110,6 +120,8 @@ image_cuda:
   description:
     - The node's driver against O(image_cuda_version) - C(cuda), C(driver), C(min_driver), C(ok) (true, false, or
       null where it cannot be told) and C(reason).
+    - With O(image), C(image_tag) - what its tag names (C(image), C(tag), C(cuda), null where the tag cannot say,
+      C(exact), C(reason)).
   returned: when O(image_cuda_version) is set
   type: dict
   sample: {cuda: "13.0", driver: "570.86.15", min_driver: "580", ok: false, reason: "driver 570.86.15 is older ..."}
@@ -129,6 +141,7 @@ def main():
             engine_python=dict(type="path"),
             engine_modules=dict(type="list", elements="str", default=["vllm"]),
             image_cuda_version=dict(type="str"),
+            image=dict(type="str"),
         ),
         supports_check_mode=True,
     )
@@ -136,9 +149,17 @@ def main():
     try:
         facts = _preflight.node_facts(p["nvidia_smi"], p["sysfs_root"], p["paths"],
                                       engine_python=p["engine_python"], engine_modules=p["engine_modules"],
-                                      which=module.get_bin_path, image_cuda_version=p["image_cuda_version"])
+                                      which=module.get_bin_path, image_cuda_version=p["image_cuda_version"],
+                                      image=p["image"])
     except _preflight.PreflightError as e:
-        module.fail_json(msg=str(e))
+        fail = {"msg": str(e), "field": e.option}
+        if e.reason:
+            fail["reason"] = e.reason
+        module.fail_json(**fail)
+    tag = facts.get("image_cuda", {}).get("image_tag")
+    if tag is not None and tag["cuda"] is None:
+        module.warn("image: the CUDA of %s is not checked against image_cuda_version %s: %s"
+                    % (p["image"], p["image_cuda_version"], tag["reason"]))
     module.exit_json(changed=False, ansible_facts={_preflight.FACT_NAME: facts}, **facts)
 
 

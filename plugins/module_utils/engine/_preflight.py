@@ -9,7 +9,7 @@ import subprocess
 
 from ansible.module_utils.common.process import get_bin_path
 
-from ansible_collections.llmops.serving.plugins.module_utils.common import _fsutil, _process_run
+from ansible_collections.llmops.serving.plugins.module_utils.common import _fsutil, _image_cuda, _process_run
 from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import UntrustedInput, read_text
 
 GPU_QUERY = "name,count,compute_cap,driver_version,memory.total,pci.bus_id"
@@ -29,9 +29,10 @@ class PreflightError(ValueError):
 
     A ValueError, so that callers that also catch bad values (kernel_fingerprint's gather) report it cleanly."""
 
-    def __init__(self, option, msg):
+    def __init__(self, option, msg, reason=None):
         super(PreflightError, self).__init__("%s: %s" % (option, msg))
         self.option = option
+        self.reason = reason
 
 
 def parse_nvidia_smi_csv(text):
@@ -260,13 +261,27 @@ def driver_fits_cuda(driver_version, cuda_version):
     return out
 
 
+def image_cuda_of(image, image_cuda_version):
+    """The declared ``image_cuda_version`` checked against the CUDA ``image``'s tag names
+    (``_image_cuda.check_declared``): the tag's reading (``{image, tag, cuda, exact, reason}``; ``cuda`` None where
+    the tag cannot say, a digest-only pin for one), or :class:`PreflightError` (reason ``image_cuda_mismatch``)
+    naming both when they contradict, so that the driver check never runs on a version the image does not have."""
+    try:
+        return _image_cuda.check_declared(image, image_cuda_version)
+    except _image_cuda.ImageCudaError as e:
+        raise PreflightError("image_cuda_version", str(e).split(": ", 1)[1], reason=e.reason)
+
+
 def node_facts(nvidia_smi, sysfs_root, paths, engine_python=None, engine_modules=(), run=_process_run.run,
-               which=find_bin, image_cuda_version=None):
-    """Everything preflight_facts reports: ``{gpu, rdma, disk, engine_runtime}``.
+               which=find_bin, image_cuda_version=None, image=None):
+    """Everything preflight_facts reports: ``{gpu, rdma, disk, engine_runtime}``, and ``image_cuda`` with
+    ``image_cuda_version``.
 
     ``engine_runtime`` is empty when ``engine_python`` is not set. Raises :class:`PreflightError` naming the
-    option (``nvidia_smi``, ``engine_python``) whose program hung or answered something unreadable.
+    option (``nvidia_smi``, ``engine_python``) whose program hung or answered something unreadable, and, before
+    anything is read, ``image_cuda_version`` when it contradicts the CUDA of ``image``'s tag (:func:`image_cuda_of`).
     """
+    tag = image_cuda_of(image, image_cuda_version) if image and image_cuda_version else None
     facts = {
         "gpu": gpu_inventory(nvidia_smi, run=run, which=which),
         "rdma": rdma_devices(sysfs_root),
@@ -277,4 +292,6 @@ def node_facts(nvidia_smi, sysfs_root, paths, engine_python=None, engine_modules
         facts["engine_runtime"] = engine_runtime(engine_python, engine_modules, run=run, which=which)
     if image_cuda_version:
         facts["image_cuda"] = driver_fits_cuda(facts["gpu"].get("driver_version"), image_cuda_version)
+        if tag is not None:
+            facts["image_cuda"]["image_tag"] = tag
     return facts

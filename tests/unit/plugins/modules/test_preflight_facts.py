@@ -10,8 +10,10 @@ import time
 
 import pytest
 
+from ansible_collections.llmops.serving.plugins.module_utils.common import _image_cuda
 from ansible_collections.llmops.serving.plugins.module_utils.engine import _preflight
 from ansible_collections.llmops.serving.plugins.modules import preflight_facts
+from ansible_collections.llmops.serving.tests.lib import role_tasks as rt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 NVSMI_8xH20 = "\n".join(
@@ -228,3 +230,66 @@ def test_the_nodes_driver_is_checked_against_the_images_cuda(run_module, tmp_pat
     assert _preflight.driver_fits_cuda("590.1", "14.0")["ok"] is None
     with pytest.raises(_preflight.PreflightError, match="image_cuda_version: 'cu129' is not a CUDA version"):
         _preflight.driver_fits_cuda("580.65.06", "cu129")
+
+
+# ---- the example fleet: the declared image CUDA against its image (review M3) ----------------------------- #
+
+EXAMPLE = "inventories/example-h20/group_vars/"
+
+
+def _example_vars(role, **over):
+    """A role's variables on a GPU node of the example fleet: its defaults, then the inventory's group_vars (all,
+    then gpu_nodes), then ``over``."""
+    return rt.RoleVars(role, over, extra_vars_files=[EXAMPLE + "all/main.yml", EXAMPLE + "gpu_nodes/main.yml"])
+
+
+def _example_preflight(run_module, tmp_path, **over):
+    """preflight_facts with the arguments of roles/preflight's task on the example's GPU node; nvidia-smi answers as
+    an H20 node with the example's R570 driver and records that it ran."""
+    mark = tmp_path / "nvidia-smi-ran"
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\ntouch %s\ncat <<'EOF'\n%sEOF\n" % (mark, NVSMI_8xH20))
+    smi.chmod(0o755)
+    variables = _example_vars("preflight", preflight_nvidia_smi=str(smi), preflight_sysfs_root=str(tmp_path / "sys"),
+                              preflight_paths=[str(tmp_path)], **over)
+    args = variables.template(rt.task("preflight", "llmops.serving.preflight_facts")["llmops.serving.preflight_facts"])
+    return args, run_module(preflight_facts, args), mark.exists()
+
+
+def test_the_example_fleet_declares_the_cuda_its_image_tag_names(run_module, tmp_path):
+    args, res, _ran = _example_preflight(run_module, tmp_path)
+    # (the test's templating reads "12.9" back as a number, as Jinja's native mode does; the module takes a str)
+    assert args["image"] == "vllm/vllm-openai:v0.26.0-cu129" and str(args["image_cuda_version"]) == "12.9"
+    assert not res.get("failed"), res.get("msg")
+    assert res["image_cuda"]["image_tag"]["cuda"] == "12.9" and res["image_cuda"]["ok"] is True  # R570 runs 12.9
+
+
+def test_the_reviewed_pin_is_refused_before_the_node_is_read(run_module, tmp_path):
+    """Review M3: vllm/vllm-openai:v0.26.0 is the CUDA 13.0 build; declared 12.9, preflight passed on R570 nodes."""
+    _args, res, ran = _example_preflight(run_module, tmp_path, engine_image="vllm/vllm-openai:v0.26.0")
+    assert res["failed"] and res["reason"] == "image_cuda_mismatch" and res["field"] == "image_cuda_version", res
+    assert "12.9 contradicts the image vllm/vllm-openai:v0.26.0, a CUDA 13.0 build" in res["msg"]
+    assert "vllm/vllm-openai:v0.26.0-cu129" in res["msg"]
+    assert not ran  # refused before anything was read
+
+
+def test_a_digest_only_image_is_not_read_and_says_so(run_module, tmp_path):
+    _args, res, _ran = _example_preflight(run_module, tmp_path, engine_image="vllm/vllm-openai@sha256:" + "b" * 64)
+    assert not res.get("failed"), res.get("msg")
+    assert res["image_cuda"]["image_tag"]["cuda"] is None
+    assert any("pinned by digest alone" in w for w in res.get("warnings", [])), res.get("warnings")
+
+
+def test_the_driver_check_and_the_kernel_cache_key_read_the_same_checked_cuda():
+    """The preflight driver check (preflight_image_cuda_version) and the kernel-cache fingerprint (the versions
+    kernel_cache passes to kernel_fingerprint) follow one declaration, the one preflight checks against the image."""
+    preflight = rt.task("preflight", "llmops.serving.preflight_facts")["llmops.serving.preflight_facts"]
+    fingerprint = rt.task("kernel_cache", "llmops.serving.kernel_fingerprint")["llmops.serving.kernel_fingerprint"]
+    for declared in ("12.9", "99.1"):  # the example's, and one set in a single place: both must follow it
+        over = {} if declared == "12.9" else {"engine_image_versions": {"engine": "0.26.0", "torch": "t",
+                                                                        "triton": "t", "cuda": declared}}
+        checked = _example_vars("preflight", **over).template(preflight["image_cuda_version"])
+        keyed = _example_vars("kernel_cache", **over).template(fingerprint["versions"])["cuda"]
+        assert str(checked) == str(keyed) == declared
+    site = _example_vars("preflight")
+    _image_cuda.check_declared(site.get("preflight_engine_image"), str(site.get("preflight_image_cuda_version")))
