@@ -46,7 +46,8 @@ options:
   deadline:
     description:
       - Seconds to keep retrying transient failures, for all checks together.
-      - No request outlives it: each one's O(timeout) is cut to the time left.
+      - No request outlives it, each one's O(timeout) is cut to the time left; V(0) tries each check once, each
+        request within its O(timeout).
     type: int
     default: 600
   interval:

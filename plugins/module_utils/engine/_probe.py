@@ -590,8 +590,9 @@ def run(base_url, model, checks, headers=None, deadline=600, interval=2.0, timeo
     """
     gateway_transient = tuple(s for s in TRANSIENT_STATUS if s != 404)
     end = time.monotonic() + deadline
+    # deadline 0 tries each check once: its requests have their own timeout, there is nothing left to cut them to
     http = Http(base_url, headers, timeout, gateway_transient if target == "aibrix_gateway" else TRANSIENT_STATUS,
-                end=end)
+                end=end if deadline > 0 else None)
     start_wall = time.time()
     origin = since if since is not None else start_wall
     marks = _timeline.Recorder()
