@@ -148,7 +148,7 @@ class HttpError(Exception):
         self.timed_out = timed_out
         self.refused = refused
         self.too_large = too_large
-        detail = (": " + self.body[:BODY_SHOWN]) if self.body else ""
+        detail = (": " + excerpt(self.body, BODY_SHOWN)) if self.body else ""
         super(HttpError, self).__init__("%s %s failed: %s%s" % (method, self.url, self.reason, detail))
 
 

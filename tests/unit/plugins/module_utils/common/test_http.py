@@ -105,7 +105,7 @@ def test_error_status_keeps_the_answer(server):
         _http.get_json(server + "/loading")
     err = e.value
     assert err.status == 503 and err.body == '{"error": "model is loading"}'
-    assert str(err) == 'GET %s/loading failed: HTTP Error 503: Service Unavailable: {"error": "model is loading"}' % server
+    assert str(err) == 'GET %s/loading failed: HTTP Error 503: Service Unavailable: \'{"error": "model is loading"}\'' % server
 
 
 def test_an_answer_that_breaks_off_is_no_answer(server):
@@ -313,3 +313,17 @@ def test_an_answer_that_is_not_json_is_quoted_only_in_part():
     with pytest.raises(_http.HttpError) as e:
         _http.get_json("http://10.0.0.9:8000/v1/models", opener=opener)
     assert len(str(e.value)) < 600 and "(the first 120 of %d bytes)" % len(big) in str(e.value)
+
+
+def test_an_error_answer_is_quoted_escaped_and_short():
+    """An error body's control characters (a terminal escape, a forged log line) are escaped, and only its start
+    is shown."""
+    def opener(url, **kw):
+        from urllib.error import HTTPError
+
+        raise HTTPError(url, 500, "Internal Server Error", {}, io.BytesIO(b"\x1b[2Jboom\nFAKE LOG LINE " + b"z" * 10000))
+
+    with pytest.raises(_http.HttpError) as e:
+        _http.get_text("http://10.0.0.9:8000/x", opener=opener)
+    assert e.value.status == 500 and "\x1b" not in str(e.value) and "\n" not in str(e.value)
+    assert "'\\x1b[2Jboom\\nFAKE LOG LINE zzz" in str(e.value) and len(str(e.value)) < 500
