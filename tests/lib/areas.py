@@ -118,7 +118,8 @@ AREAS = {
     "awx": {
         "paths": ("awx/", "inventories/example-h20-awx/", "playbooks/awx_configure.yml", "playbooks/lookup_plugins/awx_literal_inputs.py", "tests/lib/awx_", "execution-environment.yml",
                   "meta/ee-requirements.txt", "bindep.txt", "requirements.yml"),
-        "unit": ("tests/unit/test_awx_hosts.py", "tests/unit/test_awx_surveys.py", "tests/unit/test_ee.py"),
+        "unit": ("tests/unit/test_awx_hosts.py", "tests/unit/test_awx_surveys.py", "tests/unit/test_ee.py",
+                 "tests/unit/test_awx_workflow.py", "tests/unit/test_awx_roles.py", "tests/property/test_awx_workflow_properties.py"),
         "integration": ("test_awx_runner.py", "test_awx_configure_api.py", "test_awx_netns.py", "test_awx_deploy_netns.py",
                         "test_awx_jobs_netns.py"),
         "molecule": (),
@@ -127,7 +128,8 @@ AREAS = {
 
 #: Checks that read the whole tree: cheap, and any change can break them.
 ALWAYS = ("tests/unit/test_layout.py", "tests/unit/test_interface.py", "tests/unit/test_self_contained.py",
-          "tests/unit/test_areas.py", "tests/unit/test_suite_order.py", "tests/unit/test_process_layout.py")
+          "tests/unit/test_areas.py", "tests/unit/test_suite_order.py", "tests/unit/test_process_layout.py",
+          "tests/unit/test_http_bounded.py")
 
 #: Python test trees the import graph covers (integration tests are chosen by area: they run playbooks, not imports).
 IMPORT_TREES = ("tests/unit", "tests/property")

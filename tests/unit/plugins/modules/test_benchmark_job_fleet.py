@@ -327,7 +327,7 @@ def test_tokenizer_paths_never_leave_the_mount(path):
 
 def test_a_mount_inside_the_host_root_that_makes_a_path_mean_two_directories_is_refused():
     with pytest.raises(_bench_inputs.BenchError) as e:
-        _bench_job.tokenizer_paths("/mnt/nvme/models/glm/r1", "/mnt/nvme", "/mnt")
+        _bench_job.tokenizer_paths("/srv-nvme/nvme/models/glm/r1", "/srv-nvme/nvme", "/srv-nvme")
     assert e.value.reason == "tokenizer_path" and e.value.field == "benchmark_k8s_tokenizer_mount"
 
 

@@ -347,12 +347,17 @@ def test_malformed_baseline_option_is_a_clean_error(run_module, tmp_path, mutate
 
 
 def test_unreachable_metrics_url_does_not_echo_credentials(run_module, tmp_path, metrics_server):
-    url = "http://127.0.0.1:%d/nope?token=%s" % (METRICS_PORT, SECRET)
+    # a query string is never shown, whatever it holds
+    url = "http://127.0.0.1:%d/nope?shard=%s" % (METRICS_PORT, SECRET)
     sysfs = tree(tmp_path, "no_rdma")
     r = run_module(rdma_counters, {"sysfs_root": sysfs, "nixl_metrics": url})
     assert r["failed"] and r["msg"].startswith("nixl_metrics: cannot read http://127.0.0.1:%d/nope?***:"
                                                % METRICS_PORT), r["msg"]
     assert SECRET not in r["msg"]
+    # a credential in the query string is refused before anything is read, as userinfo is (one credential rule)
+    r = run_module(rdma_counters, {"sysfs_root": sysfs,
+                                   "nixl_metrics": "http://127.0.0.1:%d/metrics?token=%s" % (METRICS_PORT, SECRET)})
+    assert r["failed"] and r["reason"] == "credentials_in_url" and SECRET not in r["msg"], r
     # credentials in the URL are refused before anything is read (test_url_credentials.py runs the real module)
     r = run_module(rdma_counters, {"sysfs_root": sysfs,
                                    "nixl_metrics": "http://scrape:%s@127.0.0.1:%d/metrics" % (SECRET, METRICS_PORT)})
