@@ -12,10 +12,15 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_COLLECTIONS_PATH := $(COLL_DIR)
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: demo test check venv install lint sanity docs-lint unit integration property fuzz molecule clean stop
+.PHONY: demo upgrade-demo test check venv install lint sanity docs-lint unit integration property fuzz molecule clean stop
 
 demo: install
 	ansible-playbook -i inventories/local playbooks/site.yml playbooks/verify_transport.yml
+
+# After `make demo`: revision B of the demo model (another seed) replaces the serving one, proven by a correct
+# answer, rolled back by itself on failure (docs/upgrade.md).
+upgrade-demo: install
+	ansible-playbook -i inventories/local playbooks/demo_upgrade.yml
 
 # The checks first, all four at once (each one's output printed whole when it ends; they wait on I/O and child
 # processes enough to share 2 cores), then pytest on TEST_JOBS workers (pytest-xdist; a worker takes a whole test
