@@ -31,7 +31,7 @@ INPUTS = dict(SECRETS, llmops_awx_scm_url="https://git.example/llmops/serving.gi
               llmops_awx_k8s_host="https://k8s.example:6443", llmops_awx_k8s_ca_cert="-----BEGIN CERTIFICATE-----\n",
               llmops_awx_ee_image="registry.example/llmops/serving-ee:0.1.0", llmops_awx_registry_host="registry.example",
               llmops_awx_registry_username="puller", llmops_awx_inventory_path="inventories/example-h20",
-              llmops_awx_scm_branch="release-1",
+              llmops_awx_scm_branch="0123456789abcdef0123456789abcdef01234567",
               llmops_awx_instance_groups=["gpu-runners"],
               llmops_awx_notification_templates=[{"name": "llmops on-call", "organization": "LLMOps",
                                                   "notification_type": "webhook",
@@ -99,7 +99,12 @@ def applied(api, checked_empty):
 
 
 @pytest.fixture(scope="module")
-def checked_after(api, applied):
+def rerun(api, applied):
+    return _configure(api)
+
+
+@pytest.fixture(scope="module")
+def checked_after(api, rerun):
     return _configure(api, "--check")
 
 
@@ -230,10 +235,81 @@ def test_check_mode_after_a_run_compares_every_object_and_writes_nothing(checked
                  "llmops.serving", "llmops fleet", "LLMOps", "llmops operators", "llmops release managers",
                  "approval on ['llmops stage, deploy, verify']"):
         assert "ok: [localhost] => (item=%s)" % name in out, name
-    # awx.awx 24.6.1 compares an approval node's template with the node's own fields (identifier,
-    # workflow_job_template), which an approval template never has: the workflow reads as changed on every run
-    # (workflow_job_template.py create_workflow_nodes), though nothing differs and check mode writes nothing
-    assert "changed: [localhost] => (item=llmops stage, deploy, verify)" in out
+    # the nodes, the approval node's template included, compare equal (workflow_job_template_node.py)
+    assert "ok: [localhost] => (item=llmops stage, deploy, verify: approve deploy)" in out
+    assert re.search(r"localhost +: ok=\d+ +changed=0 ", out), out[-2000:]
+
+
+def _recap_changed(out):
+    return int(re.search(r"localhost +: ok=\d+ +changed=(\d+) ", out).group(1))
+
+
+def test_a_second_run_changes_nothing(rerun):
+    """Rerunnable: the same inputs against the same controller write nothing and report changed=0. Before, the
+    credentials re-sent their secrets (awx.awx's update_secrets defaults to true: controller_api.py
+    objects_could_be_different treats every $encrypted$ value as changed), the inventory was imported on every run,
+    and the workflow patched its approval template (workflow_job_template.py create_workflow_nodes compares it with
+    the node's identifier): changed=3, 8 writes."""
+    rc, out, requests = rerun
+    assert rc == 0, out[-4000:]
+    assert [(r["method"], r["path"]) for r in requests if r["method"] != "GET"] == []
+    assert _recap_changed(out) == 0, out[-3000:]
+    assert "TASK [Import the hosts and group_vars from the project]" in out
+    assert "skipping: [localhost] => (item=llmops fleet from project)" in out
+
+
+def test_secrets_are_rotated_on_request():
+    """A new secret reaches the controller with llmops_awx_update_secrets=true. Without it, awx.awx sends secrets
+    only when another field of the credential changed (update_secrets: false; AWX never returns a secret, so a
+    changed one cannot be told from an unchanged one), and the run changes nothing."""
+    rotated = dict(INPUTS, llmops_awx_k8s_token="k8s-" + os.urandom(6).hex())
+    with StandInAWX() as server:
+        server.handle("POST", "/api/v2/instance_groups/", {}, {"name": "gpu-runners"})
+        assert _configure(server)[0] == 0
+        rc, out, requests = _configure(server, inputs=rotated)
+        assert rc == 0 and [r for r in requests if r["method"] != "GET"] == [], out[-3000:]
+        rc, out, requests = _configure(server, "-e", "llmops_awx_update_secrets=true", inputs=rotated)
+    assert rc == 0, out[-3000:]
+    patched = {r["path"]: r["body"] for r in requests if r["method"] == "PATCH"}
+    k8s = server.find("credentials", "llmops Kubernetes")
+    assert patched[k8s["url"]]["inputs"]["bearer_token"] == rotated["llmops_awx_k8s_token"]
+    assert len(patched) == len(OBJECTS["controller_credentials"])
+    assert rotated["llmops_awx_k8s_token"] not in out
+
+
+def test_a_failed_import_is_retried_by_the_next_run():
+    """The import runs when the source's last update did not succeed, though nothing changed, and then no more."""
+    with StandInAWX() as server:
+        server.handle("POST", "/api/v2/instance_groups/", {}, {"name": "gpu-runners"})
+        server.fail_inventory_updates = True
+        rc, out, dummy_requests = _configure(server)
+        assert rc != 0 and "TASK [Import the hosts and group_vars from the project]" in out, out[-3000:]
+        server.fail_inventory_updates = False
+        rc, out, requests = _configure(server)
+        assert rc == 0, out[-3000:]
+        imports = [r for r in requests if r["method"] == "POST" and r["path"].endswith("/update/")]
+        assert len(imports) == 1 and server.find("inventory_sources", "llmops fleet from project")["status"] == "successful"
+        rc, out, requests = _configure(server)
+    assert rc == 0 and [r for r in requests if r["method"] != "GET"] == [], out[-3000:]
+    assert _recap_changed(out) == 0
+
+
+def test_a_project_branch_that_is_not_a_commit_is_refused(api):
+    """The project follows llmops_awx_scm_branch; anything but the commit the EE was built from makes every job's
+    release check fail (commit_mismatch) after the next push, so a branch is refused before any request."""
+    rc, out, requests = _configure(api, inputs=dict(INPUTS, llmops_awx_scm_branch="main"))
+    assert rc == 2, out[-3000:]
+    msg = " ".join(out.split())
+    assert "llmops_awx_scm_branch=main is not a commit" in msg and "llmops_awx_allow_unpinned_scm_branch=true" in msg
+    assert requests == [] and "TASK [Organization]" not in out
+
+
+def test_a_branch_is_followed_on_request_with_a_warning():
+    with StandInAWX() as server:
+        rc, out, dummy_requests = _configure(server, "--check", "-e", "llmops_awx_allow_unpinned_scm_branch=true",
+                                             inputs=dict(INPUTS, llmops_awx_scm_branch="main"))
+    assert rc == 0, out[-3000:]
+    assert "llmops_awx_scm_branch=main is not a commit (llmops_awx_allow_unpinned_scm_branch=true)" in " ".join(out.split())
 
 
 def test_the_inventory_source_path_is_required(api):

@@ -21,7 +21,10 @@ modules named below), nothing more:
   ``workflow_job_template.py`` ``update_survey``);
 * a project's creation starts its first sync (``summary_fields.current_update``, polled at ``/project_updates/<id>/``
   by ``project.py`` ``wait_for_project_update``); ``POST`` to an inventory source's ``related.update`` answers 202 with
-  an inventory update that ``wait_on_url`` polls until ``finished`` (``inventory_source_update.py``);
+  an inventory update that ``wait_on_url`` polls until ``finished`` (``inventory_source_update.py``); an inventory
+  source's ``status`` is ``never updated`` until its first update, then that of its last update, with
+  ``last_update_failed`` (``InventorySource._get_current_status``, ``awx/main/models/inventory.py``);
+  ``fail_inventory_updates`` makes the updates fail, as an import of a broken inventory does;
 * workflow nodes are found by ``unified_job_templates/?name=&type=&organization=`` and stored at
   ``workflow_job_template_nodes/`` (``workflow_job_template.py`` ``create_workflow_nodes``); an approval node's
   template is ``POST``ed to the node's ``create_approval_template/`` (201; only name, description and timeout are
@@ -135,6 +138,7 @@ class StandInAWX:
         self._role_ids = itertools.count(1001)
         self.role_members = {}  # (role id, "teams" | "users") -> [ids]
         self.role_of = {}  # role id -> (endpoint, object id, role name)
+        self.fail_inventory_updates = False  # the next inventory updates end "failed"
         self._lock = threading.Lock()
         self.server = None
         for name, namespace, fields, secret in MANAGED_CREDENTIAL_TYPES:
@@ -206,6 +210,8 @@ class StandInAWX:
                 self.role_of[rid] = (endpoint, oid, role)
                 roles["%s_role" % role] = {"id": rid, "name": role.replace("_", " ").title()}
             obj["summary_fields"]["object_roles"] = roles
+        if endpoint == "inventory_sources":
+            obj.update(status="never updated", last_update_failed=False, last_job_run=None)
         if endpoint == "projects":
             obj.setdefault("scm_revision", "")
             update = self._job("project_updates", {"project": oid, "scm_revision": "0" * 40})
@@ -308,6 +314,9 @@ class StandInAWX:
                 job = self._job("project_updates", {"project": oid, "scm_revision": "0" * 40})
             else:
                 job = self._job("inventory_updates", {"inventory_source": oid})
+                if self.fail_inventory_updates:
+                    job.update(status="failed", failed=True)
+                obj.update(status=job["status"], last_update_failed=job["failed"], last_job_run=job["finished"])
             return 202, dict(self._public(job["url"].split("/")[3], job))
         if sub == "create_approval_template" and endpoint == "workflow_job_template_nodes" and method == "POST":
             approval = self._create("workflow_approval_templates", {k: body[k] for k in APPROVAL_FIELDS if k in body})
