@@ -58,8 +58,8 @@ $(VENV)/.stamp-engine: requirements-engine-cpu.txt | $(VENV)/bin/python
 	$(VPY) -m pip install -q --no-deps nixl==1.5.1
 	touch $@
 
-$(VENV)/.stamp-test: requirements-test.txt meta/ee-requirements.txt $(VENV)/.stamp-engine
-	$(VPY) -m pip install -q -r requirements-test.txt -r meta/ee-requirements.txt
+$(VENV)/.stamp-test: requirements-test.txt meta/ee-requirements.txt meta/host-requirements.txt $(VENV)/.stamp-engine
+	$(VPY) -m pip install -q -r requirements-test.txt -r meta/ee-requirements.txt -r meta/host-requirements.txt
 	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $@
 

@@ -5,6 +5,8 @@
 #
 #   bash awx/ee/build.sh            (make ee)
 #   bash awx/ee/build.sh --plan     print what would be built with which runtime, tag and push target; build nothing
+#   bash awx/ee/build.sh --lock     resolve the EE's Python packages against the package index and write
+#                                   meta/ee-requirements.lock.txt (every package pinned with its sha256); build nothing
 #
 # Needs: podman or docker (a working one: `podman info` / `docker info`), debootstrap and root (for the base image),
 # python3 with venv, and access to the Python package index on this host, and to Ansible Galaxy or else the index's
@@ -21,6 +23,8 @@
 #                     never pushed
 #   EE_SUITE          Debian suite of the base (default: the host's); EE_MIRROR (default: the host's first apt source)
 #   EE_REBUILD_BASE=1 debootstrap again even when the base image exists
+#   EE_UNPINNED_BASE=1 build on a base that execution-environment.yml names by tag (localhost/...:bookworm, made
+#                     here by debootstrap) instead of by digest (name@sha256:...); without it such a build is refused
 #   EE_TEMPLATE / EE_ANSWERS   the job template of awx/controller_templates.yml run at the end, and its survey answers
 #                     as JSON; EE_SKIP_JOB=1 skips that job
 #   PYTHON            the interpreter that creates the tools venv (default: python3)
@@ -39,16 +43,19 @@ say() { printf '%s ee: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { say "error: $*"; exit 1; }
 elapsed() { echo $(( $(date +%s) - $1 )); }
 
-PLAN=0
+PLAN=0 LOCK=0
 for arg in "$@"; do
     case $arg in
         --plan) PLAN=1 ;;
-        *) die "unknown argument $arg; usage: build.sh [--plan] (settings come from EE_RUNTIME, EE_TAG, EE_PUSH, ...)" ;;
+        --lock) LOCK=1 ;;
+        *) die "unknown argument $arg; usage: build.sh [--plan | --lock] (settings come from EE_RUNTIME, EE_TAG, EE_PUSH, ...)" ;;
     esac
 done
 
-# The container runtime: EE_RUNTIME when set (and on PATH), else podman, else docker.
-if [ -n "${EE_RUNTIME:-}" ]; then
+# The container runtime: EE_RUNTIME when set (and on PATH), else podman, else docker (--lock needs none).
+if [ "$LOCK" = 1 ]; then
+    RT=none
+elif [ -n "${EE_RUNTIME:-}" ]; then
     case $EE_RUNTIME in
         podman|docker) ;;
         *) die "EE_RUNTIME=$EE_RUNTIME is not a runtime ansible-builder drives; set EE_RUNTIME=podman or EE_RUNTIME=docker" ;;
@@ -101,15 +108,29 @@ fi
 
 # The system packages of the base: what bindep.txt and the collection's meta/ee-bindep.txt declare for dpkg.
 SYSTEM=$(awk '{sub(/#.*/, "")} /platform:dpkg/ {print $1}' "$ROOT/bindep.txt" "$ROOT/meta/ee-bindep.txt" | sort -u | paste -sd, -)
+# The base is pinned when the definition names it by digest (name@sha256:<64 hex digits>): the same bytes on every
+# build host and every build, until a commit names another digest.
+case $BASE in
+    *@sha256:????????????????????????????????????????????????????????????????) BASE_PINNED=1 ;;
+    *) BASE_PINNED=0 ;;
+esac
+# The Python packages: meta/ee-requirements.lock.txt pins every wheel the build installs, with its hash.
+LOCKFILE=$ROOT/meta/ee-requirements.lock.txt
 
 if [ "$PLAN" = 1 ]; then
-    printf 'runtime=%s tag=%s push=%s commit=%s dirty=%s base=%s system=%s core=%s runner=%s builder=%s kubernetes.core=%s kubernetes.core_fallback=%s tools=%s\n' \
-        "$RT" "$TAG" "${PUSH:-none}" "$COMMIT" "$DIRTY" "$BASE" "$SYSTEM" "$CORE" "$RUNNER" "$BUILDER" "$KC" "${ANSIBLE_PKG:-none}" "$TOOLS"
+    printf 'runtime=%s tag=%s push=%s commit=%s dirty=%s base=%s base_pinned=%s system=%s core=%s runner=%s builder=%s kubernetes.core=%s kubernetes.core_fallback=%s tools=%s lock=%s wheels=%s\n' \
+        "$RT" "$TAG" "${PUSH:-none}" "$COMMIT" "$DIRTY" "$BASE" "$BASE_PINNED" "$SYSTEM" "$CORE" "$RUNNER" "$BUILDER" "$KC" "${ANSIBLE_PKG:-none}" "$TOOLS" "$LOCKFILE" "$WORK/wheels"
     exit 0
 fi
 
-command -v debootstrap >/dev/null || die "debootstrap not found; install it (apt-get install debootstrap)"
-"$RT" info >/dev/null 2>&1 || die "$RT does not answer ($RT info failed); start it (the docker service) or set EE_RUNTIME to the other runtime"
+if [ "$LOCK" = 0 ]; then
+    # A base named by tag is whatever image holds that name on this host: refused unless asked for.
+    if [ "$BASE_PINNED" = 0 ] && [ "${EE_UNPINNED_BASE:-0}" != 1 ]; then
+        die "execution-environment.yml names the base image $BASE by tag, not by digest, so two builds of one commit can start from different bases; pin it: build the base once (EE_UNPINNED_BASE=1 make ee), push it ($RT tag $BASE registry.example/llmops/ee-base:<suite>-<date>; $RT push ...), and set images.base_image.name to registry.example/llmops/ee-base@sha256:<digest> ($RT image inspect -f '{{index .RepoDigests 0}}' ...), or set EE_UNPINNED_BASE=1 to build on the local base as it is (docs/awx.md, \"A reproducible build\")"
+    fi
+    [ "$BASE_PINNED" = 1 ] || command -v debootstrap >/dev/null || die "debootstrap not found; install it (apt-get install debootstrap)"
+    "$RT" info >/dev/null 2>&1 || die "$RT does not answer ($RT info failed); start it (the docker service) or set EE_RUNTIME to the other runtime"
+fi
 START=$(date +%s)
 mkdir -p "$WORK"
 
@@ -130,25 +151,35 @@ if [ -z "${EE_MIRROR:-}" ]; then
     EE_MIRROR=$(grep -hsE '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2; exit}')
     [ -n "$EE_MIRROR" ] || EE_MIRROR=$(grep -hsE '^deb ' /etc/apt/sources.list | awk '{print $2; exit}')
 fi
-[ -n "$EE_MIRROR" ] || die "no Debian mirror in /etc/apt; set EE_MIRROR"
+[ "$LOCK" = 1 ] || [ "$BASE_PINNED" = 1 ] || [ -n "$EE_MIRROR" ] || die "no Debian mirror in /etc/apt; set EE_MIRROR"
 
 # 1. The base: a minimal Debian of the host's suite with python3, pip and the system packages bindep declares for
 #    dpkg (bindep.txt and the collection's meta/ee-bindep.txt). The build has no package repository: its package
 #    manager (awx/ee/pkg-present) fails the build if bindep lists a package the base lacks.
-if [ "${EE_REBUILD_BASE:-0}" = 1 ] || ! "$RT" image inspect "$BASE" >/dev/null 2>&1; then
-    T=$(date +%s)
-    rootfs=$WORK/rootfs
-    rm -rf "$rootfs"
-    say "debootstrap --variant=minbase $SUITE from $EE_MIRROR (python3, pip, venv, ca-certificates, $SYSTEM)"
-    debootstrap --variant=minbase --include="python3,python3-pip,python3-venv,ca-certificates,$SYSTEM" \
-        "$SUITE" "$rootfs" "$EE_MIRROR" > "$WORK/debootstrap.log" 2>&1 \
-        || { tail -20 "$WORK/debootstrap.log" >&2; die "debootstrap failed (log: $WORK/debootstrap.log)"; }
-    rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/cache/apt/archives/*.deb
-    tar -C "$rootfs" --numeric-owner -c . | "$RT" import -c 'CMD ["/bin/bash"]' - "$BASE" >/dev/null
-    rm -rf "$rootfs"
-    say "base $BASE imported in $(elapsed "$T")s"
+if [ "$LOCK" = 1 ]; then
+    :
+elif [ "$BASE_PINNED" = 1 ]; then
+    # named by digest: pulled once, never rebuilt here (a new base is a new digest in execution-environment.yml)
+    "$RT" image inspect "$BASE" >/dev/null 2>&1 || "$RT" pull "$BASE" >/dev/null \
+        || die "$RT pull $BASE failed; log in to its registry ($RT login ${BASE%%/*}) or load the image"
+    say "base $BASE (pinned by digest)"
 else
-    say "base $BASE exists (EE_REBUILD_BASE=1 rebuilds it)"
+    say "base $BASE is named by tag, not digest (EE_UNPINNED_BASE=1): this build is not reproducible"
+    if [ "${EE_REBUILD_BASE:-0}" = 1 ] || ! "$RT" image inspect "$BASE" >/dev/null 2>&1; then
+        T=$(date +%s)
+        rootfs=$WORK/rootfs
+        rm -rf "$rootfs"
+        say "debootstrap --variant=minbase $SUITE from $EE_MIRROR (python3, pip, venv, ca-certificates, $SYSTEM)"
+        debootstrap --variant=minbase --include="python3,python3-pip,python3-venv,ca-certificates,$SYSTEM" \
+            "$SUITE" "$rootfs" "$EE_MIRROR" > "$WORK/debootstrap.log" 2>&1 \
+            || { tail -20 "$WORK/debootstrap.log" >&2; die "debootstrap failed (log: $WORK/debootstrap.log)"; }
+        rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/cache/apt/archives/*.deb
+        tar -C "$rootfs" --numeric-owner -c . | "$RT" import -c 'CMD ["/bin/bash"]' - "$BASE" >/dev/null
+        rm -rf "$rootfs"
+        say "base $BASE imported in $(elapsed "$T")s"
+    else
+        say "base $BASE exists (EE_REBUILD_BASE=1 rebuilds it)"
+    fi
 fi
 
 # 2. The two collection tarballs the definition installs: this repository's artifact (its one recipe, which writes
@@ -187,14 +218,51 @@ rm -rf "$cols/.dist"
 say "collections: llmops.serving $VERSION, kubernetes.core $KC"
 
 # 3. Local wheels of everything pip installs in the build: the pins, both collections' Python requirements,
-#    what ansible-builder's builder stage needs (bindep, PyYAML, packaging) and dumb-init (its final stage).
+#    what ansible-builder's builder stage needs (bindep, PyYAML, packaging) and dumb-init (its final stage), exactly
+#    as meta/ee-requirements.lock.txt pins them. The lock records what it was resolved from (its "# inputs:" line)
+#    and for which interpreter ("# python:"), and a build whose inputs changed is refused until it is made again.
 KC_REQ=$WORK/kubernetes-core-requirements.txt
 tar -xzOf "$cols/kubernetes-core.tar.gz" requirements.txt > "$KC_REQ" 2>/dev/null || : > "$KC_REQ"
+INPUTS=$({ printf '%s\n' "$CORE" "$RUNNER" bindep pyyaml packaging dumb-init==1.2.5
+           sed 's/#.*//' "$ROOT/meta/ee-requirements.txt" "$KC_REQ"; } | tr -d ' \r' | grep -v '^$' | LC_ALL=C sort -u | paste -sd' ' -)
+PYID=$("$PY" -c 'import platform, sys; print("%d.%d-%s" % (sys.version_info[0], sys.version_info[1], platform.machine()))')
+if [ "$LOCK" = 1 ]; then
+    T=$(date +%s)
+    say "resolving $INPUTS for python $PYID"
+    # shellcheck disable=SC2086  # the inputs are one requirement per word
+    "$PY" -m pip install --quiet --dry-run --ignore-installed --only-binary=:all: --report "$WORK/lock-report.json" $INPUTS \
+        2> >(grep -v "is ignored: it is neither a file nor a directory" >&2) || die "pip could not resolve $INPUTS"
+    "$PY" - "$WORK/lock-report.json" "$LOCKFILE" "$INPUTS" "$PYID" <<'PYEOF' || die "the lock could not be written"
+import json, sys
+report, lock, inputs, pyid = sys.argv[1:]
+with open(report, encoding="utf-8") as f:
+    found = json.load(f)["install"]
+lines = ["# The execution environment's Python packages, each pinned with the sha256 of its wheel. Written by",
+         "# `bash awx/ee/build.sh --lock` (pip's resolution of the inputs below against the configured package index);",
+         "# make ee downloads exactly these wheels (pip download --no-deps --require-hashes) into an emptied wheel",
+         "# directory, and the build installs from nothing else. Edit meta/ee-requirements.txt, then run --lock again.",
+         "# python: " + pyid, "# inputs: " + inputs]
+for item in sorted(found, key=lambda i: i["metadata"]["name"].lower()):
+    digest = item["download_info"]["archive_info"]["hashes"]["sha256"]
+    lines.append("%s==%s --hash=sha256:%s" % (item["metadata"]["name"].lower().replace("_", "-"), item["metadata"]["version"], digest))
+with open(lock, "w", encoding="utf-8") as f:
+    f.write("\n".join(lines) + "\n")
+PYEOF
+    say "wrote meta/ee-requirements.lock.txt: $(grep -c -- '--hash=' "$LOCKFILE") packages in $(elapsed "$T")s"
+    exit 0
+fi
+[ -f "$LOCKFILE" ] || die "meta/ee-requirements.lock.txt is missing; run bash awx/ee/build.sh --lock and commit it"
+[ "$(sed -n 's/^# inputs: //p' "$LOCKFILE")" = "$INPUTS" ] \
+    || die "meta/ee-requirements.lock.txt was resolved from other requirements than $INPUTS; run bash awx/ee/build.sh --lock and commit it"
+[ "$(sed -n 's/^# python: //p' "$LOCKFILE")" = "$PYID" ] \
+    || die "meta/ee-requirements.lock.txt was resolved for python $(sed -n 's/^# python: //p' "$LOCKFILE"), this build's is $PYID; run with PYTHON=<that python> or lock again"
 T=$(date +%s)
-say "pip download -> .build/ee/wheels ($CORE, $RUNNER, meta/ee-requirements.txt, kubernetes.core's requirements.txt)"
-"$PY" -m pip download --quiet --only-binary=:all: --dest "$WORK/wheels" "$CORE" "$RUNNER" \
-    -r "$ROOT/meta/ee-requirements.txt" -r "$KC_REQ" bindep pyyaml packaging 'dumb-init==1.2.5' \
-    2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+say "pip download -> .build/ee/wheels, emptied first (meta/ee-requirements.lock.txt)"
+rm -rf "$WORK/wheels"
+mkdir -p "$WORK/wheels"
+"$PY" -m pip download --quiet --no-deps --require-hashes --only-binary=:all: --dest "$WORK/wheels" -r "$LOCKFILE" \
+    2> >(grep -v "is ignored: it is neither a file nor a directory" >&2) \
+    || die "pip could not download the wheels of meta/ee-requirements.lock.txt (a hash that differs names a changed upload; lock again only on purpose)"
 say "$(find "$WORK/wheels" -name '*.whl' | wc -l) wheels ($(du -sh "$WORK/wheels" | cut -f1)) in $(elapsed "$T")s"
 
 # 4. The image. --network=none: a RUN step that tried to reach a package index or a registry would fail.

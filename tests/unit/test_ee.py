@@ -25,10 +25,14 @@ from ansible_collections.llmops.serving.tests.lib import awx_harness
 
 ROOT = awx_harness.ROOT
 BIN = os.path.dirname(sys.executable)
-# Python packages the EE may install: the collections' run-time needs (kubernetes.core's requirements.txt and
-# llmops.serving's meta/ee-requirements.txt).
-RUNTIME = {"kubernetes", "jsonschema", "matplotlib", "numpy", "safetensors", "tokenizers", "requests-oauthlib",
-           "jsonpatch"}
+# Python packages the EE may install: the collections' run-time needs in the EE (kubernetes.core's requirements.txt
+# and llmops.serving's meta/ee-requirements.txt). numpy, safetensors, tokenizers (demo_model, on the GPU nodes) and
+# matplotlib (benchmark_report, on the benchmark client host) are the hosts' (meta/host-requirements.txt).
+RUNTIME = {"kubernetes", "jsonschema", "requests-oauthlib", "jsonpatch"}
+# What ansible-builder's builder and final stages install besides the collections' requirements (ansible-builder
+# 3.2.0, src/ansible_builder/containerfile.py: ``pip install bindep pyyaml packaging``; ``dumb-init==1.2.5``).
+BUILDER_EXTRAS = ("bindep", "pyyaml", "packaging", "dumb-init==1.2.5")
+LOCK = os.path.join(ROOT, "meta", "ee-requirements.lock.txt")
 
 
 def _load(path):
@@ -130,8 +134,10 @@ def test_definition_pins_the_tested_core_and_runner_and_installs_local_tarballs(
     assert sorted(os.path.basename(c["name"]) for c in deps["galaxy"]["collections"]) == [
         "kubernetes-core.tar.gz", "llmops-serving.tar.gz"]
     assert deps["system"] == "bindep.txt" and deps["python"] == "meta/ee-requirements.txt"
-    # a local base image (debootstrap + docker import), not a registry pull
-    assert ee["images"]["base_image"]["name"].startswith("localhost/")
+    # a base named by digest (pulled once, the same bytes on every build host), or the local debootstrap base,
+    # which make ee builds on only with EE_UNPINNED_BASE=1 (test_make_ee_refuses_a_base_named_by_tag)
+    base = ee["images"]["base_image"]["name"]
+    assert re.fullmatch(r"[^@\s]+@sha256:[0-9a-f]{64}", base) or base.startswith("localhost/"), base
 
 
 def test_builder_create_succeeds_offline(ee_tree):
@@ -208,8 +214,24 @@ def test_bindep_names_packages_for_the_debian_base_and_rpm():
         entries = [line.split("#", 1)[0].strip() for line in f if line.split("#", 1)[0].strip()]
     dpkg = [e.split()[0] for e in entries if "platform:dpkg" in e]
     rpm = [e.split()[0] for e in entries if "platform:rpm" in e]
-    assert {"git", "openssh-client"} <= set(dpkg)
-    assert {"git", "openssh-clients"} <= set(rpm)
+    assert (dpkg, rpm) == (["openssh-client"], ["openssh-clients"])
+
+
+def test_the_ee_carries_no_system_package_that_no_job_uses():
+    """Only the SSH client: git served project syncs, which AWX runs in the control plane's EE, never the job's
+    (ansible/awx, awx/main/tasks/jobs.py RunProjectUpdate; awx/main/tests: test_project_update_uses_control_plane_ee),
+    and the release check reads a checkout's HEAD from its .git files, not with git (module_utils/common/_release.py);
+    rsync served nothing (no task of roles/ or playbooks/ synchronizes), yet meta/ee-bindep.txt pushed it into every
+    EE that includes the collection."""
+    for rel in ("bindep.txt", os.path.join("meta", "ee-bindep.txt")):
+        with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+            text = f.read()
+        names = {line.split()[0] for line in (raw.split("#", 1)[0] for raw in text.splitlines()) if line.strip()}
+        assert names <= {"openssh-client", "openssh-clients"}, (rel, names)
+        assert "in the job's execution environment" not in " ".join(text.split()), rel
+    for path in glob.glob(os.path.join(ROOT, "roles", "*", "tasks", "*.yml")) + glob.glob(os.path.join(ROOT, "playbooks", "*.yml")):
+        with open(path, encoding="utf-8") as f:
+            assert not re.search(r"^\s*(ansible\.posix\.)?synchronize:|\brsync\b", f.read(), re.M), path
 
 
 def _galaxy_version():
@@ -245,7 +267,7 @@ def test_bindep_packages_are_in_the_base_or_the_build_fails(tmp_path):
     assert call("upgrade").returncode == 2
 
 
-def _plan(tmp_path, runtimes, root=ROOT, **env):
+def _plan(tmp_path, runtimes, root=ROOT, args=("--plan",), **env):
     """``build.sh --plan`` with only the named fake runtimes on PATH (and the few tools the script reads with)."""
     fake = tmp_path / ("bin-" + "-".join(runtimes or ["none"]))
     fake.mkdir(parents=True)
@@ -254,7 +276,7 @@ def _plan(tmp_path, runtimes, root=ROOT, **env):
     for rt in runtimes:
         (fake / rt).write_text("#!/bin/sh\necho \"$0 $*\" >> %s/calls\n" % tmp_path)
         (fake / rt).chmod(0o755)
-    proc = subprocess.run([shutil.which("bash"), os.path.join(str(root), "awx", "ee", "build.sh"), "--plan"],
+    proc = subprocess.run([shutil.which("bash"), os.path.join(str(root), "awx", "ee", "build.sh")] + list(args),
                           capture_output=True, text=True, timeout=30, check=False, env=dict(env, PATH=str(fake)))
     plan = dict(kv.split("=", 1) for kv in proc.stdout.split()) if proc.returncode == 0 else None
     return proc, plan
@@ -367,7 +389,7 @@ def test_the_base_carries_every_system_package_bindep_declares_for_dpkg(tmp_path
             declared |= {line.split()[0] for line in (raw.split("#", 1)[0] for raw in f) if "platform:dpkg" in line}
     proc, plan = _plan(tmp_path, ["docker"])
     assert proc.returncode == 0, proc.stderr
-    assert set(plan["system"].split(",")) == declared and "rsync" in declared
+    assert set(plan["system"].split(",")) == declared and "openssh-client" in declared
 
 
 def test_build_script_parses():
@@ -496,3 +518,168 @@ def test_a_broken_package_download_is_named(tmp_path):
     bad.write_bytes(b"not a zip")
     proc = _from_package(str(bad), "kubernetes.core", "6.2.0", str(tmp_path / "out.tar.gz"))
     assert proc.returncode == 1 and "is not a readable wheel" in proc.stderr and "download the ansible package again" in proc.stderr
+
+
+def test_make_ee_refuses_a_base_named_by_tag(tmp_path):
+    """A base named by tag is whatever image holds that name on the build host (the debootstrap of whatever day
+    built it): make ee refuses it before any work unless EE_UNPINNED_BASE=1, and takes a base named by digest."""
+    root, dummy_commit = _checkout(tmp_path / "repo")
+    proc, dummy_plan = _plan(tmp_path / "a", ["docker"], root=root, args=())
+    assert proc.returncode == 1, proc.stderr
+    assert "names the base image localhost/llmops-ee-base:bookworm by tag, not by digest" in proc.stderr
+    assert "set images.base_image.name to registry.example/llmops/ee-base@sha256:<digest>" in proc.stderr
+    assert not (tmp_path / "a" / "calls").exists(), "refused before the runtime was asked anything"
+    # asked for: it goes on (here to the next check, debootstrap, which this PATH lacks)
+    proc, dummy_plan = _plan(tmp_path / "b", ["docker"], root=root, args=(), EE_UNPINNED_BASE="1")
+    assert proc.returncode == 1 and "by tag, not by digest" not in proc.stderr and "debootstrap not found" in proc.stderr
+    proc, plan = _plan(tmp_path / "c", ["docker"], root=root)
+    assert (plan["base"], plan["base_pinned"]) == ("localhost/llmops-ee-base:bookworm", "0"), proc.stderr
+    pinned = "registry.example/llmops/ee-base@sha256:" + "ab" * 32
+    path = os.path.join(str(root), "execution-environment.yml")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text.replace("name: localhost/llmops-ee-base:bookworm", "name: " + pinned))
+    proc, plan = _plan(tmp_path / "d", ["docker"], root=root)
+    assert (plan["base"], plan["base_pinned"]) == (pinned, "1"), proc.stderr
+
+
+def _lock():
+    """(header {key: value}, {name: (version, sha256)}) of meta/ee-requirements.lock.txt."""
+    header, pins = {}, {}
+    with open(LOCK, encoding="utf-8") as f:
+        for line in f:
+            m = re.match(r"^# (python|inputs): (.*)$", line)
+            if m:
+                header[m.group(1)] = m.group(2).strip()
+            elif line.strip() and not line.startswith("#"):
+                m = re.fullmatch(r"([a-z0-9][a-z0-9.-]*)==(\S+) --hash=sha256:([0-9a-f]{64})", line.strip())
+                assert m, line
+                pins[m.group(1)] = (m.group(2), m.group(3))
+    return header, pins
+
+
+def _kubernetes_core_requirements():
+    with open(os.path.join(awx_harness.SITE_COLLECTIONS, "kubernetes", "core", "requirements.txt"), encoding="utf-8") as f:
+        return [line.split("#", 1)[0].strip() for line in f if line.split("#", 1)[0].strip()]
+
+
+def test_the_lock_pins_every_wheel_the_build_installs_with_its_hash():
+    """meta/ee-requirements.lock.txt: one version and one sha256 per package, resolved from exactly today's inputs
+    (the definition's pins, meta/ee-requirements.txt, kubernetes.core's requirements.txt at requirements.yml's
+    pin, ansible-builder's own steps) - build.sh refuses a lock whose "# inputs:" line differs - and closed under
+    dependencies: every requirement of a locked package (its metadata, where this venv has that version) is locked."""
+    from packaging.requirements import Requirement
+
+    header, pins = _lock()
+    deps = _load("execution-environment.yml")["dependencies"]
+    with open(os.path.join(ROOT, "meta", "ee-requirements.txt"), encoding="utf-8") as f:
+        ee_lines = [line.split("#", 1)[0].strip() for line in f if line.split("#", 1)[0].strip()]
+    inputs = sorted({deps["ansible_core"]["package_pip"], deps["ansible_runner"]["package_pip"], *BUILDER_EXTRAS,
+                     *(x.replace(" ", "") for x in ee_lines + _kubernetes_core_requirements())})
+    assert header["inputs"].split() == inputs, "run bash awx/ee/build.sh --lock"
+    assert header["python"] == "%d.%d-x86_64" % sys.version_info[:2]
+    for spec in inputs:
+        req = Requirement(spec)
+        name = req.name.lower().replace("_", "-")
+        assert name in pins and req.specifier.contains(pins[name][0], prereleases=True), spec
+    assert pins["ansible-core"][0] == importlib.metadata.version("ansible-core")
+    env = {"python_version": "%d.%d" % sys.version_info[:2], "sys_platform": "linux", "platform_system": "Linux",
+           "os_name": "posix", "platform_machine": "x86_64", "implementation_name": "cpython",
+           "platform_python_implementation": "CPython", "python_full_version": "%d.%d.0" % sys.version_info[:2], "extra": ""}
+    checked, missing = 0, []
+    for name, (version, dummy_digest) in pins.items():
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if dist.version != version:
+            continue
+        for spec in dist.requires or []:
+            req = Requirement(spec)
+            if req.marker is not None and not req.marker.evaluate(env):
+                continue
+            dep = req.name.lower().replace("_", "-")
+            if dep not in pins or not req.specifier.contains(pins[dep][0], prereleases=True):
+                missing.append((name, spec))
+            checked += 1
+    assert missing == [] and checked > 40, missing
+    # what the EE has no use for is not in it
+    assert not {"numpy", "matplotlib", "tokenizers", "safetensors"} & set(pins)
+
+
+def test_make_ee_downloads_exactly_the_lock_into_an_emptied_wheel_directory():
+    """Before, `pip download` resolved open ranges against the index into a wheel directory that kept every earlier
+    build's wheels, so what the image got depended on the day and on the build host's history."""
+    with open(os.path.join(ROOT, "awx", "ee", "build.sh"), encoding="utf-8") as f:
+        script = f.read()
+    (download,) = [m.start() for m in re.finditer(r'"\$PY" -m pip download [^\n]*--dest "\$WORK/wheels"', script)]
+    line = script[download:script.index("\n", download)]
+    assert "--no-deps" in line and "--require-hashes" in line and '-r "$LOCKFILE"' in line, line
+    empty = script.index('rm -rf "$WORK/wheels"')
+    assert empty < download
+    assert not re.search(r'--dest "\$WORK/wheels"[^\n]*-r "\$ROOT/meta/ee-requirements.txt"', script)
+    # a lock made from other inputs, or for another interpreter, stops the build naming --lock
+    assert "was resolved from other requirements than $INPUTS; run bash awx/ee/build.sh --lock" in script
+    assert 'LOCKFILE=$ROOT/meta/ee-requirements.lock.txt' in script
+
+
+def _delegations(node, inherited=None):
+    """(module name, delegate_to text) of every task in a parsed task list or play list (blocks inherit)."""
+    if isinstance(node, list):
+        for item in node:
+            yield from _delegations(item, inherited)
+        return
+    if not isinstance(node, dict):
+        return
+    here = node.get("delegate_to", inherited)
+    if "hosts" in node:  # a play: its tasks run on its hosts
+        here = "localhost" if str(node["hosts"]).strip() == "localhost" else here
+    for key in ("tasks", "pre_tasks", "post_tasks", "handlers", "block", "rescue", "always"):
+        if key in node:
+            yield from _delegations(node[key], here)
+    for key in node:
+        if isinstance(key, str) and key.startswith("llmops.serving."):
+            yield key.split(".")[-1], str(here or "")
+
+
+def _runs_in_the_ee(delegate_to):
+    """Under AWX the EE is localhost: llmops_k8s_delegate_to (the templates set it to localhost) or localhost."""
+    return "llmops_k8s_delegate_to" in delegate_to or delegate_to.strip() == "localhost"
+
+
+def test_the_ee_carries_the_libraries_of_the_tasks_that_run_there_and_no_other():
+    """Each library of meta/ee-requirements.txt is imported by a module some task runs in the EE (delegated to
+    llmops_k8s_delegate_to, localhost under AWX) or by a controller-side plugin; each library of
+    meta/host-requirements.txt by modules that run on the fleet's hosts only. Before, numpy, safetensors and
+    tokenizers (demo_model, on gpu_nodes) and matplotlib (benchmark_report, on the benchmark client host) were in
+    every EE, and pushed into every downstream EE that includes the collection."""
+    from ansible_collections.llmops.serving.tests.unit.plugins.modules.test_module_requirements import (
+        COMES_WITH, DIST, _needs)
+
+    in_ee, on_hosts = set(), set()
+    paths = glob.glob(os.path.join(ROOT, "roles", "*", "tasks", "*.yml")) + glob.glob(os.path.join(ROOT, "playbooks", "**", "*.yml"), recursive=True)
+    for path in paths:
+        if os.path.basename(path) == "awx_configure.yml":  # runs against a controller from outside AWX jobs
+            continue
+        with open(path, encoding="utf-8") as f:
+            for module, where in _delegations(yaml.safe_load(f)):
+                (in_ee if _runs_in_the_ee(where) else on_hosts).add(module)
+    assert {"k8s_engine_wait", "engine_probe"} <= in_ee and {"demo_model", "benchmark_report"} <= on_hosts - in_ee
+
+    def libs(paths):
+        out = set()
+        for p in paths:
+            out |= {DIST.get(n, n).lower() for n in _needs(p, optional=True) - set(COMES_WITH)}
+        return out
+    ee_libs = libs([os.path.join(ROOT, "plugins", "modules", m + ".py") for m in sorted(in_ee)]
+                   + glob.glob(os.path.join(ROOT, "plugins", "action", "*.py"))
+                   + glob.glob(os.path.join(ROOT, "plugins", "filter", "*.py")))
+    host_libs = libs([os.path.join(ROOT, "plugins", "modules", m + ".py") for m in sorted(on_hosts - in_ee)])
+
+    def names(rel):
+        with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+            return set(_names(f))
+    assert names("meta/ee-requirements.txt") == ee_libs
+    assert names("meta/host-requirements.txt") == host_libs - ee_libs
+    assert {"numpy", "matplotlib", "tokenizers", "safetensors"} <= names("meta/host-requirements.txt")

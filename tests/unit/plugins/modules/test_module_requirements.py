@@ -121,9 +121,14 @@ def _requirements(module_path):
 
 
 def _ee_names():
-    with open(os.path.join(ROOT, "meta", "ee-requirements.txt"), encoding="utf-8") as f:
-        return {re.split(r"[<>=!~;\[ ]", line.split("#", 1)[0].strip(), maxsplit=1)[0].lower()
-                for line in f if line.split("#", 1)[0].strip()}
+    """Libraries declared for where the modules run: the EE's (meta/ee-requirements.txt) and the fleet hosts'
+    (meta/host-requirements.txt); tests/unit/test_ee.py checks which side each belongs to."""
+    names = set()
+    for rel in ("ee-requirements.txt", "host-requirements.txt"):
+        with open(os.path.join(ROOT, "meta", rel), encoding="utf-8") as f:
+            names |= {re.split(r"[<>=!~;\[ ]", line.split("#", 1)[0].strip(), maxsplit=1)[0].lower()
+                      for line in f if line.split("#", 1)[0].strip()}
+    return names
 
 
 MODULES = sorted(glob.glob(os.path.join(ROOT, "plugins", "modules", "*.py")))
@@ -136,7 +141,7 @@ def test_every_library_a_module_imports_is_declared(path):
     doc = _requirements(path).lower()
     ee = _ee_names()
     assert sorted(n for n in needs if n.lower() not in doc) == [], "missing from DOCUMENTATION requirements"
-    assert sorted(n for n in every if DIST.get(n, n).lower() not in ee) == [], "missing from meta/ee-requirements.txt"
+    assert sorted(n for n in every if DIST.get(n, n).lower() not in ee) == [], "missing from meta/ee-requirements.txt and meta/host-requirements.txt"
 
 
 def test_the_audit_sees_the_libraries_behind_module_utils():
