@@ -21,7 +21,7 @@ description:
     instead of, or beside, the serving cells.
 requirements:
   - matplotlib, for the PNG plots; without it the report is written without plots and says so in its caveats
-    (the collection's execution environment has it)
+    (install it on the benchmark client host, where the report is written; the collection's meta/host-requirements.txt lists it)
 options:
   out_dir:
     description: The benchmark directory (C(plan.json), C(rounds/)); the report is written there.

@@ -341,7 +341,7 @@ def _concurrency_axis(ax, cells):
 
 #: The caveat a report carries when matplotlib is not installed where it was built.
 NO_PLOTS = ("no_plots", "The plots were not drawn: the Python library matplotlib is not installed where the report "
-            "was built (pip install matplotlib, or use the collection's execution environment, which has it); "
+            "was built (pip install matplotlib there: the collection's meta/host-requirements.txt); "
             "the tables above hold every number the plots would show.")
 
 
