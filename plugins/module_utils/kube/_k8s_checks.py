@@ -15,7 +15,8 @@ P/D pair's (:mod:`_pd_manifests`) and the benchmark Job run the same checks.
 * :func:`check_shm_size`, :func:`check_hf_token_secret`, :func:`check_image_pull_secret` - the pod inputs the
   engine and the P/D pair take alike.
 * :func:`version_key`, :func:`parse_image`, :func:`profiles_table`, :func:`profile_entry`, :func:`check_image` -
-  engine profiles, versions and images: an image too old for its profile is refused.
+  engine profiles, versions and images: an image too old for its profile is refused, and so is an image of the
+  other engine's project (:func:`check_engine_image`, an engine switch with the old image).
 * :func:`check_staged_nodes` - the nodes that staged the revision can hold the pods.
 * :func:`check_rdma`, :func:`rdma_env` - the RDMA knobs, normalised, and the variables they set.
 """
@@ -59,6 +60,11 @@ VLLM_MULTINODE_MIN = "0.11.0"
 
 # Docker Hub under its names (None: an image named without a registry); SGLang's images there are lmsysorg/sglang.
 DOCKER_HUB = {None, "docker.io", "index.docker.io", "registry-1.docker.io"}
+
+# Each engine project's own image repository (the path under any registry or mirror): vLLM's deployment docs
+# (docs/deployment/docker.md: vllm/vllm-openai) and SGLang's install docs (docs/get_started/install.md:
+# lmsysorg/sglang). One project's image never starts the other engine: its entrypoint and packages are its own.
+ENGINE_IMAGE_REPOSITORIES = {"vllm": "vllm/vllm-openai", "sglang": "lmsysorg/sglang"}
 
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
@@ -347,6 +353,17 @@ def profile_entry(profiles, name, engine):
     return list((entry.get("args") or {}).items()), entry.get("min_version")
 
 
+def check_engine_image(engine, image, ref=None, field="image"):
+    """Refuse an image of the other engine's project (:data:`ENGINE_IMAGE_REPOSITORIES`): ``engine: sglang``
+    with ``vllm/vllm-openai`` (under any registry), or ``engine: vllm`` with ``lmsysorg/sglang``."""
+    ref = ref or parse_image(image)
+    for other, repository in sorted(ENGINE_IMAGE_REPOSITORIES.items()):
+        if other != engine and (ref["repository"] == repository or ref["repository"].endswith("/" + repository)):
+            raise SpecError("%s: %s is %s's image (%s), it cannot run engine %s; use a %s image (%s) or set the "
+                            "engine to %s" % (field, image, other, repository, engine, engine,
+                                              ENGINE_IMAGE_REPOSITORIES.get(engine, "its project's"), other))
+
+
 def check_image(engine, image, min_version=None, profile="none", nodes=1):
     """Refuse an image that cannot run this profile; return warnings for what cannot be checked.
 
@@ -361,6 +378,7 @@ def check_image(engine, image, min_version=None, profile="none", nodes=1):
         raise SpecError("image: %r is not SGLang's image; the project publishes lmsysorg/sglang (for example "
                         "lmsysorg/sglang:v0.5.16), lmsys/sglang on Docker Hub is another account" % (image,))
     other = "sglang" if engine == "vllm" else "vllm"
+    check_engine_image(engine, image, ref)
     short = ref["repository"].rsplit("/", 1)[-1]
     if other in short and engine not in short:
         warnings.append("image: %s looks like a %s image but engine is %s" % (image, other, engine))

@@ -1,0 +1,624 @@
+# -*- coding: utf-8 -*-
+# Copyright: llmops.serving contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""**PRIVATE** to llmops.serving: the plan of a Kubernetes revision upgrade from A (what serves) to B, with a canary,
+waves sized by the spare GPUs, and a rollback that re-applies A's recorded objects.
+
+* :func:`recorded` - A's object as it must be re-applied: without the fields the API server and the controllers set
+  (``metadata.resourceVersion``, ``uid``, ``generation``, ``managedFields``, ``creationTimestamp``, ``status`` ...).
+* :func:`node_room` - per node that staged B and takes pods, how many more pods of ``gpus`` GPUs fit beside what is
+  allocated there (:func:`allocated_gpus` sums it from the pods as the API lists them).
+* :func:`pd_generation` - the generation of a P/D pair: a hash of both roles' pod templates, replicas excluded, as
+  Dynamo names its worker deployments (ai-dynamo/dynamo docs/pages/kubernetes/rolling-update.md, "Worker Hash and
+  DCD Naming": a SHA-256 of all worker specs, replicas excluded; new workers get the new hash in their names so old
+  and new never discover each other). :func:`generation_stack` gives B's pair its own names, labels, Services and
+  front; :func:`front_reach` says which generations each front can send a request to.
+* :func:`plan` - the steps (``apply``/``delete``/``wait``), the canary, the waves, the refusals (an outage of the only
+  serving pod, a P/D front that could mix generations) and the rollback. Nothing here talks to the API.
+
+Every step of a plan is whole objects to apply (``kubectl apply`` semantics) and objects to delete, then the pods to
+wait for; a rollback is always: delete what B added, re-apply every recorded object of A.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+
+#: metadata the API server or a controller writes (k8s.io/apimachinery pkg/apis/meta/v1 types.go ObjectMeta: "Populated
+#: by the system. Read-only."); re-applying them makes the apply a conflict or a no-op on stale values.
+SERVER_METADATA = ("resourceVersion", "uid", "generation", "creationTimestamp", "managedFields", "selfLink",
+                   "deletionTimestamp", "deletionGracePeriodSeconds")
+#: annotations written by kubectl (last-applied-configuration) and by the Deployment controller
+#: (pkg/controller/deployment/util/deployment_util.go RevisionAnnotation and friends).
+SERVER_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration", "deployment.kubernetes.io/revision",
+                      "deployment.kubernetes.io/revision-history", "deployment.kubernetes.io/desired-replicas",
+                      "deployment.kubernetes.io/max-replicas")
+#: the canary's own pod label: its workload selects only its pods, the Service (which does not select on it) all.
+CANARY_LABEL = "llmops.serving/upgrade"
+#: the generation of a P/D pair, on every prefill, decode and front pod and in every selector between them.
+GENERATION_LABEL = "llmops.serving/pd-generation"
+ROLE_LABEL = "llmops.serving/pd-role"
+MODEL_LABEL = "llmops.serving/pd-model"
+NAME_LABEL = "app.kubernetes.io/name"
+WORKLOADS = ("Deployment", "LeaderWorkerSet", "StormService")
+
+
+class UpgradeError(ValueError):
+    """A refusal before anything changes; ``reason`` is the result's ``reason``."""
+
+    def __init__(self, msg, reason):
+        super(UpgradeError, self).__init__(msg)
+        self.reason = reason
+
+
+def ref(obj):
+    """``{kind, name}`` of an object."""
+    return {"kind": obj["kind"], "name": obj["metadata"]["name"]}
+
+
+def recorded(obj):
+    """A live object as it must be re-applied to be A again (see :data:`SERVER_METADATA`)."""
+    out = copy.deepcopy(obj)
+    out.pop("status", None)
+    meta = out.get("metadata") or {}
+    for key in SERVER_METADATA:
+        meta.pop(key, None)
+    ann = meta.get("annotations")
+    if ann is not None:
+        for key in SERVER_ANNOTATIONS:
+            ann.pop(key, None)
+        if not ann:
+            meta.pop("annotations")
+    return out
+
+
+def _containers(template):
+    spec = (template or {}).get("spec") or {}
+    return list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
+
+
+def pod_gpus(template, gpu_resource="nvidia.com/gpu"):
+    """GPUs one pod of ``template`` takes (its containers' limits, else requests; pkg/api/v1/resource
+    PodRequests: the sum of the app containers; extended resources have request = limit)."""
+    total = 0
+    for c in (((template or {}).get("spec") or {}).get("containers") or []):
+        res = c.get("resources") or {}
+        value = (res.get("limits") or {}).get(gpu_resource, (res.get("requests") or {}).get(gpu_resource, 0))
+        total += int(value or 0)
+    return total
+
+
+def allocated_gpus(pods, gpu_resource="nvidia.com/gpu"):
+    """``{node: GPUs}`` taken by the pods bound there that are not terminal (Succeeded/Failed pods free theirs;
+    a terminating pod holds its GPUs until it is gone)."""
+    out = {}
+    for p in pods or []:
+        node = (p.get("spec") or {}).get("nodeName")
+        if node and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            out[node] = out.get(node, 0) + pod_gpus(p, gpu_resource)
+    return out
+
+
+def node_gpus(node, gpu_resource="nvidia.com/gpu"):
+    """``(allocatable, schedulable)`` of a Node object, or of ``{name, allocatable, unschedulable}`` shorthand."""
+    if "metadata" in node:
+        alloc = ((node.get("status") or {}).get("allocatable") or {}).get(gpu_resource, 0)
+        cordoned = bool((node.get("spec") or {}).get("unschedulable")) or any(
+            t.get("key") == "node.kubernetes.io/unschedulable" for t in (node.get("spec") or {}).get("taints") or [])
+        return int(alloc or 0), not cordoned
+    return int(node.get("allocatable") or 0), not node.get("unschedulable", False)
+
+
+def _node_name(node):
+    return node["metadata"]["name"] if "metadata" in node else node["name"]
+
+
+def node_room(nodes, staged, gpus, allocated=None, gpu_resource="nvidia.com/gpu"):
+    """``{node: pods}``: how many more pods of ``gpus`` GPUs fit on each schedulable node that staged B."""
+    allocated = allocated or {}
+    room = {}
+    for node in nodes or []:
+        name = _node_name(node)
+        alloc, schedulable = node_gpus(node, gpu_resource)
+        used = allocated.get(name, node.get("allocated", 0) if "metadata" not in node else 0)
+        if name in (staged or []) and schedulable and gpus > 0:
+            free = max(0, alloc - int(used or 0)) // gpus
+            if free:
+                room[name] = free
+    return room
+
+
+def free_gpus(nodes, allocated=None, gpu_resource="nvidia.com/gpu"):
+    """``{node: free GPUs}`` of the schedulable nodes."""
+    out = {}
+    for node in nodes or []:
+        name = _node_name(node)
+        alloc, schedulable = node_gpus(node, gpu_resource)
+        used = (allocated or {}).get(name, node.get("allocated", 0) if "metadata" not in node else 0)
+        if schedulable:
+            out[name] = max(0, alloc - int(used or 0))
+    return out
+
+
+def pair_room(nodes, staged, gpus, allocated=None, gpu_resource="nvidia.com/gpu"):
+    """How many more (prefill pod, decode pod) pairs fit on the nodes that staged each role's revision; a node
+    that staged both counts its GPUs once (a prefill pod placed there takes them from a decode pod)."""
+    free = free_gpus(nodes, allocated, gpu_resource)
+    pairs = 0
+    while True:
+        placed = []
+        for role in ("prefill", "decode"):
+            node = next((n for n in sorted(staged.get(role) or []) if gpus[role] and free.get(n, 0) >= gpus[role]), None)
+            if node is None:
+                break
+            free[node] -= gpus[role]
+            placed.append(node)
+        if len(placed) < 2:
+            return pairs
+        pairs += 1
+
+
+# --------------------------------------------------------------------------------------------- #
+# P/D generations
+# --------------------------------------------------------------------------------------------- #
+
+
+def _strip_generation(template):
+    t = copy.deepcopy(template or {})
+    labels = (t.get("metadata") or {}).get("labels") or {}
+    labels.pop(GENERATION_LABEL, None)
+    labels.pop(NAME_LABEL, None)  # the name carries the generation itself
+    return t
+
+
+def pd_generation(prefill_template, decode_template):
+    """The generation of a P/D pair: 10 hex digits of SHA-256 over both roles' pod templates (replicas are not in a
+    template, so scaling is not a new generation)."""
+    text = json.dumps([_strip_generation(prefill_template), _strip_generation(decode_template)], sort_keys=True,
+                      separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:10]
+
+
+def _role(obj):
+    tl = ((((obj.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("labels") or {})
+    return tl.get(ROLE_LABEL)
+
+
+def pd_roles(objects):
+    """``{role: Deployment}`` of a P/D pair of Deployments (``prefill``, ``decode``, ``front``)."""
+    return dict((_role(o), o) for o in objects if o.get("kind") == "Deployment" and _role(o))
+
+
+def _generation_of(dep):
+    labels = ((dep["spec"]["template"].get("metadata") or {}).get("labels") or {})
+    return labels.get(GENERATION_LABEL)
+
+
+def generation_stack(objects, generation, namespace):
+    """B's P/D objects (``pd_manifests`` deployments form) as a generation of their own: the prefill, decode and
+    front Deployments, the engine Services and the proxy ConfigMap named ``<name>-<generation>``, every pod and
+    selector between them labelled :data:`GENERATION_LABEL`, the front's prefill/decode URLs (vLLM proxy) or label
+    selectors (SGLang router) rewired to them. The route's Service (the front's, named after the model) is returned
+    apart: it moves from A's fronts to B's in the steps of :func:`plan`."""
+    out, renamed = [], {}
+    objs = copy.deepcopy(objects)
+    roles = pd_roles(objs)
+    role_names = dict((d["metadata"]["name"], r) for r, d in roles.items())
+    for obj in objs:
+        if obj["kind"] in ("Deployment", "ConfigMap"):
+            renamed[obj["metadata"]["name"]] = "%s-%s" % (obj["metadata"]["name"], generation)
+        elif obj["kind"] == "Service" and role_names.get(((obj["spec"].get("selector") or {}).get(NAME_LABEL))) in (
+                "prefill", "decode"):
+            renamed[obj["metadata"]["name"]] = "%s-%s" % (obj["metadata"]["name"], generation)
+    front_service = None
+    for obj in objs:
+        name = obj["metadata"]["name"]
+        if obj["kind"] == "Deployment" and name in role_names:
+            new = renamed[name]
+            obj["metadata"]["name"] = new
+            obj["spec"]["selector"]["matchLabels"] = {NAME_LABEL: new, GENERATION_LABEL: generation}
+            obj["spec"]["template"]["metadata"]["labels"].update({NAME_LABEL: new, GENERATION_LABEL: generation})
+            pod = obj["spec"]["template"]["spec"]
+            for v in pod.get("volumes") or []:
+                if (v.get("configMap") or {}).get("name") in renamed:
+                    v["configMap"]["name"] = renamed[v["configMap"]["name"]]
+            if role_names[name] == "front":
+                for c in pod.get("containers") or []:
+                    c["args"] = _rewire(c.get("args") or [], renamed, namespace, generation)
+            out.append(obj)
+        elif obj["kind"] == "ConfigMap":
+            obj["metadata"]["name"] = renamed[name]
+            out.append(obj)
+        elif obj["kind"] == "Service" and name in renamed:
+            obj["metadata"]["name"] = renamed[name]
+            sel = obj["spec"]["selector"]
+            sel.update({NAME_LABEL: renamed[sel[NAME_LABEL]], GENERATION_LABEL: generation})
+            out.append(obj)
+        elif obj["kind"] == "Service" and role_names.get((obj["spec"].get("selector") or {}).get(NAME_LABEL)) == "front":
+            obj["spec"]["selector"] = {NAME_LABEL: renamed[obj["spec"]["selector"][NAME_LABEL]]}
+            front_service = obj
+        else:
+            out.append(obj)  # the route and its grant: the same objects in every generation
+    return out, front_service
+
+
+def _rewire(args, renamed, namespace, generation):
+    out, i = [], 0
+    while i < len(args):
+        a = args[i]
+        if a in ("--prefill", "--decode") and i + 1 < len(args):
+            url = args[i + 1]
+            for old, new in renamed.items():
+                url = url.replace("//%s.%s.svc" % (old, namespace), "//%s.%s.svc" % (new, namespace))
+            out += [a, url]
+            i += 2
+            continue
+        if a in ("--prefill-selector", "--decode-selector"):
+            out.append(a)
+            i += 1
+            while i < len(args) and "=" in args[i] and not args[i].startswith("--"):
+                out.append(args[i])
+                i += 1
+            out.append("%s=%s" % (GENERATION_LABEL, generation))
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
+def _selector_of_args(args, flag):
+    """The label selector an SGLang router discovers ``flag``'s pods by (``k=v`` words after it)."""
+    if flag not in args:
+        return None
+    sel, i = {}, args.index(flag) + 1
+    while i < len(args) and "=" in args[i] and not args[i].startswith("--"):
+        k, _eq, v = args[i].partition("=")
+        sel[k] = v
+        i += 1
+    return sel
+
+
+def _url_service(args, flag):
+    if flag not in args[:-1]:
+        return None
+    host = args[args.index(flag) + 1].split("//", 1)[-1].split("/", 1)[0].split(":", 1)[0]
+    return host.split(".", 1)[0]
+
+
+def front_reach(objects):
+    """``{front Deployment: {role: [engine Deployments it can reach]}}`` over ``objects``: a vLLM proxy reaches the
+    pods its ``--prefill``/``--decode`` Service selects, an SGLang router the pods its ``--prefill-selector``/
+    ``--decode-selector`` select; a Deployment is reached when the selector is a subset of its pod labels."""
+    services = dict((o["metadata"]["name"], o) for o in objects if o["kind"] == "Service")
+    deps = [o for o in objects if o["kind"] == "Deployment" and _role(o) in ("prefill", "decode", "front")]
+    out = {}
+    for front in (d for d in deps if _role(d) == "front"):
+        args = []
+        for c in front["spec"]["template"]["spec"].get("containers") or []:
+            args += list(c.get("args") or [])
+        reach = {}
+        for role in ("prefill", "decode"):
+            sel = _selector_of_args(args, "--%s-selector" % role)
+            if sel is None:
+                svc = services.get(_url_service(args, "--%s" % role))
+                sel = (svc or {}).get("spec", {}).get("selector") if svc else None
+            reach[role] = sorted(d["metadata"]["name"] for d in deps if _role(d) == role and sel and all(
+                (d["spec"]["template"]["metadata"].get("labels") or {}).get(k) == v for k, v in sel.items()))
+        out[front["metadata"]["name"]] = reach
+    return out
+
+
+def mixed_fronts(objects, generations):
+    """The fronts among ``objects`` that can reach engine Deployments of more than one generation
+    (``generations``: ``{Deployment name: generation}``), each with what it reaches."""
+    bad = {}
+    for front, reach in front_reach(objects).items():
+        seen = set(generations.get(n) for role in reach for n in reach[role])
+        if len(seen) > 1:
+            bad[front] = reach
+    return bad
+
+
+# --------------------------------------------------------------------------------------------- #
+# The plan
+# --------------------------------------------------------------------------------------------- #
+
+
+def _with_replicas(obj, replicas):
+    out = copy.deepcopy(obj)
+    out["spec"]["replicas"] = replicas
+    return out
+
+
+def _waves(units, surge):
+    size = max(1, surge)
+    waves, done = [], 0
+    while done < units:
+        waves.append(min(size, units - done))
+        done += waves[-1]
+    return waves
+
+
+def _workload(objects, what):
+    found = [o for o in objects if o.get("kind") in WORKLOADS]
+    if not found:
+        raise UpgradeError("%s: no Deployment, LeaderWorkerSet or StormService among the objects" % what, "no_workload")
+    return found
+
+
+def _canary_of(workload, suffix="canary"):
+    """A one-unit copy of B's workload under its own name whose pods also carry :data:`CANARY_LABEL`."""
+    c = copy.deepcopy(workload)
+    c["metadata"]["name"] = "%s-%s" % (workload["metadata"]["name"], suffix)
+    c["spec"]["replicas"] = 1
+    if c["kind"] == "Deployment":
+        c["spec"]["selector"]["matchLabels"][CANARY_LABEL] = suffix
+        c["spec"]["template"]["metadata"]["labels"][CANARY_LABEL] = suffix
+    else:  # LeaderWorkerSet: the controller selects by its own name label; the pods carry ours too
+        lwt = c["spec"]["leaderWorkerTemplate"]
+        for key in ("leaderTemplate", "workerTemplate"):
+            if key in lwt:
+                lwt[key].setdefault("metadata", {}).setdefault("labels", {})[CANARY_LABEL] = suffix
+    return c
+
+
+def _lws_template(lws):
+    lwt = lws["spec"]["leaderWorkerTemplate"]
+    return lwt.get("leaderTemplate") or lwt["workerTemplate"], int(lwt.get("size", 1))
+
+
+def _outage(what, unit, room_hint):
+    return UpgradeError(
+        "the upgrade would stop the only serving %s of %s: it has 1 %s and no node that staged B has free GPUs for "
+        "one more (%s). Stage B on a spare node (model_stage on a node with free GPUs, then engine_k8s_staged_nodes) "
+        "so the canary runs beside A, or set engine_allow_outage: true to accept that nothing serves while B starts"
+        % (unit, what, unit, room_hint), "outage")
+
+
+def plan(live, rendered, nodes, staged, allow_outage=False, gpu_resource="nvidia.com/gpu", pods=None,
+         namespace=None, pinned=(), a_ref=None, b_ref=None):
+    """The plan of the upgrade from ``live`` (A's objects as read from the API) to ``rendered`` (B's objects).
+
+    ``nodes``: Node objects (or ``{name, allocatable, allocated, unschedulable}``); ``pods``: the pods as listed
+    (their GPUs count as allocated); ``staged``: the nodes that staged B (a list, or ``{prefill, decode}`` for a P/D
+    pair). Raises :class:`UpgradeError` for a refusal; returns the plan (see docs/upgrade.md, "The plan").
+    """
+    a_work = _workload(live, "A")
+    b_work = _workload(rendered, "B")
+    allocated = allocated_gpus(pods, gpu_resource) if pods is not None else None
+    if any(o["kind"] == "StormService" for o in a_work + b_work):
+        raise UpgradeError(
+            "a StormService P/D pair is not upgraded by this release: AIBrix's gateway pairs prefill and decode pods "
+            "among all pods of the model, so a canary of B could be paired with A's pods (generations would mix). "
+            "Deploy the pair as Deployments (pd_disagg_k8s_workload: deployments) or roll it with playbooks/site.yml",
+            "pd_stormservice")
+    roles = pd_roles(b_work)
+    if roles.get("prefill") and roles.get("decode"):
+        out = _plan_pd(live, rendered, nodes, staged, allow_outage, gpu_resource, allocated, namespace)
+    elif len(b_work) == 1 and b_work[0]["kind"] in ("Deployment", "LeaderWorkerSet"):
+        out = _plan_single(live, rendered, b_work[0], nodes, staged, allow_outage, gpu_resource, allocated)
+    else:
+        raise UpgradeError("B: %s is not one Deployment, one LeaderWorkerSet or a P/D pair of Deployments"
+                           % ", ".join("%s %s" % (o["kind"], o["metadata"]["name"]) for o in b_work), "shape")
+    out["record"] = [recorded(o) for o in live]
+    out["rollback"] = {"delete": out.pop("added"), "apply": out["record"]}
+    out["pinned"] = list(pinned)
+    out["a"], out["b"] = a_ref, b_ref
+    return out
+
+
+def _plan_single(live, rendered, b, nodes, staged, allow_outage, gpu_resource, allocated):
+    name, kind = b["metadata"]["name"], b["kind"]
+    a = next((o for o in live if o["kind"] == kind and o["metadata"]["name"] == name), None)
+    if a is None:
+        raise UpgradeError("A: no %s %s is serving (found: %s); deploy A with playbooks/site.yml first"
+                           % (kind, name, ", ".join("%s %s" % (o["kind"], o["metadata"]["name"]) for o in live
+                                                    if o["kind"] in WORKLOADS) or "nothing"), "no_a")
+    units = int(a["spec"].get("replicas", 1))
+    if kind == "Deployment":
+        template, size, unit = b["spec"]["template"], 1, "replica"
+    else:
+        template, size = _lws_template(b)
+        unit = "group"
+    gpus = pod_gpus(template, gpu_resource)
+    room = node_room(nodes, staged, gpus, allocated, gpu_resource)
+    pod_slots = sum(room.values())
+    surge = min(units, pod_slots // size)
+    canary = _canary_of(b)
+    others = [o for o in rendered if o is not b]
+    steps = []
+    outage = False
+    shrink = None
+    if surge < 1:
+        if units > 1:
+            shrink = _with_replicas(recorded(a), units - 1)
+        elif not allow_outage:
+            raise _outage("%s %s" % (kind, name), unit, "%d GPU(s) a pod; room on staged nodes: %s"
+                          % (gpus, room or "none"))
+        else:
+            shrink, outage = _with_replicas(recorded(a), 0), True
+    if shrink is not None:
+        steps.append(dict(name="make room: A's %s %s from %d to %d %s(s)" % (kind, name, units, units - 1, unit),
+                          apply=[shrink], delete=[], wait=[]))
+    steps.append(dict(name="canary: one %s of B (%s %s)" % (unit, kind, canary["metadata"]["name"]),
+                      apply=[canary], delete=[], canary=True,
+                      wait=[dict(kind=kind, name=canary["metadata"]["name"], replicas=1,
+                                 selector=_pod_selector(canary))]))
+    # the canary leaves before the waves: its GPUs are the first wave's (a canary beside A holds a surge slot, one
+    # that took an A replica's place holds that replica's)
+    wave_b = copy.deepcopy(b)
+    wave_surge = surge if surge >= 1 else 0
+    if kind == "Deployment":
+        wave_b["spec"]["strategy"] = {"type": "RollingUpdate", "rollingUpdate": {
+            "maxSurge": wave_surge, "maxUnavailable": 0 if wave_surge else 1}}
+    else:
+        wave_b["spec"]["rolloutStrategy"] = {"type": "RollingUpdate", "rollingUpdateConfiguration": {
+            "maxSurge": wave_surge, "maxUnavailable": 0 if wave_surge else 1}}
+    waves = _waves(units, wave_surge)
+    steps.append(dict(name="waves: B's %s %s, %s %s(s) at a time (%s)" % (
+        kind, name, max(1, wave_surge), unit, "surge beside A" if wave_surge else "one replaced at a time"),
+        apply=others + [wave_b], delete=[ref(canary)],
+        wait=[dict(kind=kind, name=name, replicas=units, selector=_pod_selector(b))]))
+    return dict(form=kind, unit=unit, units=units, gpus_per_pod=gpus, pods_per_unit=size, room=room, surge=surge,
+                wave_surge=wave_surge,
+                outage=outage, waves=waves,
+                canary=dict(kind=kind, name=canary["metadata"]["name"], selector=_pod_selector(canary)),
+                order=[s["name"] for s in steps], steps=steps, added=[ref(canary)],
+                retire=[ref(canary)], generations=None)
+
+
+def _pod_selector(workload):
+    if workload["kind"] == "Deployment":
+        return dict(workload["spec"]["selector"]["matchLabels"])
+    labels = {"leaderworkerset.sigs.k8s.io/name": workload["metadata"]["name"]}
+    return labels
+
+
+def _plan_pd(live, rendered, nodes, staged, allow_outage, gpu_resource, allocated, namespace):
+    a_roles, b_roles = pd_roles(live), pd_roles(rendered)
+    if not (a_roles.get("prefill") and a_roles.get("decode") and a_roles.get("front")):
+        raise UpgradeError("A: no P/D pair of Deployments (prefill, decode, front) is serving; found %s"
+                           % sorted(a_roles), "no_a")
+    if not b_roles.get("front"):
+        raise UpgradeError("B: the P/D pair has no front (proxy or router) Deployment", "shape")
+    namespace = namespace or b_roles["prefill"]["metadata"].get("namespace")
+    gen_a = _generation_of(a_roles["prefill"]) or pd_generation(a_roles["prefill"]["spec"]["template"],
+                                                                a_roles["decode"]["spec"]["template"])
+    gen_b = pd_generation(b_roles["prefill"]["spec"]["template"], b_roles["decode"]["spec"]["template"])
+    if gen_a == gen_b:
+        raise UpgradeError("B is A: the prefill and decode templates are the same (generation %s); nothing to upgrade"
+                           % gen_a, "same")
+    stack, front_service = generation_stack(rendered, gen_b, namespace)
+    if front_service is None:
+        raise UpgradeError("B: the P/D pair has no Service for its front", "shape")
+    s_roles = pd_roles(stack)
+    a_units = dict((r, int(a_roles[r]["spec"].get("replicas", 1))) for r in ("prefill", "decode", "front"))
+    b_units = dict((r, int(b_roles[r]["spec"].get("replicas", 1))) for r in ("prefill", "decode", "front"))
+    staged = staged if isinstance(staged, dict) else {"prefill": staged, "decode": staged}
+    gpus = dict((r, pod_gpus(b_roles[r]["spec"]["template"], gpu_resource)) for r in ("prefill", "decode"))
+    room = dict((r, node_room(nodes, staged.get(r) or [], gpus[r], allocated, gpu_resource)) for r in gpus)
+    surge = dict((r, sum(room[r].values())) for r in gpus)
+    pair_surge = pair_room(nodes, staged, gpus, allocated, gpu_resource)
+    a_rec = dict((r, recorded(a_roles[r])) for r in a_roles)
+    a_front_service = next((recorded(o) for o in live if o["kind"] == "Service"
+                            and (o["spec"].get("selector") or {}).get(NAME_LABEL) == a_roles["front"]["metadata"]["name"]),
+                           None)
+    if a_front_service is None:
+        raise UpgradeError("A: no Service selects the front %s" % a_roles["front"]["metadata"]["name"], "shape")
+    steps, outage = [], False
+    # the canary: one prefill, one decode and one front of generation B, beside A when there is room
+    shrink = []
+    if pair_surge < 1:
+        for role in ("prefill", "decode"):
+            if surge[role] >= 1:
+                continue
+            if a_units[role] > 1:
+                shrink.append(_with_replicas(a_rec[role], a_units[role] - 1))
+            elif not allow_outage:
+                raise _outage("the P/D pair's %s Deployment %s" % (role, a_roles[role]["metadata"]["name"]),
+                              "%s replica" % role, "room on staged %s nodes: %s" % (role, room[role] or "none"))
+            else:
+                shrink.append(_with_replicas(a_rec[role], 0))
+                outage = True
+    if shrink:
+        steps.append(dict(name="make room: A's %s one replica fewer" % " and ".join(_role(o) for o in shrink),
+                          apply=shrink, delete=[], wait=[]))
+    canary = [_with_replicas(o, 1) if o["kind"] == "Deployment" else o for o in stack]
+    waits = [dict(kind="Deployment", name=s_roles[r]["metadata"]["name"], replicas=1,
+                  selector=dict(s_roles[r]["spec"]["selector"]["matchLabels"])) for r in ("prefill", "decode", "front")]
+    steps.append(dict(name="canary: generation %s, one prefill, one decode and one front (not yet on the route)" % gen_b,
+                      apply=canary, delete=[], canary=True, wait=waits))
+    common = copy.deepcopy(front_service)
+    common["spec"]["selector"] = {MODEL_LABEL: b_roles["front"]["spec"]["template"]["metadata"]["labels"][MODEL_LABEL],
+                                  ROLE_LABEL: "front"}
+    steps.append(dict(name="route: the model's Service %s selects the fronts of both generations; each front sends "
+                           "a request to its own generation's prefill and decode only" % common["metadata"]["name"],
+                      apply=[common, _with_replicas(s_roles["front"], b_units["front"])], delete=[], wait=[]))
+    n = max(b_units["prefill"], b_units["decode"])
+    # after the canary B has one of each role; the waves bring it to n, A giving as many back (first where there
+    # is no room, after B's pods are Ready where there is). A never reaches 0 in a wave: its last replicas go
+    # with the retirement, after the model's Service selects B's fronts only, so no front is left without a pair.
+    # the canary stays (it is B's first group): beside A it took one pair of the room, in A's place none
+    room_pairs = pair_surge
+    pair_surge = max(0, pair_surge - 1) if not shrink and not outage else 0
+    waves = _waves(n - 1, pair_surge)
+    a_only = [o for o in live if o["kind"] in ("Deployment", "ConfigMap")
+              or (o["kind"] == "Service" and o["metadata"]["name"] != front_service["metadata"]["name"])]
+    retire = dict(name="retire A: the model's Service selects generation %s's fronts only; A's pair is deleted" % gen_b,
+                  apply=[front_service], delete=[ref(o) for o in a_only], wait=[])
+    done, a_has = 1, dict((r, a_units[r] - (1 if any(_role(o) == r for o in shrink) else 0)) for r in ("prefill", "decode"))
+    retired = False
+    for size in waves:
+        done += size
+        b_now = dict((r, min(b_units[r], done)) for r in ("prefill", "decode"))
+        a_now = dict((r, max(0, a_units[r] - done)) for r in ("prefill", "decode"))
+        b_wait = [dict(kind="Deployment", name=s_roles[r]["metadata"]["name"], replicas=b_now[r],
+                       selector=dict(s_roles[r]["spec"]["selector"]["matchLabels"])) for r in ("prefill", "decode")]
+        b_apply = [_with_replicas(s_roles[r], b_now[r]) for r in ("prefill", "decode")]
+        b_apply.append(_with_replicas(s_roles["front"], b_units["front"]))
+        name = "wave: generation %s at %d prefill / %d decode" % (gen_b, b_now["prefill"], b_now["decode"])
+        if any(a_now[r] == 0 for r in a_now) and pair_surge < 1:
+            # the last wave needs A's last replicas' GPUs: the route leaves A first, then A goes and B takes them
+            steps.append(dict(retire, delete=[], apply=[front_service],
+                              name="route: the model's Service selects generation %s's fronts only" % gen_b))
+            steps.append(dict(name=name + ", A deleted first (its GPUs are this wave's)", apply=b_apply,
+                              delete=retire["delete"], wait=b_wait))
+            retired = True
+            break
+        a_apply = [_with_replicas(a_rec[r], a_now[r]) for r in ("prefill", "decode") if a_now[r] != a_has[r]]
+        if pair_surge < 1:
+            steps.append(dict(name=name + ", A at %d / %d first" % (a_now["prefill"], a_now["decode"]),
+                              apply=a_apply + b_apply, delete=[], wait=b_wait))
+        else:
+            steps.append(dict(name=name + " beside A", apply=b_apply, delete=[], wait=b_wait))
+            if a_apply and all(a_now[r] > 0 for r in a_now):
+                steps.append(dict(name="A at %d prefill / %d decode" % (a_now["prefill"], a_now["decode"]),
+                                  apply=a_apply, delete=[], wait=[]))
+        a_has = a_now
+    if not retired:
+        steps.append(retire)
+    generations = dict((a_roles[r]["metadata"]["name"], gen_a) for r in ("prefill", "decode"))
+    generations.update((s_roles[r]["metadata"]["name"], gen_b) for r in ("prefill", "decode"))
+    for step in steps:  # the proof, step by step: no front reaches two generations
+        state = _state_after(live, steps[:steps.index(step) + 1])
+        bad = mixed_fronts(state, generations)
+        if bad:
+            raise UpgradeError(
+                "P/D generations would mix at step %r: %s. A's front selects its prefill/decode pods without %s; "
+                "redeploy A once with playbooks/site.yml (which labels the generation) before upgrading"
+                % (step["name"], "; ".join("front %s reaches %s" % (f, r) for f, r in sorted(bad.items())),
+                   GENERATION_LABEL), "pd_generations_mix")
+    added = [ref(o) for o in stack]
+    return dict(form="P/D", unit="P/D group", units=n, room=room, surge=room_pairs, wave_surge=pair_surge, outage=outage,
+                waves=waves,
+                canary=dict(kind="Deployment", names=[s_roles[r]["metadata"]["name"] for r in ("prefill", "decode", "front")]),
+                generations={"a": gen_a, "b": gen_b}, order=[s["name"] for s in steps], steps=steps, added=added,
+                retire=[ref(o) for o in a_only], gpus_per_pod=None, pods_per_unit=2)
+
+
+def _state_after(live, steps):
+    """The objects after ``steps`` were applied to ``live`` (apply replaces by kind and name; delete removes)."""
+    state = dict(((o["kind"], o["metadata"]["name"]), o) for o in live)
+    for step in steps:
+        for r in step.get("delete") or []:
+            state.pop((r["kind"], r["name"]), None)
+        for o in step.get("apply") or []:
+            state[(o["kind"], o["metadata"]["name"])] = o
+    return list(state.values())
+
+
+def summary(p):
+    """The plan as lines for check mode and the play's output."""
+    lines = ["form: %s, %d %s(s); surge room %s (%s); waves %s%s" % (
+        p["form"], p["units"], p["unit"], p["surge"], p["room"] or "no staged node with free GPUs", p["waves"],
+        "; OUTAGE accepted (engine_allow_outage)" if p["outage"] else "")]
+    if p.get("generations"):
+        lines.append("P/D generations: A %(a)s -> B %(b)s" % p["generations"])
+    lines += ["%d. %s" % (i + 1, s) for i, s in enumerate(p["order"])]
+    lines.append("rollback: delete %s; re-apply A's %d recorded object(s): %s" % (
+        ", ".join("%(kind)s %(name)s" % r for r in p["rollback"]["delete"]) or "nothing", len(p["record"]),
+        ", ".join("%s %s" % (o["kind"], o["metadata"]["name"]) for o in p["record"])))
+    if p["pinned"]:
+        lines.append("pinned until the upgrade ends: %s" % ", ".join(p["pinned"]))
+    return lines

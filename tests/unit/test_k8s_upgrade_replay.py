@@ -1,0 +1,577 @@
+"""A Kubernetes revision upgrade, replayed on the cluster model: the plan of ``k8s_upgrade_plan`` executed step by
+step against tests/lib/kube_controllers.py (Deployment/ReplicaSet, LeaderWorkerSet and EndpointSlice controllers,
+the kubelet, the scheduler of tests/lib/kube_scheduler.py), every wait judged by ``k8s_engine_wait`` over the
+cluster's objects, a failure rolled back the way the plan says (delete what B added, re-apply A's recorded objects).
+
+The objects are the collection's own: A and B rendered by ``_k8s_engine.build`` (Deployment, LeaderWorkerSet) and by
+``pd_manifests`` with the arguments of roles/pd_disagg's task (the P/D pair). Each test ends with the revision that
+serves, the pods by revision, and A's objects compared with what the plan recorded.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_engine, _k8s_upgrade as up
+from ansible_collections.llmops.serving.plugins.modules import k8s_engine_wait, k8s_upgrade_plan, pd_manifests
+from ansible_collections.llmops.serving.tests.lib import kube_controllers as kc
+from ansible_collections.llmops.serving.tests.lib import kube_scheduler as ks
+from ansible_collections.llmops.serving.tests.lib import role_tasks as rt
+from ansible_collections.llmops.serving.tests.unit.plugins.module_utils.conftest import PROFILES
+
+NS = "llm-lab"
+A_PATH, B_PATH = "/mnt/nvme/models/tiny/rev-a", "/mnt/nvme/models/tiny/rev-b"
+IMAGE = "vllm/vllm-openai:v0.26.0@sha256:" + "d" * 64
+MISSING = "vllm/vllm-openai:v0.99.0@sha256:" + "e" * 64
+GPU = {"nvidia.com/gpu": "8", "cpu": "128", "memory": "1Ti"}
+
+
+class Cluster(kc.Cluster):
+    """The cluster model, plus ``kubectl delete`` (cascading: a workload's controllers go, their pods terminate)
+    and ``kubectl drain``; ``answers_as``: a model path whose engine answers ``/v1/models`` with another root (the
+    directory staged as B holds A's files)."""
+
+    answers_as = {}
+
+    def delete(self, kind, name):
+        if kind == "Deployment" and name in self.deployments:
+            dep = self.deployments.pop(name)
+            for rs in [r for r in self.replicasets.values() if r["metadata"]["ownerReferences"][0]["uid"] == dep["metadata"]["uid"]]:
+                del self.replicasets[rs["metadata"]["name"]]
+                self._terminate(lambda p, rs=rs: p["metadata"]["ownerReferences"][0]["uid"] == rs["metadata"]["uid"])
+        elif kind == "LeaderWorkerSet" and name in self.lwss:
+            self.lwss.pop(name)
+            for sts in [s for s in self.statefulsets if s == name or s.startswith(name + "-")]:
+                del self.statefulsets[sts]
+            self._terminate(lambda p: (p["metadata"].get("labels") or {}).get(self.LWS + "name") == name)
+        elif kind == "Service":
+            self.services.pop(name, None)
+            self.endpointslices.pop(name, None)
+        else:
+            self.others.pop((kind, self.ns, name), None)
+
+    def _terminate(self, match):
+        for pod in list(self.pods.values()):
+            if match(pod) and not pod["metadata"].get("deletionTimestamp"):
+                pod["metadata"]["deletionTimestamp"] = self._iso()
+                pod["x-terminating-since"] = self.t
+                # the garbage collector deletes what the pod owns (an LWS leader owns its group's worker
+                # StatefulSet, kubernetes-sigs/lws pod_controller.go), and with it the workers
+                for name, sts in list(self.statefulsets.items()):
+                    if any(r.get("uid") == pod["metadata"]["uid"] for r in sts["metadata"]["ownerReferences"]):
+                        del self.statefulsets[name]
+                        self._terminate(lambda p, sts=sts: p["metadata"]["ownerReferences"][0].get("uid") == sts["metadata"]["uid"])
+
+    def drain(self, node):
+        n = next(x for x in self.fleet if x["name"] == node)
+        n["taints"].append({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"})
+        self._terminate(lambda p: p["spec"].get("nodeName") == node)
+
+    def _sync_deployment(self, dep):
+        # pkg/controller/deployment/rolling.go reconcileNewReplicaSet: a new ReplicaSet with more replicas than the
+        # Deployment is scaled down to it (a lowered spec.replicas, as the plan's "make room" applies)
+        want = kc._without_hash(dep["spec"]["template"])  # pylint: disable=protected-access
+        for rs in self._owned(dep):
+            if kc._without_hash(rs["spec"]["template"]) == want and rs["spec"]["replicas"] > dep["spec"].get("replicas", 1):  # pylint: disable=protected-access
+                rs["spec"]["replicas"] = dep["spec"].get("replicas", 1)
+        return kc.Cluster._sync_deployment(self, dep)  # pylint: disable=protected-access
+
+    def _probe(self, pod, kind):
+        # a container without the probe is never failed by it (pkg/kubelet/prober/prober_manager.go: no prober
+        # worker for an absent probe; the result stays Success): the LeaderWorkerSet's workers have none
+        if not pod["spec"]["containers"][0].get(kind):
+            return 1, 10 ** 9, 0
+        return kc.Cluster._probe(self, pod, kind)  # pylint: disable=protected-access
+
+    def root(self, pod):
+        path = kc.model_path(pod)
+        return self.answers_as.get(path, path)
+
+
+def fleet(n=4, a_on=("gpu-01", "gpu-02"), b_on=("gpu-01", "gpu-02", "gpu-03"), b_dirs=None):
+    nodes = []
+    for i in range(1, n + 1):
+        name = "gpu-%02d" % i
+        dirs = ([A_PATH] if name in a_on else []) + ([B_PATH] if name in (b_dirs if b_dirs is not None else b_on) else [])
+        nodes.append(ks.node(name, labels={"nvidia.com/gpu.present": "true"}, allocatable=GPU, dirs=dirs))
+    return nodes
+
+
+def node_objects(cluster):
+    """The nodes as the API lists them (``kubectl get nodes -o json``)."""
+    return [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": n["name"], "labels": n["labels"]},
+             "spec": {"taints": n["taints"]}, "status": {"allocatable": n["allocatable"]}} for n in cluster.fleet]
+
+
+def render(path, staged, replicas=2, image=IMAGE, nodes=1, args=None):
+    return _k8s_engine.build(dict(engine="vllm", served_model_name="tiny", namespace=NS, model_path=path, image=image,
+                                  replicas=replicas, staged_nodes=list(staged), model_source="staged_nvme",
+                                  profiles=PROFILES, tp_size=8 * nodes, nodes=nodes, extra_args=args or []))
+
+
+def live_of(cluster, objects):
+    """A's objects as the API returns them now (the workload, its Service, route, grant and PDB)."""
+    names = set((o["kind"], o["metadata"]["name"]) for o in objects)
+    return [o for o in cluster.objects() if (o["kind"], o["metadata"]["name"]) in names]
+
+
+def revision(pod):
+    return {A_PATH: "A", B_PATH: "B"}.get(kc.model_path(pod), kc.model_path(pod) or "front")
+
+
+def pods_by_revision(cluster):
+    out = {}
+    for p in sorted(cluster.pods.values(), key=lambda p: p["metadata"]["name"]):
+        if p["metadata"].get("deletionTimestamp"):
+            state = "terminating"
+        elif cluster._ready(p):  # pylint: disable=protected-access
+            state = "ready"
+        else:
+            cs = (p["status"].get("containerStatuses") or [{}])[0]
+            state = (cs.get("state") or {}).get("waiting", {}).get("reason") or p["status"].get("phase", "Pending")
+        out.setdefault(revision(p), []).append("%s@%s:%s" % (p["metadata"]["name"], p["spec"].get("nodeName") or "-", state))
+    return out
+
+
+def judge(run_module, cluster, w, kind):
+    objects = cluster.objects()
+    pods = [o for o in objects if o["kind"] == "Pod" and not o["metadata"].get("deletionTimestamp")
+            and all((o["metadata"].get("labels") or {}).get(k) == v for k, v in w["selector"].items())]
+    ready = [p for p in pods if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))]
+    models = {"object": "list", "data": [{"id": "tiny", "root": cluster.root(ready[0])}]} if ready else None
+    args = dict(namespace=NS, selector=w["selector"], replicas=w["replicas"], workload_kind=kind,
+                workload_name=w["name"], objects={"apiVersion": "v1", "kind": "List", "items": objects})
+    if models:
+        args["models"] = models
+    return run_module(k8s_engine_wait, args)
+
+
+def wait(run_module, cluster, waits, limit=900, step=10, soak=0):
+    """Poll until every wait is ready (then ``soak`` more seconds, judged again) or one fails or ``limit`` passes."""
+    results = {}
+    for _i in range(limit // step):
+        cluster.advance(step)
+        results = dict((w["name"], judge(run_module, cluster, w, w["kind"])) for w in waits)
+        states = [r["state"] for r in results.values()]
+        if any(s in ("failed", "timeout") for s in states):
+            break
+        if all(s == "ready" for s in states):
+            if soak:
+                cluster.advance(soak)
+                results = dict((w["name"], judge(run_module, cluster, w, w["kind"])) for w in waits)
+            break
+    bad = dict((n, r) for n, r in results.items() if r["state"] != "ready")
+    return not bad, "; ".join("%s: %s" % (n, r["msg"]) for n, r in sorted(bad.items()))
+
+
+def execute(run_module, cluster, plan, during=None, soak=60, limit=900):
+    """The plan's steps in order, each: delete, apply, wait (+ soak for the canary); on a failure the rollback.
+    Returns ``(outcome, failure, sequence)``; ``sequence`` is ``[(step, pods by revision)]``."""
+    seq = [("A serves", pods_by_revision(cluster))]
+    for i, step in enumerate(plan["steps"]):
+        for r in step["delete"]:
+            cluster.delete(r["kind"], r["name"])
+        for obj in step["apply"]:
+            cluster.apply(copy.deepcopy(obj))
+        if during:
+            during(i, step, cluster)
+        ok, why = wait(run_module, cluster, step["wait"], limit=limit, soak=soak if step.get("canary") else 0) \
+            if step["wait"] else (True, "")
+        if not step["wait"]:
+            cluster.advance(10)
+        seq.append((step["name"], pods_by_revision(cluster)))
+        if not ok:
+            for r in plan["rollback"]["delete"]:
+                cluster.delete(r["kind"], r["name"])
+            for obj in plan["rollback"]["apply"]:
+                cluster.apply(copy.deepcopy(obj))
+            cluster.advance(300)
+            seq.append(("rollback: re-applied A's recorded objects", pods_by_revision(cluster)))
+            return "rolled back", why, seq
+    cluster.advance(60)
+    seq.append(("done", pods_by_revision(cluster)))
+    return "upgraded", "", seq
+
+
+def make_plan(run_module, cluster, a_objects, b, staged, **kw):
+    r = run_module(k8s_upgrade_plan, dict(live=live_of(cluster, a_objects), rendered=b["objects"],
+                                          nodes=node_objects(cluster), pods=[o for o in cluster.objects() if o["kind"] == "Pod"],
+                                          staged_nodes=staged, **kw))
+    return r
+
+
+def deployed(a, nodes, engines=None):
+    cluster = Cluster(namespace=NS, fleet=nodes)
+    cluster.answers_as = {}
+    cluster.engines.update(engines or {A_PATH: kc.Engine(load_seconds=60), B_PATH: kc.Engine(load_seconds=60)})
+    for obj in a["objects"]:
+        cluster.apply(copy.deepcopy(obj))
+    cluster.advance(200)
+    assert set(pods_by_revision(cluster)) == {"A"}, pods_by_revision(cluster)
+    return cluster
+
+
+def assert_a_restored(cluster, plan):
+    """A's objects in the cluster equal what the plan recorded, and only A's pods run, all Ready."""
+    live = dict(((o["kind"], o["metadata"]["name"]), up.recorded(o)) for o in cluster.objects())
+    for rec in plan["record"]:
+        got = live[(rec["kind"], rec["metadata"]["name"])]
+        assert got.get("spec") == rec.get("spec") and got["metadata"].get("labels") == rec["metadata"].get("labels"), rec["kind"]
+    byrev = pods_by_revision(cluster)
+    assert set(byrev) == {"A"} and all(p.endswith(":ready") for p in byrev["A"]), byrev
+
+
+def show(seq):
+    print("\npod-level sequence:")
+    for step, pods in seq:
+        print("  %s" % step)
+        for rev, names in sorted(pods.items()):
+            print("    %s: %s" % (rev, ", ".join(names)))
+
+
+# ---- Deployment ------------------------------------------------------------------------------------------------
+
+
+def test_deployment_good_upgrade_canary_beside_a_then_waves_by_the_spare_node(run_module):
+    a = render(A_PATH, ["gpu-01", "gpu-02"])
+    b = render(B_PATH, ["gpu-01", "gpu-02", "gpu-03"])
+    cluster = deployed(a, fleet())
+    plan = make_plan(run_module, cluster, a["objects"], b, ["gpu-01", "gpu-02", "gpu-03"])
+    assert not plan.get("failed"), plan.get("msg")
+    p = plan["plan"]
+    assert p["room"] == {"gpu-03": 1} and p["surge"] == 1 and p["waves"] == [1, 1] and not p["outage"]
+    assert [s["name"].split(":")[0] for s in p["steps"]] == ["canary", "waves"]
+    outcome, why, seq = execute(run_module, cluster, p)
+    show(seq)
+    assert outcome == "upgraded", why
+    byrev = pods_by_revision(cluster)
+    assert set(byrev) == {"B"} and len(byrev["B"]) == 2 and all(x.endswith(":ready") for x in byrev["B"])
+    assert "tiny-canary" not in cluster.deployments
+    # the canary ran beside A: at the canary step both of A's pods still served
+    canary_step = dict(seq)[p["steps"][0]["name"]]
+    assert len([x for x in canary_step["A"] if x.endswith(":ready")]) == 2 and canary_step["B"][0].endswith(":ready")
+
+
+def test_deployment_canary_image_not_found_rolls_back_and_a_never_stopped(run_module, capsys):
+    a = render(A_PATH, ["gpu-01", "gpu-02"])
+    b = render(B_PATH, ["gpu-01", "gpu-02", "gpu-03"], image=MISSING)
+    cluster = deployed(a, fleet())
+    cluster.missing_images.add(MISSING)
+    p = make_plan(run_module, cluster, a["objects"], b, ["gpu-01", "gpu-02", "gpu-03"])["plan"]
+    outcome, why, seq = execute(run_module, cluster, p)
+    show(seq)
+    assert outcome == "rolled back" and "image_pull" in why and MISSING in why, why
+    canary = dict(seq)[p["steps"][0]["name"]]
+    assert any("ErrImagePull" in x or "ImagePullBackOff" in x for x in canary["B"]), canary
+    assert len([x for x in canary["A"] if x.endswith(":ready")]) == 2  # A kept serving throughout
+    assert_a_restored(cluster, p)
+    out = capsys.readouterr().out
+    assert "pod-level sequence" in out
+
+
+def test_deployment_canary_with_the_wrong_answer_fails_the_revision_proof(run_module):
+    a = render(A_PATH, ["gpu-01", "gpu-02"])
+    b = render(B_PATH, ["gpu-01", "gpu-02", "gpu-03"])
+    cluster = deployed(a, fleet())
+    cluster.answers_as = {B_PATH: A_PATH}  # B's directory holds A's files: the canary answers as A
+    p = make_plan(run_module, cluster, a["objects"], b, ["gpu-01", "gpu-02", "gpu-03"])["plan"]
+    outcome, why, seq = execute(run_module, cluster, p)
+    assert outcome == "rolled back" and "not from the current revision's %s" % B_PATH in why, why
+    assert_a_restored(cluster, p)
+
+
+def test_deployment_wave_fails_after_a_good_canary_and_a_is_restored(run_module):
+    """gpu-04 was reported as having staged B but its directory is gone: the canary (gpu-03) passes, a wave pod
+    on gpu-04 never mounts, the wave fails, the recorded Deployment is re-applied."""
+    a = render(A_PATH, ["gpu-01", "gpu-02"])
+    staged = ["gpu-01", "gpu-02", "gpu-03", "gpu-04"]
+    b = render(B_PATH, staged)
+    cluster = deployed(a, fleet(b_on=staged, b_dirs=["gpu-01", "gpu-02", "gpu-03"]))
+    p = make_plan(run_module, cluster, a["objects"], b, staged)["plan"]
+    assert p["surge"] == 2 and p["waves"] == [2]
+    outcome, why, seq = execute(run_module, cluster, p, limit=600)
+    show(seq)
+    assert outcome == "rolled back", why
+    waves = dict(seq)[p["steps"][1]["name"]]
+    assert any("gpu-04" in x and ":ready" not in x for x in waves["B"]), waves
+    assert_a_restored(cluster, p)
+
+
+def test_deployment_node_drained_mid_roll_still_ends_on_b(run_module):
+    a = render(A_PATH, ["gpu-01", "gpu-02"])
+    staged = ["gpu-01", "gpu-02", "gpu-03", "gpu-04"]
+    b = render(B_PATH, staged)
+    cluster = deployed(a, fleet(b_on=staged))
+    p = make_plan(run_module, cluster, a["objects"], b, staged)["plan"]
+
+    def drain(i, step, c):
+        if step["name"].startswith("waves"):
+            c.advance(30)
+            c.drain("gpu-02")
+
+    outcome, why, seq = execute(run_module, cluster, p, during=drain)
+    show(seq)
+    assert outcome == "upgraded", why
+    byrev = pods_by_revision(cluster)
+    assert set(byrev) == {"B"} and len(byrev["B"]) == 2 and not any("@gpu-02" in x for x in byrev["B"]), byrev
+
+
+def test_the_only_pod_without_room_is_refused_naming_both_fixes(run_module):
+    a = render(A_PATH, ["gpu-01"], replicas=1)
+    b = render(B_PATH, ["gpu-01"], replicas=1)
+    cluster = deployed(a, fleet(a_on=("gpu-01",), b_on=("gpu-01",)))
+    r = make_plan(run_module, cluster, a["objects"], b, ["gpu-01"])
+    assert r["failed"] and r["reason"] == "outage", r
+    assert "engine_allow_outage" in r["msg"] and "Stage B on a spare node" in r["msg"]
+    r = make_plan(run_module, cluster, a["objects"], b, ["gpu-01"], allow_outage=True)
+    assert not r.get("failed") and r["plan"]["outage"] is True
+    assert r["plan"]["steps"][0]["apply"][0]["spec"]["replicas"] == 0  # A stops first: stated, accepted
+    # B staged on a spare node: no outage, the canary goes beside A
+    b2 = render(B_PATH, ["gpu-01", "gpu-02"], replicas=1)
+    r = make_plan(run_module, cluster, a["objects"], b2, ["gpu-01", "gpu-02"])
+    assert not r.get("failed") and r["plan"]["surge"] == 1 and not r["plan"]["outage"]
+
+
+# ---- LeaderWorkerSet -------------------------------------------------------------------------------------------
+
+
+def _lws_pods(cluster, rev):
+    return [x for x in pods_by_revision(cluster).get(rev, [])]
+
+
+def test_lws_good_upgrade_and_a_failing_canary_group(run_module):
+    staged = ["gpu-01", "gpu-02", "gpu-03", "gpu-04"]
+    a = render(A_PATH, ["gpu-01", "gpu-02"], replicas=1, nodes=2)
+    b = render(B_PATH, staged, replicas=1, nodes=2)
+    cluster = deployed(a, fleet(b_on=staged))
+    p = make_plan(run_module, cluster, a["objects"], b, staged)["plan"]
+    assert p["form"] == "LeaderWorkerSet" and p["unit"] == "group" and p["pods_per_unit"] == 2 and p["surge"] == 1
+    outcome, why, seq = execute(run_module, cluster, p)
+    show(seq)
+    assert outcome == "upgraded", why
+    assert set(pods_by_revision(cluster)) == {"B"} and len(_lws_pods(cluster, "B")) == 2
+
+    bad = render(B_PATH, staged, replicas=1, nodes=2, image=MISSING)
+    cluster = deployed(a, fleet(b_on=staged))
+    cluster.missing_images.add(MISSING)
+    p = make_plan(run_module, cluster, a["objects"], bad, staged)["plan"]
+    outcome, why, seq = execute(run_module, cluster, p)
+    assert outcome == "rolled back" and "image_pull" in why, why
+    assert_a_restored(cluster, p)
+
+
+def test_lws_wave_fails_after_a_good_canary_and_a_node_drained_mid_roll(run_module):
+    staged = ["gpu-01", "gpu-02", "gpu-03", "gpu-04", "gpu-05", "gpu-06"]
+    a = render(A_PATH, ["gpu-01", "gpu-02", "gpu-03", "gpu-04"], replicas=2, nodes=2)
+    b = render(B_PATH, staged, replicas=2, nodes=2)
+    # gpu-03 lost B's directory: the canary group (gpu-05, gpu-06) passes, the group rolled onto gpu-03 cannot mount
+    cluster = deployed(a, fleet(n=6, a_on=staged[:4], b_on=staged, b_dirs=["gpu-01", "gpu-02", "gpu-04", "gpu-05", "gpu-06"]))
+    p = make_plan(run_module, cluster, a["objects"], b, staged)["plan"]
+    assert p["surge"] == 1 and p["waves"] == [1, 1]
+    outcome, why, seq = execute(run_module, cluster, p, limit=600)
+    show(seq)
+    assert outcome == "rolled back" and "mount" in why, why
+    assert dict(seq)[p["steps"][0]["name"]]["B"] and all(x.endswith(":ready") for x in dict(seq)[p["steps"][0]["name"]]["B"])
+    cluster.advance(600)
+    assert_a_restored(cluster, p)
+
+    cluster = deployed(a, fleet(n=6, a_on=staged[:4], b_on=staged))
+    p = make_plan(run_module, cluster, a["objects"], b, staged)["plan"]
+
+    def drain(i, step, c):
+        if step["name"].startswith("waves"):
+            c.advance(20)
+            c.drain("gpu-01")
+
+    outcome, why, seq = execute(run_module, cluster, p, during=drain)
+    show(seq)
+    assert outcome == "upgraded", why
+    byrev = pods_by_revision(cluster)
+    assert set(byrev) == {"B"} and len(byrev["B"]) == 4 and not any("@gpu-01:" in x for x in byrev["B"]), byrev
+
+
+def test_deployment_without_room_gives_one_replica_for_the_canary_then_rolls_one_at_a_time(run_module):
+    a = render(A_PATH, ["gpu-01", "gpu-02"])
+    b = render(B_PATH, ["gpu-01", "gpu-02"])
+    cluster = deployed(a, fleet(b_on=("gpu-01", "gpu-02")))
+    p = make_plan(run_module, cluster, a["objects"], b, ["gpu-01", "gpu-02"])["plan"]
+    assert p["surge"] == 0 and p["waves"] == [1, 1] and not p["outage"]
+    assert p["steps"][0]["apply"][0]["spec"]["replicas"] == 1  # A gives one replica's GPUs to the canary
+    wave_b = p["steps"][-1]["apply"][-1]
+    assert wave_b["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    outcome, why, seq = execute(run_module, cluster, p)
+    show(seq)
+    assert outcome == "upgraded", why
+    assert set(pods_by_revision(cluster)) == {"B"} and len(pods_by_revision(cluster)["B"]) == 2
+
+
+# ---- P/D pair (Deployments) ------------------------------------------------------------------------------------
+
+
+def pd_render(run_module, tmp_path, path, sub, prefill=("gpu-01", "gpu-03"), decode=("gpu-02", "gpu-04"), replicas=1,
+              engine_image=None):
+    variables = rt.RoleVars("pd_disagg", dict(
+        pd_disagg_k8s_mode="apply", pd_disagg_k8s_workload="deployments", pd_disagg_transport="tcp",
+        pd_disagg_proxy_image="registry.example/python:3.11-slim@sha256:" + "a" * 64, pd_disagg_model_path=path,
+        pd_disagg_model_host_path=path, pd_disagg_prefill_replicas=replicas, pd_disagg_decode_replicas=replicas,
+        pd_disagg_prefill_staged=list(prefill), engine_staged_nodes=list(decode),
+        pd_disagg_gateway_policies={"resources": []}), extra_vars_files=["roles/engine/vars/profiles.yml"])
+    task = rt.task("pd_disagg", "llmops.serving.pd_manifests", "kubernetes.yml")
+    args = variables.template(task["llmops.serving.pd_manifests"])
+    args["render_dir"] = str(tmp_path / sub)
+    r = run_module(pd_manifests, args)
+    assert not r.get("failed"), r.get("msg")
+    if engine_image:  # B's engine image (upgrade_engine_image), on prefill and decode
+        for o in r["objects"]:
+            for c in (o.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or []):
+                if c["name"] == "engine":
+                    c["image"] = engine_image
+    return r
+
+
+def pd_cluster(gpu_nodes=4, b_missing=()):
+    nodes = []
+    for i in range(1, gpu_nodes + 1):
+        name = "gpu-%02d" % i
+        nodes.append(ks.node(name, labels={"nvidia.com/gpu.present": "true"},
+                             dirs=[A_PATH] + ([] if name in b_missing else [B_PATH]),
+                             allocatable=dict(GPU, **{"rdma/rdma_shared_device_a": "1"})))
+    nodes += [ks.node("cpu-%02d" % i, allocatable={"cpu": "16", "memory": "64Gi"}) for i in (1, 2)]
+    cluster = Cluster(namespace=NS, fleet=nodes)
+    cluster.answers_as = {}
+    cluster.engines.update({A_PATH: kc.Engine(load_seconds=60), B_PATH: kc.Engine(load_seconds=60),
+                            None: kc.Engine(load_seconds=5)})
+    return cluster
+
+
+def pd_reach(cluster):
+    """Per front pod: the revisions of the pods its prefill and decode URLs resolve to (EndpointSlices)."""
+    out = {}
+    for pod in cluster.pods.values():
+        labels = pod["metadata"].get("labels") or {}
+        if labels.get(up.ROLE_LABEL) != "front" or pod["metadata"].get("deletionTimestamp"):
+            continue
+        args = pod["spec"]["containers"][0].get("args") or []
+        revs, roles = set(), set()
+        for flag in ("--prefill", "--decode"):
+            svc = up._url_service(args, flag)  # pylint: disable=protected-access
+            for ep in (cluster.endpointslices.get(svc) or {}).get("endpoints", []):
+                if ep["conditions"]["ready"]:
+                    revs.add(revision(cluster.pods[ep["targetRef"]["name"]]) if ep["targetRef"]["name"] in cluster.pods else "?")
+                    roles.add(flag)
+        out[pod["metadata"]["name"]] = ("B" if labels.get(up.GENERATION_LABEL) else "A", revs, roles)
+    return out
+
+
+PD_CASES = {
+    # name: (GPU nodes, A's replicas, B staged {prefill, decode}, nodes missing B's directory, B's engine image,
+    #        what happens during a step, the outcome)
+    "good": (4, 1, (["gpu-01", "gpu-03"], ["gpu-02", "gpu-04"]), (), None, None, "upgraded"),
+    "canary image not found": (4, 1, (["gpu-01", "gpu-03"], ["gpu-02", "gpu-04"]), (), MISSING, None, "rolled back"),
+    "no room: A gives a pair first": (4, 2, (["gpu-01", "gpu-03"], ["gpu-02", "gpu-04"]), (), None, None, "upgraded"),
+    "wave fails after the canary": (8, 2, (["gpu-01", "gpu-03", "gpu-05", "gpu-07"], ["gpu-02", "gpu-04", "gpu-06", "gpu-08"]),
+                                    ("gpu-08",), None, None, "rolled back"),
+    "node drained mid-roll": (6, 2, (["gpu-01", "gpu-03", "gpu-05"], ["gpu-02", "gpu-04", "gpu-06"]), (), None, "gpu-01",
+                              "upgraded"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PD_CASES))
+def test_pd_generations_never_mix_at_any_step_and_each_case_ends_right(run_module, tmp_path, case):
+    gpu_nodes, replicas, (pre, dec), missing, image, drain, expect = PD_CASES[case]
+    a_pre, a_dec = ["gpu-01", "gpu-03"][:replicas], ["gpu-02", "gpu-04"][:replicas]
+    a = pd_render(run_module, tmp_path, A_PATH, "a", a_pre, a_dec, replicas)
+    b = pd_render(run_module, tmp_path, B_PATH, "b", pre, dec, replicas, engine_image=image)
+    cluster = pd_cluster(gpu_nodes, b_missing=missing)
+    if image:
+        cluster.missing_images.add(image)
+    for obj in a["objects"]:
+        cluster.apply(copy.deepcopy(obj))
+    cluster.advance(200)
+    r = make_plan(run_module, cluster, a["objects"], b, {"prefill": pre, "decode": dec})
+    assert not r.get("failed"), r.get("msg")
+    p = r["plan"]
+    assert p["form"] == "P/D" and p["generations"]["a"] != p["generations"]["b"]
+    reach_log = []
+
+    def during(i, step, c):
+        c.advance(1)
+        reach_log.append(pd_reach(c))
+        if drain and step["name"].startswith("route"):
+            c.drain(drain)
+
+    outcome, why, seq = execute(run_module, cluster, p, during=during, limit=600)
+    show(seq)
+    for reach in reach_log + [pd_reach(cluster)]:
+        for front, (gen, revs, _roles) in reach.items():
+            assert revs <= {gen}, (front, gen, revs)  # a front reaches its own generation's pods only
+    # and not vacuously: at the end every front reaches a Ready prefill and a Ready decode pod
+    assert pd_reach(cluster) and all(r == {"--prefill", "--decode"} for _g, _v, r in pd_reach(cluster).values())
+    assert any(v[1] == {"B"} for reach in reach_log for v in reach.values()) or expect == "rolled back"
+    byrev = pods_by_revision(cluster)
+    assert outcome == expect, why
+    if expect == "rolled back":
+        assert set(byrev) == {"A", "front"} and all(x.endswith(":ready") for x in byrev["A"]), byrev
+        assert len(byrev["A"]) == 2 * replicas
+        assert not any(p["generations"]["b"] in x for x in byrev["front"]), byrev  # B's front is gone too
+        assert_pd_a(cluster, p)
+    else:
+        assert set(byrev) == {"B", "front"} and all(x.endswith(":ready") for x in byrev["B"]), byrev
+        assert len(byrev["B"]) == 2 * replicas
+        assert all(p["generations"]["b"] in x for x in byrev["front"]), byrev  # only B's front is left
+        assert not [o for o in cluster.deployments if o in [r["name"] for r in p["retire"]]]
+        if drain:
+            assert not any("@%s:" % drain in x for x in byrev["B"]), byrev
+    if case == "wave fails after the canary":
+        assert "mount" in why and p["wave_surge"] == 1, why
+    if case == "canary image not found":
+        assert "image_pull" in why, why
+    if case == "no room: A gives a pair first":
+        assert p["surge"] == 0 and p["steps"][0]["name"].startswith("make room")
+
+
+def test_a_router_that_selects_pods_without_the_generation_would_mix_and_is_refused(run_module, tmp_path):
+    """SGLang's router discovers its prefill/decode pods by label; A's router selects them without the generation
+    label, so B's canary pods would be among them: the plan refuses before anything changes."""
+    a = pd_render(run_module, tmp_path, A_PATH, "a")
+    b = pd_render(run_module, tmp_path, B_PATH, "b")
+    for obj in a["objects"]:  # A's front as an SGLang router: discovery by the role's labels
+        if obj["kind"] == "Deployment" and up._role(obj) == "front":  # pylint: disable=protected-access
+            obj["spec"]["template"]["spec"]["containers"][0]["args"] = [
+                "--prefill-selector", "%s=tiny-llama" % up.MODEL_LABEL, "%s=prefill" % up.ROLE_LABEL,
+                "--decode-selector", "%s=tiny-llama" % up.MODEL_LABEL, "%s=decode" % up.ROLE_LABEL]
+    cluster = pd_cluster()
+    for obj in a["objects"]:
+        cluster.apply(copy.deepcopy(obj))
+    cluster.advance(60)
+    r = make_plan(run_module, cluster, a["objects"], b, {"prefill": ["gpu-01", "gpu-03"], "decode": ["gpu-02", "gpu-04"]})
+    assert r["failed"] and r["reason"] == "pd_generations_mix", r
+    assert up.GENERATION_LABEL in r["msg"] and "canary" in r["msg"]
+
+
+def test_b_stack_fronts_are_wired_to_their_own_generation(run_module, tmp_path):
+    b = pd_render(run_module, tmp_path, B_PATH, "b")
+    stack, front_service = up.generation_stack(b["objects"], "g1", b["objects"][0]["metadata"]["namespace"])
+    names = dict((o["metadata"]["name"], o) for o in stack)
+    reach = up.front_reach(stack)
+    assert reach == {"tiny-llama-pd-proxy-g1": {"prefill": ["tiny-llama-prefill-g1"], "decode": ["tiny-llama-decode-g1"]}}
+    front = names["tiny-llama-pd-proxy-g1"]
+    assert front["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"] == "tiny-llama-pd-proxy-g1"
+    assert front_service["spec"]["selector"] == {up.NAME_LABEL: "tiny-llama-pd-proxy-g1"}
+    # the generation is both roles' templates, replicas excluded
+    roles = up.pd_roles(b["objects"])
+    g = up.pd_generation(roles["prefill"]["spec"]["template"], roles["decode"]["spec"]["template"])
+    scaled = copy.deepcopy(roles["decode"])
+    scaled["spec"]["replicas"] = 5
+    assert up.pd_generation(roles["prefill"]["spec"]["template"], scaled["spec"]["template"]) == g
+    changed = copy.deepcopy(roles["decode"]["spec"]["template"])
+    changed["spec"]["containers"][0]["args"].append("--max-num-seqs=8")
+    assert up.pd_generation(roles["prefill"]["spec"]["template"], changed) != g
+
+
+def assert_pd_a(cluster, plan):
+    live = dict(((o["kind"], o["metadata"]["name"]), up.recorded(o)) for o in cluster.objects())
+    for rec in plan["record"]:
+        got = live[(rec["kind"], rec["metadata"]["name"])]
+        assert got.get("spec") == rec.get("spec"), rec["metadata"]["name"]
