@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: kernel_cache
-short_description: Verify, prebuild, copy, check out, garbage-collect and audit fingerprinted kernel-cache directories
+short_description: Verify, prebuild, capture, copy, check out, garbage-collect and audit fingerprinted kernel-cache directories
 version_added: "0.1.0"
 description:
   - Manages C(<cache_root>/<engine>/<fingerprint>/) directories on node-local storage. Each holds one
@@ -27,6 +27,20 @@ description:
     re-checks, runs O(warmup_command) with every cache variable pointing into a private C(.partial-*)
     directory, writes the manifest, verifies it and renames it into place. Callers that waited for
     another builder report a hit.
+  - O(operation=capture) is the miss path where no prebuild can run (a Kubernetes engine, whose compilers are in
+    its image) - it makes engine O(instance)'s per-start directory (the path O(operation=checkout) would give it,
+    C(<cache_root>/<engine>/.run/<fingerprint>-<instance>/)) empty, laid out for the engine's cache kinds, with a
+    C(capture.json) marker naming the fingerprint and its O(components). A directory a process uses is left as it
+    is; what an earlier start left in one no process uses is discarded (C(discarded_files)). Refused while the
+    fingerprint is published and verifies.
+  - O(operation=publish_capture), after the engine's first correct answer, publishes what it compiled there as the
+    fingerprint's cache, with the guarantees of O(operation=prebuild) - under the per-fingerprint lock, every file
+    hashed while copied into a C(.partial-*) directory (a file the engine changes meanwhile is refused), a
+    manifest, verification, the publish sequence, a published directory that does not verify quarantined first.
+    The first publisher of a fingerprint wins; a later one reports C(hit) and publishes nothing. A capture of
+    another fingerprint or other components (its marker), one with a symlink, or an empty one (C(empty)) is
+    never published. Triton's scratch directories (C(tmp.pid_*)) are left out. The per-start directory then
+    holds the published manifest (it is the instance's checkout).
   - O(operation=sync) copies a verified directory from O(source_root) (a shared cache store, or the
     local cache when pushing to the store) into O(cache_root), hashing every file while copying, then
     renames it into place. Progress (bytes, rate, ETA) goes to C(.logs/<fingerprint>.sync.log).
@@ -40,7 +54,8 @@ description:
     O(operation=sync) puts it in place; no clock takes part, so a cache built while a clock was wrong keeps its
     place; caches published by an older version, without one, count as older). A fingerprint listed in
     O(in_use), or whose published directory or C(.run/) copy a running process uses, is never removed.
-    Copies no process uses go with their fingerprint; stale C(.partial-*) directories whose lock is free
+    Copies no process uses go with their fingerprint, except those of a fingerprint O(in_use) names, published or
+    not yet (the per-start directory of O(operation=capture)); stale C(.partial-*) directories whose lock is free
     are removed too. Only real directories count; a symlink where a fingerprint directory, an engine copy or
     a build directory would be is never followed, counted or removed; it is reported (C(links) in RV(details),
     and a warning) with the fix, and gc goes on with the rest. So does a directory that cannot be removed
@@ -62,7 +77,7 @@ options:
     description: What to do.
     type: str
     required: true
-    choices: [verify, prebuild, sync, checkout, gc, report]
+    choices: [verify, prebuild, capture, publish_capture, sync, checkout, gc, report]
   cache_root:
     description: Node-local root of the kernel caches (C(<cache_root>/<engine>/<fingerprint>)).
     type: path
@@ -78,8 +93,8 @@ options:
   components:
     description:
       - RV(llmops.serving.kernel_fingerprint#module:components). Required for O(operation=verify),
-        O(operation=prebuild), O(operation=sync) and O(operation=checkout); a directory whose manifest
-        components differ is never used.
+        O(operation=prebuild), O(operation=capture), O(operation=publish_capture), O(operation=sync) and
+        O(operation=checkout); a directory whose manifest components differ is never used.
     type: dict
   label:
     description: Readable label recorded in the manifest.
@@ -88,13 +103,14 @@ options:
   mount_path:
     description:
       - Where the engine sees its cache directory (the container mount path in Kubernetes).
-        Defaults to RV(engine_dir) for O(operation=checkout) and O(operation=report), to the fingerprint
-        directory otherwise.
+        Defaults to RV(engine_dir) for O(operation=checkout), O(operation=capture), O(operation=publish_capture)
+        and O(operation=report), to the fingerprint directory otherwise.
     type: str
   instance:
     description:
-      - Name of the engine instance on this host whose copy O(operation=checkout) prepares and
-        O(operation=report) inspects (the engine's process name). One copy per instance and fingerprint.
+      - Name of the engine instance on this host whose copy O(operation=checkout) prepares (or whose per-start
+        directory O(operation=capture) empties and O(operation=publish_capture) publishes) and O(operation=report)
+        inspects (the engine's process name). One copy per instance and fingerprint.
     type: str
     default: engine
   quarantine:
@@ -238,6 +254,10 @@ status:
     - verify - V(tampered), V(incomplete), V(foreign), V(no_manifest) or V(bad_manifest) when the directory is
       not usable but a process uses it (C(in_use_by) in RV(details)), so it was left in place.
     - prebuild - V(built), V(hit) or V(would_build). sync - V(copied), V(hit) or V(would_copy).
+    - capture - V(created), V(ready) (already an empty capture of this fingerprint), V(in_use) (a process uses the
+      directory; left alone) or V(would_create).
+    - publish_capture - V(published), V(hit) (published and verified already - nothing published), V(empty)
+      (nothing compiled there) or V(would_publish).
     - checkout - V(copied), V(ready) (the copy equals the published files), V(in_use) (a process uses the
       copy; left alone) or V(would_copy).
     - report - V(hit), V(miss) or V(unknown). gc - V(done).
@@ -249,9 +269,9 @@ cache_dir:
   type: str
 engine_dir:
   description:
-    - The writable copy engine O(instance) runs on (checkout); for report, the directory the start was
+    - The writable copy engine O(instance) runs on (checkout, capture, publish_capture); for report, the directory the start was
       judged on (the copy, or the published directory when there is none).
-  returned: when O(operation=checkout) or O(operation=report)
+  returned: when O(operation=checkout), O(operation=capture), O(operation=publish_capture) or O(operation=report)
   type: str
   sample: /mnt/nvme/kernel-cache/vllm/.run/0c1d2e3f4a5b6c7d-engine
 env:
@@ -287,18 +307,19 @@ details:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmops.serving.plugins.module_utils.cache import (
-    _kcache, _kcache_build, _kcache_gc, _kcache_log,
+    _kcache, _kcache_build, _kcache_capture, _kcache_gc, _kcache_log,
 )
 from ansible_collections.llmops.serving.plugins.module_utils.common import _http, _option_specs, _secrets
 
-NEEDS_COMPONENTS = ("verify", "prebuild", "sync", "checkout")
+NEEDS_COMPONENTS = ("verify", "prebuild", "capture", "publish_capture", "sync", "checkout")
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
             operation=dict(type="str", required=True,
-                           choices=["verify", "prebuild", "sync", "checkout", "gc", "report"]),
+                           choices=["verify", "prebuild", "capture", "publish_capture", "sync", "checkout", "gc",
+                                    "report"]),
             cache_root=dict(type="path", required=True),
             engine=dict(type="str", required=True, choices=sorted(_kcache.KINDS)),
             fingerprint=dict(type="str"),
@@ -328,6 +349,8 @@ def main():
             ("operation", "prebuild", ("fingerprint", "components", "warmup_command")),
             ("operation", "sync", ("fingerprint", "components", "source_root")),
             ("operation", "checkout", ("fingerprint", "components")),
+            ("operation", "capture", ("fingerprint", "components")),
+            ("operation", "publish_capture", ("fingerprint", "components")),
             ("operation", "report", ("fingerprint", "log_path")),
             ("warmup_mode", "serve", ("warmup_url",)),
         ],
@@ -358,7 +381,7 @@ def main():
         fp = p["fingerprint"]
         cache_dir = _kcache.fingerprint_dir(root, engine, fp)
         engine_dir = None
-        if op in ("checkout", "report"):
+        if op in ("checkout", "capture", "publish_capture", "report"):
             engine_dir = _kcache.run_dir(root, engine, fp, p["instance"])
         env = _kcache.cache_env(engine, p["mount_path"] or engine_dir or cache_dir)
         if op == "verify":
@@ -375,6 +398,12 @@ def main():
         elif op == "sync":
             res = _kcache_build.sync(p["source_root"], root, engine, fp, p["components"], p["lock_timeout"],
                                      p["allow_extra"], module.check_mode, proc_root=proc)
+        elif op == "capture":
+            res = _kcache_capture.prepare(root, engine, fp, p["components"], p["instance"], p["label"],
+                                          p["lock_timeout"], module.check_mode, proc)
+        elif op == "publish_capture":
+            res = _kcache_capture.publish_capture(root, engine, fp, p["components"], p["instance"], p["label"],
+                                                  p["lock_timeout"], module.check_mode, proc)
         elif op == "checkout":
             res = _kcache_build.checkout(root, engine, fp, p["components"], p["instance"], p["mount_path"],
                                          p["allow_extra"], p["lock_timeout"], module.check_mode, proc)

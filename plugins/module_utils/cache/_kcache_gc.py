@@ -158,9 +158,10 @@ def gc(cache_root, engine, keep, in_use=(), proc_root="/proc", check_mode=False,
 
     A fingerprint is in use when ``in_use`` names it (by fingerprint, or by a path to its directory or below,
     however spelt) or when a process uses its published directory or one of its ``.run/`` copies. A copy no
-    process uses goes with its fingerprint; copies of kept fingerprints stay (the next start of that instance
-    replaces its own). Only real directories count: a symlink where a fingerprint directory, an engine copy or
-    a build directory would be is never followed, counted or removed, and is listed in ``links`` with the fix;
+    process uses goes with its fingerprint; copies of kept fingerprints, and of fingerprints ``in_use`` names
+    (published or not yet), stay (the next start of that instance replaces its own). Only real directories
+    count: a symlink where a fingerprint directory, an engine copy or a build directory would be is never
+    followed, counted or removed, and is listed in ``links`` with the fix;
     a directory that cannot be removed is listed in ``errors``; gc goes on with the rest either way.
     """
     check_in_use(in_use)
@@ -188,7 +189,9 @@ def gc(cache_root, engine, keep, in_use=(), proc_root="/proc", check_mode=False,
     live = set(fps) - set(res["removed"])  # kept, protected, and any that could not be removed
     busy_runs = set(u["path"] for us in users.values() for u in us)
     for d, fp in sorted(dirs.items()):
-        if d in published or d in busy_runs or fp in live:
+        # a copy of a fingerprint named in in_use stays even before anything is published: the per-start
+        # directory an engine fills on a miss (_kcache_capture.prepare) is the engine's until it publishes
+        if d in published or d in busy_runs or fp in live or fp in protected:
             continue
         if _remove(d, res, check_mode):
             res["removed_runs"].append(os.path.basename(d))
