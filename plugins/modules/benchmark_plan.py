@@ -207,7 +207,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_evidence, _bench_inputs, _bench_outdir, _bench_plan
-from ansible_collections.llmops.serving.plugins.module_utils.common import _http, _units
+from ansible_collections.llmops.serving.plugins.module_utils.common import _clock, _http, _units
 
 
 def main():
@@ -267,7 +267,8 @@ def main():
         if not module.check_mode:
             moved = _bench_outdir.prepare_out_dir(p["out_dir"])
             _bench_outdir.write_plan(p["out_dir"], {
-                "schema": _bench_outdir.PLAN_SCHEMA, "started_at": time.time(), "targets": proto["targets"],
+                "schema": _bench_outdir.PLAN_SCHEMA, "started_at": time.time(), "started_host": _clock.host_instant(),
+                "targets": proto["targets"],
                 "protocol": dict((k, v) for k, v in proto.items() if k != "targets"), "rounds": plan,
                 "tokenizer": p["tokenizer"], "probes": probes, "estimate_s": estimate,
                 "ready_timeout_s": p["ready_timeout"], "time_budget_s": proto["time_budget_s"],

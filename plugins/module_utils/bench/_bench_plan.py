@@ -8,6 +8,8 @@
   seeds), A and B interleaved (ABAB) so a noisy period hits both.
 * :func:`estimate` / :func:`check_budget` - the plan's lower bound from the probes (:func:`round_lower_bound`),
   refused when it exceeds the time budget.
+* :func:`elapsed` - the time since the plan was written, on this host's monotonic clock (the budget and the
+  progress line), never a difference of wall-clock times.
 * :func:`progress` - after a round: round k of n, the time elapsed and the ETA from the rounds done so far.
 """
 from __future__ import annotations
@@ -16,7 +18,7 @@ import math
 import time
 
 from ansible_collections.llmops.serving.plugins.module_utils.bench._bench_inputs import BenchError
-from ansible_collections.llmops.serving.plugins.module_utils.common import _units
+from ansible_collections.llmops.serving.plugins.module_utils.common import _clock, _units
 
 #: Warm-up rounds draw prompts from seeds no measured round uses (a prefix cache must not see them again).
 WARMUP_SEED_BASE = 1000003
@@ -107,9 +109,40 @@ def check_budget(plan, probes, budget_s):
     return need
 
 
-def progress(plan_doc, done, index, now=time.time):
-    """``{k, n, elapsed_s, eta_s, line}`` after round ``index``: the ETA scales the seconds per request of the
-    rounds done at each (target, C, lengths) to what is left (the probe's bound where nothing was measured yet)."""
+def elapsed(plan_doc, done, proc_root="/proc", clock=time.monotonic):
+    """``(seconds, exact)``: the time since the plan was written, for the time budget and the progress line.
+
+    Exact: the plan's ``started_host`` (``_clock.host_instant`` when benchmark_plan wrote it) against now on this
+    host's monotonic clock (``_clock.elapsed_since``); every round runs where the plan was written
+    (benchmark_client_host). Where that is unknown (the host rebooted since, or an older version wrote the plan)
+    the rounds ``done`` so far (``{index: record}``) added up, each its own ``wall_s`` measured on the monotonic
+    clock: a lower bound, ``exact`` False. Never ``now - started_at``: ``started_at`` is a wall time for people,
+    and a clock stepped a year ahead between plan and round read as a spent budget, one stepped back as no time
+    passing at all.
+    """
+    seconds = _clock.elapsed_since(plan_doc.get("started_host"), proc_root, clock)
+    if seconds is not None:
+        return seconds, True
+    spent = 0.0
+    for rec in (done or {}).values():
+        wall = rec.get("wall_s")
+        if isinstance(wall, (int, float)) and not isinstance(wall, bool) and math.isfinite(wall) and wall > 0:
+            spent += wall
+    return spent, False
+
+
+def describe_elapsed(seconds, exact):
+    """``"5m elapsed"``, or what a lower bound is: the rounds' own time."""
+    if exact:
+        return "%s elapsed" % _units.human_seconds(seconds)
+    return ("at least %s elapsed, the rounds' own time: the time since the plan is unknown, written in another "
+            "boot of this host or by an older version" % _units.human_seconds(seconds))
+
+
+def progress(plan_doc, done, index, proc_root="/proc", clock=time.monotonic):
+    """``{k, n, elapsed_s, eta_s, line}`` after round ``index``: the time since the plan
+    (:func:`elapsed`; the line says when it is only a lower bound), and the ETA, which scales the seconds per request of the rounds done at each (target, C,
+    lengths) to what is left (the probe's bound where nothing was measured yet)."""
     rounds = plan_doc["rounds"]
     n = len(rounds)
     per_req, overhead = {}, []
@@ -126,7 +159,7 @@ def progress(plan_doc, done, index, now=time.time):
             eta += start_s + sum(per_req[key]) / len(per_req[key]) * r["num_prompts"]
         else:
             eta += start_s + round_lower_bound(r, probes.get((r["target"], r["input_len"], r["output_len"]), 0.0))
-    elapsed = now() - plan_doc["started_at"]
-    line = "round %d of %d done, %s elapsed, ETA %s" % (index, n, _units.human_seconds(elapsed),
-                                                        _units.human_seconds(eta) if index < n else "0s")
-    return {"k": index, "n": n, "elapsed_s": round(elapsed, 1), "eta_s": round(eta, 1), "line": line}
+    spent, exact = elapsed(plan_doc, done, proc_root, clock)
+    line = "round %d of %d done, %s, ETA %s" % (index, n, describe_elapsed(spent, exact),
+                                                _units.human_seconds(eta) if index < n else "0s")
+    return {"k": index, "n": n, "elapsed_s": round(spent, 1), "eta_s": round(eta, 1), "line": line}

@@ -16,7 +16,7 @@ import os
 import time
 
 from ansible_collections.llmops.serving.plugins.module_utils.bench import (
-    _bench_client, _bench_evidence, _bench_inputs, _bench_outdir, _bench_phases,
+    _bench_client, _bench_evidence, _bench_inputs, _bench_outdir, _bench_phases, _bench_plan,
 )
 from ansible_collections.llmops.serving.plugins.module_utils.bench._bench_inputs import BenchError
 from ansible_collections.llmops.serving.plugins.module_utils.bench._bench_outdir import MAX_ROUND_BYTES, ROUND_SCHEMA
@@ -47,25 +47,32 @@ def run_client(argv, log_path, timeout, env=None, child_cls=None):
 
 
 def run_round(out_dir, plan_doc, index, python, env=None, client_timeout=0, evidence_args=None, opener=None,
-              runner=run_client, now=time.time, client_output=None):
+              runner=run_client, now=time.time, client_output=None, proc_root="/proc", clock=time.monotonic):
     """Run round ``index`` of the plan; returns ``(record, stopped)``.
 
     ``record`` is what ``rounds/NNN.json`` holds (``{schema, index, kind, target, concurrency, input_len,
     output_len, seed, rep, samples, failed, duration_s, evidence, client, started_at}``), None when the round
     could not be measured. ``stopped`` is None, or ``{index, target, reason, message}`` when the run must end here
     (the target died, the client failed, the time budget ran out); it is then also written to ``stopped.json``.
+
+    The time budget is spent when :func:`_bench_plan.elapsed` (this host's monotonic clock since the plan; ``proc_root``
+    and ``clock`` for tests) exceeds it; ``now`` only stamps the record and ``stopped.json`` for people.
     """
     rounds = plan_doc["rounds"]
     if not 1 <= index <= len(rounds):
         raise BenchError("index: %d is not a round of the plan (1..%d)" % (index, len(rounds)), field="index")
     rnd = rounds[index - 1]
     target = next(t for t in plan_doc["targets"] if t["name"] == rnd["target"])
-    started = now()
+    started = now()  # when the round started, for people; the budget is measured on the monotonic clock
     budget = plan_doc.get("time_budget_s") or 0
-    if budget and started - plan_doc["started_at"] > budget:
-        return None, _stop(out_dir, rnd, "over_budget",
-                           "benchmark_time_budget (%s) ran out before round %d of %d; raise it or shorten the ladder"
-                           % (_units.human_seconds(budget), index, len(rounds)), now)
+    if budget:
+        done = dict((i, r) for i, r in _bench_outdir.done_rounds(out_dir, plan_doc).items() if i != index)
+        spent, exact = _bench_plan.elapsed(plan_doc, done, proc_root, clock)
+        if spent > budget:
+            return None, _stop(out_dir, rnd, "over_budget",
+                               "benchmark_time_budget (%s) ran out before round %d of %d; raise it or shorten the "
+                               "ladder (%s)" % (_units.human_seconds(budget), index, len(rounds),
+                                                _bench_plan.describe_elapsed(spent, exact)), now)
     # a Job's client reaches cluster addresses this host may not: only a local client's target is checked here
     dead = _bench_inputs.target_alive(target, opener=opener) if client_output is None else None
     if dead:

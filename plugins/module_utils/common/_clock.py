@@ -22,6 +22,13 @@ clock compared with another. Three rules, each with one helper here:
   that predate sequences (a marker or manifest an older version wrote) below every sequenced one, in their old
   order among themselves.
 
+**Across processes of one host** (a plan written by one module run, read by the next), the monotonic clock
+still serves: on Linux ``CLOCK_MONOTONIC`` is one system-wide clock for every process of a boot (clock_gettime(2)),
+so :func:`host_instant` records it with the boot's id and :func:`elapsed_since` subtracts it in a later process of
+the same boot; another boot (the clock restarted) is an unknown elapsed time, never a negative or absurd one. How
+long a process of this host has run is the kernel's own time since boot against the process's start
+(:func:`process_age`).
+
 Timestamps written for people (``staged_at``, ``created``, log lines) still come from ``time.time()``; nothing
 compares them.
 """
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import tempfile
 import time
@@ -94,6 +102,82 @@ def filesystem_now(directory):
     filesystem's files (:func:`age`); never with ``time.time()``, which may be another clock (NFS)."""
     with tempfile.TemporaryFile(dir=directory, prefix=".llmops-clock-") as f:
         return os.fstat(f.fileno()).st_mtime
+
+
+# ---- across processes of one host -----------------------------------------------------------------------
+
+def _read_text(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def boot_id(proc_root="/proc"):
+    """This boot's id: ``/proc/sys/kernel/random/boot_id``, a random UUID the kernel draws at each boot (proc(5),
+    random(4)); None where it cannot be read (not Linux)."""
+    value = _read_text(os.path.join(proc_root, "sys", "kernel", "random", "boot_id"))
+    return value or None
+
+
+def _time_namespace(proc_root):
+    """The time namespace of this process (time_namespaces(7), Linux 5.6+: it offsets ``CLOCK_MONOTONIC``), or
+    None where the kernel has none or it cannot be read."""
+    try:
+        return os.readlink(os.path.join(proc_root, "self", "ns", "time"))
+    except OSError:
+        return None
+
+
+def host_instant(proc_root="/proc", clock=time.monotonic):
+    """Now, as a later process of this host can compare it with its own now (:func:`elapsed_since`):
+    ``{"boot_id", "monotonic", "time_ns"}`` (JSON, for a file another module run reads), or None where the boot
+    cannot be identified.
+
+    ``monotonic`` is ``CLOCK_MONOTONIC`` (``time.monotonic()``, PEP 418): "a nonsettable system-wide clock"
+    counting from a point fixed at boot, not affected by discontinuous jumps in the system time (clock_gettime(2)),
+    so neither NTP, an operator nor a VM resumed with a wrong clock changes a difference of two readings. It
+    restarts at every boot, hence ``boot_id``; a time namespace offsets it, hence ``time_ns``.
+    """
+    bid = boot_id(proc_root)
+    if bid is None:
+        return None
+    return {"boot_id": bid, "monotonic": float(clock()), "time_ns": _time_namespace(proc_root)}
+
+
+def elapsed_since(instant, proc_root="/proc", clock=time.monotonic):
+    """Seconds from ``instant`` (:func:`host_instant`, read back from where another process wrote it) to now, or
+    None - unknown - when ``instant`` is missing or not one, was taken in another boot or time namespace, or this
+    boot cannot be identified. Never negative (:func:`age`)."""
+    if not isinstance(instant, dict):
+        return None
+    then = instant.get("monotonic")
+    if isinstance(then, bool) or not isinstance(then, (int, float)) or not math.isfinite(then):
+        return None
+    bid = boot_id(proc_root)
+    if bid is None or instant.get("boot_id") != bid:
+        return None
+    ns, here = instant.get("time_ns"), _time_namespace(proc_root)
+    if ns is not None and here is not None and ns != here:
+        return None
+    return age(float(clock()), float(then))
+
+
+def process_age(start_ticks, proc_root="/proc"):
+    """Seconds since a process of this host started, or None when it cannot be read: ``/proc/uptime`` (seconds
+    since boot) against the process's ``starttime`` (``/proc/<pid>/stat`` field 22, clock ticks after boot,
+    ``sysconf(_SC_CLK_TCK)`` a second; proc(5)). Both are the kernel's time since boot, one clock that no wall
+    clock setting moves."""
+    if isinstance(start_ticks, bool) or not isinstance(start_ticks, int) or start_ticks < 0:
+        return None
+    text = _read_text(os.path.join(proc_root, "uptime"))
+    try:
+        uptime = float(text.split()[0])
+        hz = float(os.sysconf("SC_CLK_TCK"))
+    except (AttributeError, IndexError, ValueError, OSError):
+        return None
+    return age(uptime, start_ticks / hz)
 
 
 # ---- publish order -----------------------------------------------------------------------------------

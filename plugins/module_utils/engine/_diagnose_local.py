@@ -13,7 +13,7 @@ import os
 import re
 import time
 
-from ansible_collections.llmops.serving.plugins.module_utils.common import _http, _process_run
+from ansible_collections.llmops.serving.plugins.module_utils.common import _clock, _http, _process_run
 from ansible_collections.llmops.serving.plugins.module_utils.engine import _process, _process_state
 from ansible_collections.llmops.serving.plugins.module_utils.engine._diagnose import (
     ADDR_IN_USE, PLAUSIBLE_START_SECONDS, analyse_log, classify_exit, command_facts, exception_evidence, finding,
@@ -146,13 +146,43 @@ def local_facts(run_dir, name, proc_root="/proc", health_timeout=5.0):
             facts["health"] = probe_health(cmd.get("host"), cmd["port"], health_timeout)
     elif st.get("state") in ("exited", "lost") and cmd.get("port") and log and ADDR_IN_USE.search(log):
         facts["port_holders"] = port_holders(cmd["port"], proc_root)
+    facts["ages"] = engine_ages(st, p["state"], proc_root)
     return facts
 
 
-def diagnose_local(facts, now=None):
-    """Findings for one local engine from :func:`local_facts`."""
-    now = time.time() if now is None else now
+def engine_ages(st, state_path, proc_root="/proc"):
+    """``{running_s, ended_ago_s, ran_s}`` of the engine whose state is ``st`` (``_process.locate``), each from
+    one clock (``_clock``), None where unknown; never this process's ``time.time()`` against a time the
+    supervisor wrote, which a clock stepped in between would turn into an engine "loading for a year" (hung) or
+    for a negative time.
+
+    * ``running_s`` (running): ``_clock.process_age`` of the engine's ``pid_start``, the kernel's time since boot
+      against the process's start.
+    * ``ended_ago_s`` (ended): the state file, which the supervisor writes when the engine ends, its mtime against
+      the filesystem's clock now (``_clock.filesystem_now`` of its directory).
+    * ``ran_s`` (ended): ``ended_at`` against ``started_at``, two readings of the supervisor's one clock
+      (``_clock.age``: a step back in between is 0, not a negative time).
+    """
+    out = {"running_s": None, "ended_ago_s": None, "ran_s": None}
+    if st.get("state") == "running":
+        out["running_s"] = _clock.process_age(st.get("pid_start"), proc_root)
+    elif st.get("ended_at"):
+        try:
+            out["ended_ago_s"] = _clock.age(_clock.filesystem_now(os.path.dirname(state_path)),
+                                            os.lstat(state_path).st_mtime)
+        except OSError:
+            pass
+        number = (int, float)
+        if isinstance(st.get("started_at"), number) and isinstance(st["ended_at"], number):
+            out["ran_s"] = _clock.age(st["ended_at"], st["started_at"])
+    return out
+
+
+def diagnose_local(facts):
+    """Findings for one local engine from :func:`local_facts`; its ages are ``facts["ages"]``
+    (:func:`engine_ages`), unknown where absent."""
     st = facts["state"]
+    ages = facts.get("ages") or {}
     obj = "engine %s (%s)" % (facts["name"], os.path.join(facts["run_dir"], facts["name"]))
     logf = analyse_log(facts.get("log") or "")
     where = "log %s" % facts["log_file"]
@@ -174,14 +204,12 @@ def diagnose_local(facts, now=None):
         sig = st.get("signal") or (-rc if rc is not None and rc < 0 else None)
         f = classify_exit(what, obj, rc if rc is not None and rc >= 0 else None, sig, logf, where, model_missing_path=facts.get("model_missing"),
                           port_holders=facts.get("port_holders"), port=cmd.get("port"))
-        ended = st.get("ended_at")
-        if ended:
+        if st.get("ended_at"):
             f["evidence"].append("it ended %s ago, %s after its start" % (
-                fmt_s(now - ended), fmt_s(ended - st["started_at"]) if st.get("started_at") else "?"))
+                fmt_s(ages.get("ended_ago_s")), fmt_s(ages.get("ran_s"))))
         return result([f])
-    # running
-    started = st.get("started_at")
-    elapsed = now - started if started else None
+    # running: how long, on the kernel's clock since boot (unknown: never judged hung by its age)
+    elapsed = ages.get("running_s")
     if facts.get("stopped"):
         ev = ["pid %s (%s) is in state %s (stopped): it received SIGSTOP/SIGTSTP or is held by a debugger, so it "
               "answers nothing" % (s["pid"], s["comm"], s["state"]) for s in facts["stopped"][:3]]

@@ -35,7 +35,7 @@ import socket
 import time
 from urllib.parse import urlparse
 
-from ansible_collections.llmops.serving.plugins.module_utils.common import _http, _timeline
+from ansible_collections.llmops.serving.plugins.module_utils.common import _clock, _http, _timeline
 from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import UntrustedInput, excerpt, loads_json
 
 CHECK_TYPES = ("health", "models", "completion", "chat", "json_schema", "tool_call", "stream", "cancel", "route")
@@ -593,6 +593,7 @@ def run(base_url, model, checks, headers=None, deadline=600, interval=2.0, timeo
     # deadline 0 tries each check once: its requests have their own timeout, there is nothing left to cut them to
     http = Http(base_url, headers, timeout, gateway_transient if target == "aibrix_gateway" else TRANSIENT_STATUS,
                 end=end if deadline > 0 else None)
+    took = _clock.Stopwatch()  # probe_seconds: a duration, on the monotonic clock
     start_wall = time.time()
     origin = since if since is not None else start_wall
     marks = _timeline.Recorder()
@@ -630,5 +631,5 @@ def run(base_url, model, checks, headers=None, deadline=600, interval=2.0, timeo
             marks.mark("port_open")
             marks.mark(MILESTONE[check["type"]])
     timeline = _timeline.relative(marks.marks, origin)
-    timeline["probe_seconds"] = round(time.time() - start_wall, 3)
+    timeline["probe_seconds"] = round(took.elapsed(), 3)
     return True, results, timeline, warnings, "all %d checks passed" % len(results)

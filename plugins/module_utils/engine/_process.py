@@ -107,7 +107,7 @@ def main():
 
     def on_signal(signum, frame):
         if stopping["requested"] is None:
-            stopping["requested"] = time.time()
+            stopping["requested"] = time.monotonic()  # the stop timeout is a duration: never the wall clock
             try:
                 os.killpg(child.pid, signal.SIGTERM)
             except ProcessLookupError:
@@ -120,7 +120,7 @@ def main():
             rc = child.wait(timeout=1.0)
             break
         except subprocess.TimeoutExpired:
-            if stopping["requested"] and time.time() - stopping["requested"] > stop_timeout:
+            if stopping["requested"] is not None and time.monotonic() - stopping["requested"] > stop_timeout:
                 try:
                     os.killpg(child.pid, signal.SIGKILL)
                 except ProcessLookupError:

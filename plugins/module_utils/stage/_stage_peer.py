@@ -61,6 +61,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+from ansible_collections.llmops.serving.plugins.module_utils.common import _clock
 from ansible_collections.llmops.serving.plugins.module_utils.common import _fsutil
 from ansible_collections.llmops.serving.plugins.module_utils.common import _paths
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_layout
@@ -237,6 +238,17 @@ def read_board(partial, piece_size):
     return doc, mtime
 
 
+def board_age(partial, mtime):
+    """Seconds since the staging run last rewrote its board (its ``mtime``), on the clock that wrote it: the
+    filesystem of ``partial`` now (``_clock.filesystem_now``) against that mtime (``_clock.age``), never this
+    host's ``time.time()``, which another clock (an NFS server's) or a step would skew. None when the filesystem
+    cannot say (no file can be created there)."""
+    try:
+        return _clock.age(_clock.filesystem_now(partial), mtime)
+    except OSError:
+        return None
+
+
 # ---- what one revision offers ----------------------------------------------------------------------
 class Offer(object):
     """The verified pieces one node holds of one revision (published marker and board), cached briefly."""
@@ -273,7 +285,7 @@ class Offer(object):
             board, mtime = read_board(self.lay.partial, self.piece_size)
             if board is not None:
                 state = board.get("state") if board.get("state") in ("copying", "failed", "done") else "copying"
-                age = max(0.0, time.time() - mtime)
+                age = board_age(self.lay.partial, mtime)
                 files.update(board["files"])
         return {"state": state, "board_age": age, "files": files}
 

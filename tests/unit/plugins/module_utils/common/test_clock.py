@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import datetime
+import json
 import multiprocessing
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -126,3 +129,76 @@ def test_sequence_lock_excludes_a_second_publisher(tmp_path):
 def test_sequence_lock_on_a_directory_that_cannot_be_opened_yields_false(tmp_path):
     with _clock.sequence_lock(str(tmp_path / "missing")) as held:
         assert held is False
+
+
+# ---- across processes of one host ----------------------------------------------------------------------
+
+BOOT_A = "6f1c2d3e-4a5b-4c6d-8e7f-0a1b2c3d4e5f"
+BOOT_B = "0b2c4d6e-8f10-4a12-9b14-c16d18e20f22"
+YEAR = 365 * 86400.0
+
+
+def _proc(tmp_path, boot=BOOT_A, uptime=None):
+    root = tmp_path / "proc"
+    (root / "sys" / "kernel" / "random").mkdir(parents=True, exist_ok=True)
+    (root / "sys" / "kernel" / "random" / "boot_id").write_text(boot + "\n")
+    if uptime is not None:
+        (root / "uptime").write_text("%.2f 1234.56\n" % uptime)
+    return str(root)
+
+
+def test_elapsed_since_an_instant_of_this_boot_is_the_monotonic_difference(tmp_path):
+    proc, clock = _proc(tmp_path), FakeClock(5000.0)
+    instant = _clock.host_instant(proc, clock)
+    assert instant == {"boot_id": BOOT_A, "monotonic": 5000.0, "time_ns": None}
+    clock.t += 90.0
+    assert _clock.elapsed_since(instant, proc, clock) == 90.0
+
+
+def test_elapsed_since_an_instant_of_another_boot_or_none_is_unknown_never_negative(tmp_path):
+    clock = FakeClock(10.0)  # the monotonic clock restarted with the boot: 10 s against the plan's 5000 s
+    instant = {"boot_id": BOOT_A, "monotonic": 5000.0, "time_ns": None}
+    assert _clock.elapsed_since(instant, _proc(tmp_path, boot=BOOT_B), clock) is None
+    proc = _proc(tmp_path / "a")
+    for bad in (None, {}, "5000", {"boot_id": BOOT_A}, {"boot_id": BOOT_A, "monotonic": True},
+                {"boot_id": BOOT_A, "monotonic": float("nan")}, {"boot_id": BOOT_A, "monotonic": "5000"}):
+        assert _clock.elapsed_since(bad, proc, clock) is None, bad
+    # a time namespace offsets CLOCK_MONOTONIC (time_namespaces(7)): another one is unknown too
+    (tmp_path / "a" / "proc" / "self" / "ns").mkdir(parents=True)
+    os.symlink("time:[4026531834]", str(tmp_path / "a" / "proc" / "self" / "ns" / "time"))
+    clock.t = 5060.0
+    assert _clock.elapsed_since(dict(instant, time_ns="time:[4026532999]"), proc, clock) is None
+    assert _clock.elapsed_since(dict(instant, time_ns="time:[4026531834]"), proc, clock) == 60.0
+    assert _clock.host_instant(str(tmp_path / "no-proc"), clock) is None  # no boot id (not Linux): no instant
+
+
+def test_elapsed_since_is_the_same_whatever_the_wall_clock_does_between_two_processes(tmp_path):
+    """The plan's instant is written by one process and read by another; the real clocks, the wall clock stepped a
+    year either way in between."""
+    instant = json.loads(json.dumps(_clock.host_instant()))  # as a plan file carries it
+    if instant is None:
+        pytest.skip("no /proc/sys/kernel/random/boot_id on this system")
+    script = ("import json, sys, time\nfrom ansible_collections.llmops.serving.plugins.module_utils.common import "
+              "_clock\nstep = float(sys.argv[2])\nreal = time.time\ntime.time = lambda: real() + step\n"
+              "print(json.dumps(_clock.elapsed_since(json.loads(sys.argv[1]))))\n")
+    for step in (YEAR, -YEAR):
+        out = subprocess.run([sys.executable, "-c", script, json.dumps(instant), str(step)], capture_output=True,
+                             text=True, check=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+        assert 0.0 <= json.loads(out.stdout) < 60.0, (step, out.stdout)
+
+
+def test_process_age_is_uptime_against_the_process_start(tmp_path):
+    hz = os.sysconf("SC_CLK_TCK")
+    proc = _proc(tmp_path, uptime=1000.0)
+    assert _clock.process_age(400 * hz, proc) == 600.0
+    assert _clock.process_age(2000 * hz, proc) == 0.0  # a start after "now": 0, never negative
+    for bad in (None, True, -1, "400", 4.5):
+        assert _clock.process_age(bad, proc) is None
+    assert _clock.process_age(400 * hz, str(tmp_path / "no-proc")) is None
+
+
+def test_process_age_of_this_process_on_the_real_kernel(monkeypatch):
+    with open("/proc/self/stat") as f:
+        start = int(f.read().rsplit(")", 1)[1].split()[19])
+    monkeypatch.setattr(time, "time", lambda: 0.0)  # no wall clock enters
+    assert 0.0 <= _clock.process_age(start) < 24 * 3600.0

@@ -22,21 +22,21 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..",
 PLUGINS = os.path.join(ROOT, "plugins")
 
 #: file (relative to plugins/) -> (sites allowed at most, why). Fewer sites than allowed is fine (a fix elsewhere
-#: lands without editing this table); more fails.
+#: lands without editing this table); more fails. Only the owner is left: every other file measures through it.
 CLOCK_ALLOWED = {
     "module_utils/common/_clock.py": (99, "the owner: Stopwatch, Deadline and age subtract readings of one clock"),
-    # the supervisor (a script embedded as a string): its stop timeout is time.time() at SIGTERM against
-    # time.time() in its wait loop
-    "module_utils/engine/_process.py": (1, "stop_timeout measured on the wall clock; move to _clock.deadline"),
-    "module_utils/engine/_probe.py": (1, "probe_seconds on the wall clock; move to _clock.Stopwatch"),
-    # "exited 5m ago" / "running for 2m": state.json's times (the supervisor's wall clock) against now
-    "module_utils/engine/_diagnose_local.py": (2, "ages of a local engine in messages, across processes"),
-    # a peer board's age (its mtime against this host's clock): owned by the fan-out
-    "module_utils/stage/_stage_peer.py": (1, "board age: the file's mtime against time.time()"),
-    # benchmark plans: started_at written by benchmark_plan, read by later module runs (other processes)
-    "module_utils/bench/_bench_plan.py": (1, "elapsed time of a benchmark plan across module runs"),
-    "module_utils/bench/_bench_round.py": (1, "a round's duration from now() readings"),
 }
+
+#: Files that once compared wall-clock readings and now go through ``_clock`` (0 sites, not in the allow-list).
+CLOCK_FIXED = (
+    "module_utils/engine/_process.py",         # the supervisor's stop_timeout: time.monotonic in its own interpreter
+    "module_utils/engine/_probe.py",           # probe_seconds: _clock.Stopwatch
+    "module_utils/engine/_diagnose_local.py",  # ages: _clock.process_age, filesystem_now + age, age of one clock
+    "module_utils/stage/_stage_peer.py",       # board age: filesystem_now + age
+    "module_utils/bench/_bench_plan.py",       # elapsed since the plan: _clock.elapsed_since of host_instant
+    "module_utils/bench/_bench_round.py",      # the time budget: _bench_plan.elapsed
+    "modules/benchmark_plan.py",               # records _clock.host_instant beside started_at (for people)
+)
 
 WALL_CALLS = {("time", "time"), ("datetime", "now"), ("datetime", "utcnow"), ("datetime", "today"),
               ("path", "getmtime"), ("path", "getctime"), ("path", "getatime")}
@@ -243,6 +243,32 @@ def test_staging_and_caches_measure_nothing_on_the_wall_clock():
                 "module_utils/cache/_kcache_build.py"):
         assert rel not in CLOCK_ALLOWED
         assert clock_sites(os.path.join(PLUGINS, rel)) == [], rel
+
+
+def test_the_files_fixed_in_this_class_measure_nothing_on_the_wall_clock():
+    for rel in CLOCK_FIXED:
+        assert rel not in CLOCK_ALLOWED
+        assert clock_sites(os.path.join(PLUGINS, rel)) == [], rel
+
+
+def test_the_old_supervisor_stop_timeout_is_caught_and_the_monotonic_one_is_not(tmp_path):
+    """The supervisor runs as a string embedded in _process.py; the scan reads it as a program."""
+    shape = ("SCRIPT = r'''\nimport time\ndef main(stopping, stop_timeout):\n"
+             "    stopping['requested'] = time.%s()\n"
+             "    return time.%s() - stopping['requested'] > stop_timeout\n'''\n")
+    old = _sites_in(tmp_path, shape % ("time", "time"))
+    assert old == [(5, "arithmetic (embedded script)")]
+    assert _sites_in(tmp_path, shape % ("monotonic", "monotonic")) == []
+
+
+def test_durations_across_module_runs_go_through_the_host_instant():
+    """A benchmark's time since its plan: the plan records ``_clock.host_instant``, the rounds read
+    ``_clock.elapsed_since`` (through ``_bench_plan.elapsed``), never ``started_at``."""
+    assert _calls(os.path.join(PLUGINS, "modules/benchmark_plan.py"), "_clock.host_instant")
+    assert _calls(os.path.join(PLUGINS, "module_utils/bench/_bench_plan.py"), "_clock.elapsed_since")
+    assert _calls(os.path.join(PLUGINS, "module_utils/bench/_bench_round.py"), "_bench_plan.elapsed")
+    assert _calls(os.path.join(PLUGINS, "module_utils/engine/_diagnose_local.py"), "_clock.process_age")
+    assert _calls(os.path.join(PLUGINS, "module_utils/stage/_stage_peer.py"), "_clock.filesystem_now")
 
 
 def _calls(path, dotted):

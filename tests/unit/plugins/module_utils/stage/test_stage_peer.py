@@ -179,3 +179,21 @@ def test_a_receiver_slower_than_the_sender_gets_the_whole_range(tmp_path):
     head, _sep, body = bytes(raw).partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.") and b" 206 " in head.split(b"\r\n")[0]
     assert len(body) == len(data) and body == data
+
+
+@pytest.mark.parametrize("step", [365 * 86400.0, -365 * 86400.0])
+def test_the_board_age_is_read_on_the_filesystem_clock_whatever_this_hosts_clock_says(served, monkeypatch, step):
+    """Before: the board's mtime against ``time.time()``; this host's clock a year ahead gave a board a year old,
+    a year behind an age of 0. Now the filesystem's own clock (``_clock.filesystem_now``), which stamped the mtime."""
+    partial = served["dest"] + ".partial"
+    os.makedirs(partial)
+    board = _stage_peer.Board(partial, PIECE)
+    board.write()
+    path = os.path.join(partial, _stage_peer.BOARD)
+    st = os.stat(path)
+    os.utime(path, (st.st_atime, st.st_mtime - 30))  # last rewritten 30 s ago
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + step)
+    snap = _stage_peer.Offer(served["dest"], PIECE, ttl=0).snapshot()
+    assert snap["state"] == "copying" and 29.0 <= snap["board_age"] < 90.0, snap["board_age"]
+    assert os.listdir(partial) == [_stage_peer.BOARD]  # reading the clock leaves nothing behind
