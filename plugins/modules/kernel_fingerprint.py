@@ -173,6 +173,14 @@ options:
     description: The engine's Python interpreter, used when O(gather=true).
     type: path
     default: python3
+  image:
+    description:
+      - The engine image the caches are for (C(vllm/vllm-openai:v0.26.0-cu129)). A declared O(versions.cuda)
+        that contradicts the CUDA the image's tag names (its C(-cuNNN) variant, or the default build of an
+        unsuffixed vLLM release tag) is refused before anything is read, as M(llmops.serving.preflight_facts)
+        refuses the same declaration in its O(llmops.serving.preflight_facts#module:image_cuda_version).
+      - A tag that names no CUDA (a digest-only pin, C(latest), another project's unsuffixed tag) checks nothing.
+    type: str
 extends_documentation_fragment:
   - llmops.serving.attributes
   - llmops.serving.attributes.info_module
@@ -263,7 +271,7 @@ gathered:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.llmops.serving.plugins.module_utils.cache import _fingerprint
-from ansible_collections.llmops.serving.plugins.module_utils.common import _option_specs
+from ansible_collections.llmops.serving.plugins.module_utils.common import _image_cuda, _option_specs
 from ansible_collections.llmops.serving.plugins.module_utils.engine import _preflight
 
 _VERSION_OPTS = dict((k, dict(type="str")) for k in _fingerprint.VERSION_KEYS)
@@ -290,6 +298,7 @@ def main():
             cxx=dict(type="str"),
             gather=dict(type="bool", default=False),
             engine_python=dict(type="path", default="python3"),
+            image=dict(type="str"),
             **_option_specs.node("nvidia_smi"),
         ),
         supports_check_mode=True,
@@ -297,6 +306,8 @@ def main():
     p = module.params
     inventory = None
     try:
+        # the declared CUDA against the image's tag first: nothing is read for a declaration the image contradicts
+        _fingerprint.check_image_cuda(p["image"], p["versions"])
         if p["gather"]:
             inventory = _preflight.gpu_inventory(p["nvidia_smi"], which=module.get_bin_path)
         result = _fingerprint.compute(
@@ -306,8 +317,10 @@ def main():
             model_path=p["model_path"], model_revision=p["model_revision"],
             kv_cache_dtype=p["kv_cache_dtype"], engine_args=p["engine_args"], gather=p["gather"],
             engine_python=p["engine_python"], gpu_inventory=inventory, toolchain=p["toolchain"],
-            cxx=p["cxx"], draft_model_path=p["draft_model_path"],
+            cxx=p["cxx"], draft_model_path=p["draft_model_path"], image=p["image"],
         )
+    except _image_cuda.ImageCudaError as e:
+        module.fail_json(msg=str(e), reason=e.reason, field=e.field)
     except ValueError as e:
         module.fail_json(msg=str(e))
     module.exit_json(changed=False, **result)

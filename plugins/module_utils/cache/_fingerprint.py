@@ -39,7 +39,7 @@ import shutil
 import subprocess
 
 from ansible_collections.llmops.serving.plugins.module_utils.cache import _engine_flags
-from ansible_collections.llmops.serving.plugins.module_utils.common import _process_run
+from ansible_collections.llmops.serving.plugins.module_utils.common import _image_cuda, _process_run
 from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import (
     UntrustedInput, load_json, read_bytes, read_text)
 
@@ -485,12 +485,29 @@ def label_of(components):
     ))
 
 
+def check_image_cuda(image, versions):
+    """Refuse a declared ``versions.cuda`` that contradicts the CUDA ``image``'s tag names, by the rule preflight
+    applies to ``image_cuda_version`` (``_image_cuda.check_declared``): both read the one hand-typed declaration
+    (``engine_image_versions``), and a cache keyed on a CUDA the image does not hold is never the image's. Raises
+    :class:`_image_cuda.ImageCudaError` (reason ``image_cuda_mismatch``, field ``versions.cuda``). Nothing to check
+    without an image, without a declared CUDA, or with ``none`` (a CPU build); a gathered CUDA is read from the
+    engine's own Python, not declared."""
+    declared = (versions or {}).get("cuda")
+    if not image or declared in (None, "") or str(declared).strip().lower() in ("none", ABSENT):
+        return None
+    return _image_cuda.check_declared(image, str(declared), field="versions.cuda")
+
+
 def compute(engine, engine_version=None, versions=None, driver_version=None, gpu_name=None,
             compute_capability=None, parallel=None, model_path=None, model_revision=None,
             kv_cache_dtype="auto", engine_args=None, gather=False, engine_python="python3",
-            gpu_inventory=None, toolchain=None, cxx=None, draft_model_path=None):
+            gpu_inventory=None, toolchain=None, cxx=None, draft_model_path=None, image=None):
     """Whole computation as the module runs it. ``gpu_inventory`` is ``_preflight.gpu_inventory``'s
-    result when gathering (the module reads it with its own ``nvidia_smi`` option and passes it in)."""
+    result when gathering (the module reads it with its own ``nvidia_smi`` option and passes it in).
+
+    ``image``: the engine image the caches are for; a declared ``versions.cuda`` that contradicts the CUDA its tag
+    names is refused before anything is read (:func:`check_image_cuda`)."""
+    check_image_cuda(image, versions)
     if not model_path:
         raise FingerprintError("model_path: required; point it at the staged model directory")
     model_info = read_model_config(model_path)

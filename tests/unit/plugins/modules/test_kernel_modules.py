@@ -60,6 +60,50 @@ def test_fingerprint_rejections(run_module, model, over, needle):
     assert r.get("failed") and needle in r["msg"], r
 
 
+# ---- the declared CUDA against the engine image's tag (the check preflight applies) ---------------------- #
+
+def test_a_declared_cuda_the_image_tag_contradicts_is_refused_before_anything_is_read(run_module, model):
+    """vllm/vllm-openai:v0.26.0 is the CUDA 13.0 build: keying its caches on a declared 12.9 is refused as
+    preflight refuses image_cuda_version (before: kernel_fingerprint took any declaration)."""
+    r = run_module(kernel_fingerprint, fp_args("/nonexistent/model", image="vllm/vllm-openai:v0.26.0",
+                                               versions=dict(torch="2.9.0", triton="3.5.0", cuda="12.9")))
+    assert r.get("failed") and r.get("reason") == "image_cuda_mismatch" and r.get("field") == "versions.cuda", r
+    assert "versions.cuda: 12.9 contradicts the image vllm/vllm-openai:v0.26.0, a CUDA 13.0 build" in r["msg"]
+    assert "vllm/vllm-openai:v0.26.0-cu129" in r["msg"]  # the fix: the variant of the declared CUDA
+
+
+@pytest.mark.parametrize("image,cuda", [
+    ("vllm/vllm-openai:v0.26.0-cu129", "12.9"),   # the variant names the declared CUDA
+    ("vllm/vllm-openai:v0.26.0", "13.0"),         # the unsuffixed release is 13.0
+    ("vllm/vllm-openai@sha256:" + "b" * 64, "12.9"),  # a digest alone names no CUDA: nothing to check
+    ("lmsysorg/sglang:v0.5.6", "12.8"),           # another project's unsuffixed tag: not read
+    ("vllm/vllm-openai:v0.26.0", "none"),         # no CUDA declared (a CPU build)
+])
+def test_a_declared_cuda_the_image_agrees_with_or_cannot_name_is_fingerprinted(run_module, model, image, cuda):
+    versions = dict(torch="2.9.0", triton="3.5.0", cuda=cuda)
+    r = run_module(kernel_fingerprint, fp_args(model, image=image, versions=versions))
+    assert not r.get("failed"), r
+    # the image itself is no input of the key
+    assert r["fingerprint"] == run_module(kernel_fingerprint, fp_args(model, versions=versions))["fingerprint"]
+
+
+def test_the_kernel_cache_role_passes_the_engine_image_so_its_tag_cannot_be_bypassed(run_module, model):
+    """``site.yml -t kernel_cache`` runs without preflight: the role's own fingerprint task checks the same
+    declaration against the same image (the example fleet's, then the reviewed unsuffixed pin)."""
+    from ansible_collections.llmops.serving.tests.lib import role_tasks as rt  # pylint: disable=import-outside-toplevel
+    task = rt.task("kernel_cache", "llmops.serving.kernel_fingerprint")["llmops.serving.kernel_fingerprint"]
+
+    def run(**over):
+        variables = rt.RoleVars("kernel_cache", dict(over, kernel_cache_model_path=model),
+                                extra_vars_files=["inventories/example-h20/group_vars/all/main.yml"])
+        return run_module(kernel_fingerprint, variables.template(task))
+    ok = run()
+    assert not ok.get("failed"), ok
+    refused = run(engine_image="vllm/vllm-openai:v0.26.0")
+    assert refused.get("failed") and refused["reason"] == "image_cuda_mismatch", refused
+    assert "contradicts the image vllm/vllm-openai:v0.26.0" in refused["msg"]
+
+
 def components(run_module, model):
     return run_module(kernel_fingerprint, fp_args(model))
 
