@@ -14,6 +14,7 @@ import os
 import time
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_client, _bench_outdir, _bench_plan
 from ansible_collections.llmops.serving.plugins.module_utils.bench import _bench_round
@@ -140,3 +141,49 @@ def test_a_round_run_again_does_not_count_its_own_earlier_time(tmp_path):
 def test_elapsed_never_adds_a_round_time_that_cannot_be():
     done = {1: {"wall_s": 5.0}, 2: {"wall_s": float("inf")}, 3: {"wall_s": -4.0}, 4: {"wall_s": True}, 5: {}}
     assert _bench_plan.elapsed({"started_host": {"boot_id": "x"}}, done, "/nonexistent") == (5.0, False)
+
+
+# ---- the class: whatever the wall clock does, the budget decision is the monotonic one --------------------- #
+
+_HOSTILE = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 2 ** 70), st.floats(), st.text(max_size=8),
+                     st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=4), st.integers(), max_size=2))
+
+
+@st.composite
+def _instants(draw):
+    """What a plan's ``started_host`` may hold: this boot's instant, another boot's, an older plan's nothing, or
+    anything a damaged or hand-edited plan.json could carry."""
+    kind = draw(st.sampled_from(["this", "other", "missing", "hostile", "fields"]))
+    if kind in ("this", "other"):
+        return kind, {"boot_id": BOOT if kind == "this" else OTHER_BOOT, "monotonic": 50000.0, "time_ns": None}
+    if kind == "missing":
+        return kind, None
+    if kind == "hostile":
+        return kind, draw(_HOSTILE)
+    return kind, {"boot_id": draw(st.one_of(st.just(BOOT), _HOSTILE)), "monotonic": draw(_HOSTILE),
+                  "time_ns": draw(_HOSTILE)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(instant=_instants(), advance=st.floats(0, 30 * 86400.0), step=st.floats(-20 * YEAR, 20 * YEAR),
+       budget=st.integers(1, 7 * 86400), walls=st.lists(st.one_of(st.floats(0, 86400.0), _HOSTILE), max_size=6))
+def test_the_budget_decision_never_depends_on_the_wall_clock(tmp_path_factory, instant, advance, step, budget, walls):
+    kind, started_host = instant
+    proc = _proc(tmp_path_factory.getbasetemp())
+    clock = FakeClock(50000.0 + advance)
+    real = time.time
+    plan = {"started_at": real() - step, "started_host": started_host}
+    done = dict((i + 1, {"wall_s": w}) for i, w in enumerate(walls))
+    seen = _bench_plan.elapsed(plan, done, proc, clock)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(time, "time", lambda: real() + step)
+        assert _bench_plan.elapsed(plan, done, proc, clock) == seen  # the wall clock is no input
+    spent, exact = seen
+    assert spent >= 0.0 and spent == spent and spent != float("inf")
+    if kind == "this":
+        assert exact and spent == pytest.approx(advance, abs=1e-6)
+        if abs(advance - budget) > 1e-6:
+            assert (spent > budget) == (advance > budget)
+    elif kind in ("other", "missing", "hostile"):
+        ok = [w for w in walls if isinstance(w, (int, float)) and not isinstance(w, bool) and 0 < w < float("inf")]
+        assert not exact and spent == sum(ok)
