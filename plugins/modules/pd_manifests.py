@@ -286,7 +286,7 @@ options:
         streams for O(route_request_timeout) when that is set, else for the profile's context length
         (C(max-model-len) / C(context-length)) at 65 tokens/s; a shorter C(original_route) timeout fails here
         with the fix, before anything is written. So does the same route's C(idle_timeout) (Helm
-        C(gateway.envoyPatchPolicy.route.idleTimeout), 300s; without one Envoy's 5-minute stream idle timeout): a
+        C(gateway.envoyPatchPolicy.route.idleTimeout), 300s; without one Envoy's 5-minute stream idle timeout), because a
         non-streamed answer is idle until it is whole.
       - A vLLM prefill runs inside the gateway plugin's ext_proc call; a C(messageTimeout) of its
         EnvoyExtensionPolicy (60s, Helm C(gatewayPlugin.messageTimeout)) under C(AIBRIX_PREFILL_REQUEST_TIMEOUT)
