@@ -311,8 +311,10 @@ PIN_READERS = {
     "module_utils/stage/_stage_prune.py": "_names.same_name / _names.find_spelling",
     "module_utils/cache/_kcache_gc.py": "hex fingerprints (FP_RE: ASCII, one spelling) and paths by device and inode",
 }
-#: files that only pass pins on
-PIN_PASSERS = {"modules/model_stage.py", "module_utils/stage/_stage.py", "modules/kernel_cache.py"}
+#: files that only pass pins on, or use the word for something else
+PIN_PASSERS = {"modules/model_stage.py", "module_utils/stage/_stage.py", "modules/kernel_cache.py",
+               "module_utils/kube/_k8s_upgrade.py",  # records and prints the revisions an upgrade pins; compares none
+               "module_utils/kube/_k8s_engine.py"}   # ``pinned``: nodeSelectorTerms of a node affinity, not revisions
 
 
 def _mentions(path, names):
