@@ -37,10 +37,12 @@ options:
     elements: dict
     required: true
   pods:
-    description: The pods as listed; the GPUs of those bound to a node and not ended count as allocated there.
+    description:
+      - The pods as listed; the GPUs of those bound to a node and not ended count as allocated there, and A's own
+        pods on nodes that staged B count as B's room once A gives them back.
+      - Without it, O(nodes) give C(allocated) GPUs themselves and A's replicas are taken to run on nodes that staged B.
     type: list
     elements: dict
-    default: []
   staged_nodes:
     description: The nodes that staged B; for a P/D pair a dict with C(prefill) and C(decode) lists.
     type: raw
@@ -122,7 +124,7 @@ def main():
             live=dict(type="list", elements="dict", required=True),
             rendered=dict(type="list", elements="dict", required=True),
             nodes=dict(type="list", elements="dict", required=True),
-            pods=dict(type="list", elements="dict", default=[]),
+            pods=dict(type="list", elements="dict"),
             staged_nodes=dict(type="raw", required=True),
             allow_outage=dict(type="bool", default=False),
             gpu_resource=dict(type="str", default="nvidia.com/gpu"),

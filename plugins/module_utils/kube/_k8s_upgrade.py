@@ -331,6 +331,18 @@ def _with_replicas(obj, replicas):
     return out
 
 
+def _a_pods_on(pods, workload, staged, default):
+    """How many of ``workload``'s pods (its selector) run on the ``staged`` nodes and will give their GPUs back;
+    ``default`` without a pod list."""
+    if pods is None:
+        return default
+    sel = _pod_selector(workload)
+    return sum(1 for p in pods if (p.get("spec") or {}).get("nodeName") in staged
+               and not (p.get("metadata") or {}).get("deletionTimestamp")
+               and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+               and all(((p.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in sel.items()))
+
+
 def _waves(units, surge):
     size = max(1, surge)
     waves, done = [], 0
@@ -395,9 +407,9 @@ def plan(live, rendered, nodes, staged, allow_outage=False, gpu_resource="nvidia
             "pd_stormservice")
     roles = pd_roles(b_work)
     if roles.get("prefill") and roles.get("decode"):
-        out = _plan_pd(live, rendered, nodes, staged, allow_outage, gpu_resource, allocated, namespace)
+        out = _plan_pd(live, rendered, nodes, staged, allow_outage, gpu_resource, allocated, namespace, pods)
     elif len(b_work) == 1 and b_work[0]["kind"] in ("Deployment", "LeaderWorkerSet"):
-        out = _plan_single(live, rendered, b_work[0], nodes, staged, allow_outage, gpu_resource, allocated)
+        out = _plan_single(live, rendered, b_work[0], nodes, staged, allow_outage, gpu_resource, allocated, pods)
     else:
         raise UpgradeError("B: %s is not one Deployment, one LeaderWorkerSet or a P/D pair of Deployments"
                            % ", ".join("%s %s" % (o["kind"], o["metadata"]["name"]) for o in b_work), "shape")
@@ -408,7 +420,7 @@ def plan(live, rendered, nodes, staged, allow_outage=False, gpu_resource="nvidia
     return out
 
 
-def _plan_single(live, rendered, b, nodes, staged, allow_outage, gpu_resource, allocated):
+def _plan_single(live, rendered, b, nodes, staged, allow_outage, gpu_resource, allocated, pods):
     name, kind = b["metadata"]["name"], b["kind"]
     a = next((o for o in live if o["kind"] == kind and o["metadata"]["name"] == name), None)
     if a is None:
@@ -425,6 +437,13 @@ def _plan_single(live, rendered, b, nodes, staged, allow_outage, gpu_resource, a
     room = node_room(nodes, staged, gpus, allocated, gpu_resource)
     pod_slots = sum(room.values())
     surge = min(units, pod_slots // size)
+    b_units = int(b["spec"].get("replicas", 1))
+    cap = pod_slots + _a_pods_on(pods, a, staged or [], units * size)
+    if b_units * size > cap:
+        raise UpgradeError(
+            "B asks %d %s(s) of %d pod(s) of %d GPU(s) but the nodes that staged B hold %d such pods (%d beside A, %d "
+            "of A's); stage B on more nodes (engine_k8s_staged_nodes) or lower engine_replicas"
+            % (b_units, unit, size, gpus, cap, pod_slots, cap - pod_slots), "capacity")
     canary = _canary_of(b)
     others = [o for o in rendered if o is not b]
     steps = []
@@ -475,7 +494,7 @@ def _pod_selector(workload):
     return labels
 
 
-def _plan_pd(live, rendered, nodes, staged, allow_outage, gpu_resource, allocated, namespace):
+def _plan_pd(live, rendered, nodes, staged, allow_outage, gpu_resource, allocated, namespace, pods):
     a_roles, b_roles = pd_roles(live), pd_roles(rendered)
     if not (a_roles.get("prefill") and a_roles.get("decode") and a_roles.get("front")):
         raise UpgradeError("A: no P/D pair of Deployments (prefill, decode, front) is serving; found %s"
@@ -535,49 +554,62 @@ def _plan_pd(live, rendered, nodes, staged, allow_outage, gpu_resource, allocate
     steps.append(dict(name="route: the model's Service %s selects the fronts of both generations; each front sends "
                            "a request to its own generation's prefill and decode only" % common["metadata"]["name"],
                       apply=[common, _with_replicas(s_roles["front"], b_units["front"])], delete=[], wait=[]))
-    n = max(b_units["prefill"], b_units["decode"])
-    # after the canary B has one of each role; the waves bring it to n, A giving as many back (first where there
-    # is no room, after B's pods are Ready where there is). A never reaches 0 in a wave: its last replicas go
-    # with the retirement, after the model's Service selects B's fronts only, so no front is left without a pair.
-    # the canary stays (it is B's first group): beside A it took one pair of the room, in A's place none
-    room_pairs = pair_surge
-    pair_surge = max(0, pair_surge - 1) if not shrink and not outage else 0
-    waves = _waves(n - 1, pair_surge)
+    # capacity per role: the room beside A plus the GPUs of A's own pods on nodes that staged B (they come back as A
+    # gives its replicas); B must fit in it, or its last pods would wait for GPUs forever
+    cap = dict((r, surge[r] + _a_pods_on(pods, a_roles[r], staged.get(r) or [], a_units[r])) for r in ("prefill", "decode"))
+    for r in ("prefill", "decode"):
+        if b_units[r] > cap[r]:
+            raise UpgradeError(
+                "B asks %d %s replica(s) of %d GPU(s) but the nodes that staged B for %s hold %d (%d beside A, %d "
+                "of A's); stage B on more nodes (%s) or lower B's %s replicas"
+                % (b_units[r], r, gpus[r], r, cap[r], surge[r], cap[r] - surge[r],
+                   "pd_disagg_prefill_staged" if r == "prefill" else "engine_k8s_staged_nodes", r), "capacity")
+    a_now = dict((r, a_units[r] - (1 if any(_role(o) == r for o in shrink) else 0)) for r in ("prefill", "decode"))
+    if outage:
+        a_now = dict((r, int(next((o for o in shrink if _role(o) == r), a_rec[r])["spec"]["replicas"])) for r in a_now)
+    b_now = {"prefill": 1, "decode": 1}
     a_only = [o for o in live if o["kind"] in ("Deployment", "ConfigMap")
               or (o["kind"] == "Service" and o["metadata"]["name"] != front_service["metadata"]["name"])]
-    retire = dict(name="retire A: the model's Service selects generation %s's fronts only; A's pair is deleted" % gen_b,
-                  apply=[front_service], delete=[ref(o) for o in a_only], wait=[])
-    done, a_has = 1, dict((r, a_units[r] - (1 if any(_role(o) == r for o in shrink) else 0)) for r in ("prefill", "decode"))
-    retired = False
-    for size in waves:
-        done += size
-        b_now = dict((r, min(b_units[r], done)) for r in ("prefill", "decode"))
-        a_now = dict((r, max(0, a_units[r] - done)) for r in ("prefill", "decode"))
-        b_wait = [dict(kind="Deployment", name=s_roles[r]["metadata"]["name"], replicas=b_now[r],
-                       selector=dict(s_roles[r]["spec"]["selector"]["matchLabels"])) for r in ("prefill", "decode")]
-        b_apply = [_with_replicas(s_roles[r], b_now[r]) for r in ("prefill", "decode")]
-        b_apply.append(_with_replicas(s_roles["front"], b_units["front"]))
-        name = "wave: generation %s at %d prefill / %d decode" % (gen_b, b_now["prefill"], b_now["decode"])
-        if any(a_now[r] == 0 for r in a_now) and pair_surge < 1:
-            # the last wave needs A's last replicas' GPUs: the route leaves A first, then A goes and B takes them
-            steps.append(dict(retire, delete=[], apply=[front_service],
-                              name="route: the model's Service selects generation %s's fronts only" % gen_b))
-            steps.append(dict(name=name + ", A deleted first (its GPUs are this wave's)", apply=b_apply,
-                              delete=retire["delete"], wait=b_wait))
+    route_b = dict(name="route: the model's Service selects generation %s's fronts only" % gen_b,
+                   apply=[front_service], delete=[], wait=[])
+    retire = dict(name="retire A: its pair is deleted (%s)" % ", ".join("%s %s" % (o["kind"], o["metadata"]["name"])
+                                                                        for o in a_only),
+                  apply=[], delete=[ref(o) for o in a_only], wait=[])
+    waves, retired = [], False
+    roles2 = ("prefill", "decode")
+    while not retired or b_now != dict((r, b_units[r]) for r in roles2):
+        if b_now == dict((r, b_units[r]) for r in roles2):
+            steps += [route_b, retire]  # B is whole beside A: the route leaves A, then A goes
             retired = True
             break
-        a_apply = [_with_replicas(a_rec[r], a_now[r]) for r in ("prefill", "decode") if a_now[r] != a_has[r]]
-        if pair_surge < 1:
-            steps.append(dict(name=name + ", A at %d / %d first" % (a_now["prefill"], a_now["decode"]),
-                              apply=a_apply + b_apply, delete=[], wait=b_wait))
+        free = dict((r, cap[r] - (0 if retired else a_now[r]) - b_now[r]) for r in roles2)
+        growing = [r for r in roles2 if b_now[r] < b_units[r]]
+        width = max(1, min(free[r] for r in growing))
+        b_next = dict((r, min(b_units[r], b_now[r] + width)) for r in roles2)
+        b_apply = [_with_replicas(s_roles[r], b_next[r]) for r in roles2]
+        b_apply.append(_with_replicas(s_roles["front"], b_units["front"]))
+        b_wait = [dict(kind="Deployment", name=s_roles[r]["metadata"]["name"], replicas=b_next[r],
+                       selector=dict(s_roles[r]["spec"]["selector"]["matchLabels"])) for r in roles2]
+        name = "wave: generation %s to %d prefill / %d decode" % (gen_b, b_next["prefill"], b_next["decode"])
+        waves.append(max(b_next[r] - b_now[r] for r in roles2))
+        if retired:
+            steps.append(dict(name=name, apply=b_apply, delete=[], wait=b_wait))
+            b_now = b_next
+            continue
+        a_next = dict((r, min(a_now[r], cap[r] - b_next[r])) for r in roles2)
+        if any(a_next[r] <= 0 for r in roles2):
+            # this wave needs A's last replicas of a role: the route leaves A first, then A goes, then B takes them
+            steps += [route_b, retire, dict(name=name + " on A's GPUs", apply=b_apply, delete=[], wait=b_wait)]
+            retired = True
+        elif a_next != a_now:
+            steps.append(dict(name=name + ", A first to %d / %d (its GPUs are this wave's)" % (a_next["prefill"], a_next["decode"]),
+                              apply=[_with_replicas(a_rec[r], a_next[r]) for r in roles2 if a_next[r] != a_now[r]] + b_apply,
+                              delete=[], wait=b_wait))
         else:
             steps.append(dict(name=name + " beside A", apply=b_apply, delete=[], wait=b_wait))
-            if a_apply and all(a_now[r] > 0 for r in a_now):
-                steps.append(dict(name="A at %d prefill / %d decode" % (a_now["prefill"], a_now["decode"]),
-                                  apply=a_apply, delete=[], wait=[]))
-        a_has = a_now
+        a_now, b_now = a_next, b_next
     if not retired:
-        steps.append(retire)
+        steps += [route_b, retire]
     generations = dict((a_roles[r]["metadata"]["name"], gen_a) for r in ("prefill", "decode"))
     generations.update((s_roles[r]["metadata"]["name"], gen_b) for r in ("prefill", "decode"))
     for step in steps:  # the proof, step by step: no front reaches two generations
@@ -590,7 +622,8 @@ def _plan_pd(live, rendered, nodes, staged, allow_outage, gpu_resource, allocate
                 % (step["name"], "; ".join("front %s reaches %s" % (f, r) for f, r in sorted(bad.items())),
                    GENERATION_LABEL), "pd_generations_mix")
     added = [ref(o) for o in stack]
-    return dict(form="P/D", unit="P/D group", units=n, room=room, surge=room_pairs, wave_surge=pair_surge, outage=outage,
+    return dict(form="P/D", unit="P/D group", units=max(b_units["prefill"], b_units["decode"]), room=room, surge=pair_surge,
+                wave_surge=max(waves or [0]), outage=outage,
                 waves=waves,
                 canary=dict(kind="Deployment", names=[s_roles[r]["metadata"]["name"] for r in ("prefill", "decode", "front")]),
                 generations={"a": gen_a, "b": gen_b}, order=[s["name"] for s in steps], steps=steps, added=added,
