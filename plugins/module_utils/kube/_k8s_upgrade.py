@@ -428,6 +428,8 @@ def _plan_single(live, rendered, b, nodes, staged, allow_outage, gpu_resource, a
                            % (kind, name, ", ".join("%s %s" % (o["kind"], o["metadata"]["name"]) for o in live
                                                     if o["kind"] in WORKLOADS) or "nothing"), "no_a")
     units = int(a["spec"].get("replicas", 1))
+    if subset(_workload_spec(b), _workload_spec(a)):
+        return _noop(kind, "replica" if kind == "Deployment" else "group", units)
     if kind == "Deployment":
         template, size, unit = b["spec"]["template"], 1, "replica"
     else:
@@ -484,7 +486,32 @@ def _plan_single(live, rendered, b, nodes, staged, allow_outage, gpu_resource, a
                 outage=outage, waves=waves,
                 canary=dict(kind=kind, name=canary["metadata"]["name"], selector=_pod_selector(canary)),
                 order=[s["name"] for s in steps], steps=steps, added=[ref(canary)],
-                retire=[ref(canary)], generations=None)
+                retire=[ref(canary)], generations=None, noop=False)
+
+
+def subset(want, have):
+    """Whether every field of ``want`` is in ``have`` with the same value (lists item by item): ``have`` may carry
+    what the API server defaulted (``terminationMessagePath``, ``dnsPolicy`` ...) beside what was applied."""
+    if isinstance(want, dict):
+        return isinstance(have, dict) and all(k in have and subset(v, have[k]) for k, v in want.items())
+    if isinstance(want, list):
+        return isinstance(have, list) and len(want) == len(have) and all(subset(w, h) for w, h in zip(want, have))
+    return want == have
+
+
+def _workload_spec(workload):
+    """What B changes of a workload: its replicas and pod template(s)."""
+    spec = workload["spec"]
+    if workload["kind"] == "Deployment":
+        return {"replicas": spec.get("replicas", 1), "template": spec["template"]}
+    return {"replicas": spec.get("replicas", 1), "leaderWorkerTemplate": spec["leaderWorkerTemplate"]}
+
+
+def _noop(form, unit, units):
+    """The plan when B already serves: no step, nothing to roll back."""
+    return dict(form=form, unit=unit, units=units, room={}, surge=0, wave_surge=0, outage=False, waves=[],
+                canary=None, order=[], steps=[], added=[], retire=[], generations=None, gpus_per_pod=None,
+                pods_per_unit=None, noop=True)
 
 
 def _pod_selector(workload):
@@ -506,8 +533,8 @@ def _plan_pd(live, rendered, nodes, staged, allow_outage, gpu_resource, allocate
                                                                 a_roles["decode"]["spec"]["template"])
     gen_b = pd_generation(b_roles["prefill"]["spec"]["template"], b_roles["decode"]["spec"]["template"])
     if gen_a == gen_b:
-        raise UpgradeError("B is A: the prefill and decode templates are the same (generation %s); nothing to upgrade"
-                           % gen_a, "same")
+        return dict(_noop("P/D", "P/D group", max(int(b_roles[r]["spec"].get("replicas", 1)) for r in ("prefill", "decode"))),
+                    generations={"a": gen_a, "b": gen_b})
     stack, front_service = generation_stack(rendered, gen_b, namespace)
     if front_service is None:
         raise UpgradeError("B: the P/D pair has no Service for its front", "shape")
@@ -627,7 +654,7 @@ def _plan_pd(live, rendered, nodes, staged, allow_outage, gpu_resource, allocate
                 waves=waves,
                 canary=dict(kind="Deployment", names=[s_roles[r]["metadata"]["name"] for r in ("prefill", "decode", "front")]),
                 generations={"a": gen_a, "b": gen_b}, order=[s["name"] for s in steps], steps=steps, added=added,
-                retire=[ref(o) for o in a_only], gpus_per_pod=None, pods_per_unit=2)
+                retire=[ref(o) for o in a_only], gpus_per_pod=None, pods_per_unit=2, noop=False)
 
 
 def _state_after(live, steps):
@@ -643,6 +670,8 @@ def _state_after(live, steps):
 
 def summary(p):
     """The plan as lines for check mode and the play's output."""
+    if p.get("noop"):
+        return ["B already serves (%s): nothing to upgrade, nothing changes" % p["form"]]
     lines = ["form: %s, %d %s(s); surge room %s (%s); waves %s%s" % (
         p["form"], p["units"], p["unit"], p["surge"], p["room"] or "no staged node with free GPUs", p["waves"],
         "; OUTAGE accepted (engine_allow_outage)" if p["outage"] else "")]

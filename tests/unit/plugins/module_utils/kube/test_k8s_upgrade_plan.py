@@ -131,3 +131,23 @@ def test_no_a_is_refused(run_module):
     b = build(path="/mnt/nvme/models/tiny/b")
     r = run_module(k8s_upgrade_plan, dict(live=[], rendered=b["objects"], nodes=[], staged_nodes=[]))
     assert r["failed"] and r["reason"] == "no_workload"
+
+
+def test_b_already_serving_is_a_plan_without_steps_even_with_the_api_server_s_defaults(run_module):
+    """A second run after the upgrade: the live Deployment is B plus what the API server defaulted and the wave
+    strategy the upgrade applied; the plan changes nothing. A changed argument is an upgrade again."""
+    b = build(path="/mnt/nvme/models/tiny/b")
+    live = copy.deepcopy(b["objects"])
+    dep = next(o for o in live if o["kind"] == "Deployment")
+    dep["spec"]["template"]["spec"]["containers"][0].update(terminationMessagePath="/dev/termination-log",
+                                                            terminationMessagePolicy="File")
+    dep["spec"]["template"]["spec"].update(dnsPolicy="ClusterFirst", schedulerName="default-scheduler")
+    dep["spec"]["strategy"]["rollingUpdate"] = {"maxSurge": 1, "maxUnavailable": 0}
+    dep["metadata"].update(uid="u", resourceVersion="9", generation=3)
+    nodes = _nodes("gpu-01", "gpu-02")
+    r = run_module(k8s_upgrade_plan, dict(live=live, rendered=b["objects"], nodes=nodes, staged_nodes=["gpu-01", "gpu-02"]))
+    assert r["plan"]["noop"] is True and r["plan"]["steps"] == [] and r["lines"][0].startswith("B already serves")
+    changed = build(path="/mnt/nvme/models/tiny/b", image="vllm/vllm-openai:v0.27.0" + DIGEST)
+    r = run_module(k8s_upgrade_plan, dict(live=live, rendered=changed["objects"], nodes=nodes,
+                                          staged_nodes=["gpu-01", "gpu-02"], allow_outage=True))
+    assert r["plan"]["noop"] is False and r["plan"]["steps"]
