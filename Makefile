@@ -81,7 +81,7 @@ sanity: venv
 	$(VPY) tests/sanity/install_get_pip_standin.py
 	d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && \
 	  mkdir -p "$$d/ansible_collections/llmops/serving" && \
-	  git ls-files -co --exclude-standard -z | xargs -0 -I{} cp --parents {} "$$d/ansible_collections/llmops/serving/" && \
+	  git ls-files -co --exclude-standard -z | xargs -0 -I{} cp -P --parents {} "$$d/ansible_collections/llmops/serving/" && \
 	  mkdir -p "$$d/ansible_collections/kubernetes" && \
 	  cp -r "$$($(VPY) -c 'import ansible_collections.kubernetes.core as k; print(list(k.__path__)[0])')" \
 	    "$$d/ansible_collections/kubernetes/core" && \

@@ -116,7 +116,8 @@ AREAS = {
         "molecule": (),
     },
     "awx": {
-        "paths": ("awx/", "inventories/example-h20-awx/", "playbooks/awx_configure.yml", "playbooks/lookup_plugins/awx_literal_inputs.py", "tests/lib/awx_", "execution-environment.yml",
+        "paths": ("awx/", "inventories/example-h20-awx/", "playbooks/awx_configure.yml",
+                  "playbooks/lookup_plugins/awx_literal_inputs.py", "tests/lib/awx_", "execution-environment.yml",
                   "meta/ee-requirements.txt", "bindep.txt", "requirements.yml"),
         "unit": ("tests/unit/test_awx_hosts.py", "tests/unit/test_awx_surveys.py", "tests/unit/test_ee.py",
                  "tests/unit/test_awx_workflow.py", "tests/unit/test_awx_roles.py", "tests/property/test_awx_workflow_properties.py"),

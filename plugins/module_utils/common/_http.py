@@ -494,7 +494,8 @@ def post_json(url, payload, headers=None, timeout=DEFAULT_TIMEOUT, opener=None, 
 # The rule of what is a credential in a URL is the collection's one rule (_secrets.credential_in_url: userinfo, and
 # query or fragment parameters named like a credential: token, api_key, access_token, key, sig, password).
 
-from ansible_collections.llmops.serving.plugins.module_utils.common._secrets import (  # noqa: E402,F401
+# url_userinfo is re-exported: callers and tests read a URL's credentials from the HTTP client's module
+from ansible_collections.llmops.serving.plugins.module_utils.common._secrets import (  # noqa: E402,F401  pylint: disable=unused-import
     credential_in_url, secrets_of, split_userinfo, url_userinfo)
 
 

@@ -366,7 +366,7 @@ def check_original_route(timeout_s, where, need_s, why, idle=(None, None)):
         cut.append("%s: original_route resets a stream idle for %gs, and a non-streamed answer is idle until it is "
                    "whole: %s takes %ds. Raise it to at least %ds: helm upgrade ... --set "
                    "gateway.envoyPatchPolicy.route.idleTimeout=%ds, or the patch's idle_timeout"
-                   % (idle_where, idle_s, why, need_s, int(need_s) + 1, int(need_s) + 1))
+                   % (idle_where, float(idle_s), why, need_s, int(need_s) + 1, int(need_s) + 1))
     if not cut:
         return None
     return "%s. That path has three limits: %s" % ("; ".join(cut), _KNOBS)

@@ -324,8 +324,8 @@ def diagnose_kubernetes(objects, logs=None, namespace=None, name=None, served_mo
                                 "an unknown serviceAccount) or scale it up."))
     rollout = None
     if workload is not None:
-        rollout = _k8s_revision.rollout_status(workload, ctx.o.of("ReplicaSet", namespace), pods, [
-            o for o in _k8s_revision.owned_controllers(workload, ctx.o.of("RoleSet", namespace))])
+        rollout = _k8s_revision.rollout_status(workload, ctx.o.of("ReplicaSet", namespace), pods, list(
+            _k8s_revision.owned_controllers(workload, ctx.o.of("RoleSet", namespace))))
     judged = pods
     if rollout is not None and rollout["current_pods"] is not None:
         judged = [p for p in pods if obj_name(p) in rollout["current_pods"]]

@@ -229,7 +229,7 @@ def test_first_deploy_misses_and_publishes_the_second_start_mounts_the_checkout_
     engine = EngineOnNode(fleet)
     rollout = wait(run_module, variables, rendered, cluster, engine)
     assert rollout["state"] == "ready", rollout["msg"]
-    (node, log), = engine.started.values()
+    [(node, log)] = list(engine.started.values())
     assert node == "gpu-01" and _kcache_log.analyze_log(log, "vllm", rd)["result"] == "miss"
     fleet.on("gpu-01")
     assert not os.path.exists(_kcache.fingerprint_dir(fleet.root, "vllm", FP))  # nothing before the answer
@@ -317,7 +317,7 @@ def test_a_node_that_runs_no_current_pod_publishes_nothing(run_module, tmp_path)
     engine = EngineOnNode(fleet)
     rollout = wait(run_module, variables, rendered, cluster, engine)
     assert rollout["state"] == "ready", rollout["msg"]
-    (ran, _log), = engine.started.values()
+    [(ran, dummy)] = list(engine.started.values())
     idle = next(n for n in nodes if n != ran)
     assert publish_on(run_module, fleet, idle, facts[idle], rollout) is None
     fleet.on(idle)
