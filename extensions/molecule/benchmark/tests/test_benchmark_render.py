@@ -3,6 +3,8 @@ vllm bench serve against its target with the round's concurrency, lengths and se
 the tokenizer and mounting it read-only; nothing is measured (no report) because nothing ran."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 TARGETS = {"colocated": "http://glm-5-2-fp8.llm-serving.svc:8000", "pd": "http://aibrix-gateway.aibrix-system.svc"}
@@ -53,8 +55,12 @@ def test_one_valid_job_per_round_with_that_rounds_client_arguments(jobs, plan, k
             rnd["concurrency"], rnd["num_prompts"], rnd["seed"])
         assert (int(opts["--random-input-len"]), int(opts["--random-output-len"])) == (128, 64)
         assert opts["--tokenizer"] == TOKENIZER and opts["--model"] == "glm-5.2-fp8"
-        # the P/D target's routing header reaches the client, the colocated one sends none
-        assert (opts.get("--header") == "routing-strategy=pd") == (rnd["target"] == "pd"), args
+        # the P/D target's routing header reaches the client through its environment (never its command line: the
+        # one credential rule), the colocated one sends none
+        assert "--header" not in opts, args
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        headers = json.loads(env.get("LLMOPS_BENCH_HEADERS") or "{}")
+        assert (headers == {"routing-strategy": "pd"}) == (rnd["target"] == "pd"), env
 
 
 def test_each_job_runs_on_the_tokenizer_node_with_the_tokenizer_mounted_read_only(jobs):
