@@ -114,7 +114,8 @@ def test_check_mode_on_an_empty_controller_says_what_it_would_create_and_writes_
     assert [r for r in requests if r["method"] != "GET"] == []
     msg = " ".join(out.split())
     assert 'check mode: the controller has none of organizations "LLMOps", credential_types "llmops Hugging Face token"' in msg
-    assert 'workflow_job_templates "llmops stage, deploy, verify", teams "llmops operators"' in msg
+    assert ('workflow_job_templates "llmops stage, deploy, verify", workflow_job_templates "llmops upgrade", '
+            'teams "llmops operators"') in msg
     assert 'teams "llmops release managers"; a real run creates them' in msg
     assert "TASK [Organization]" not in out
 
@@ -181,7 +182,8 @@ def test_the_custom_credential_types_arrive_with_awx_s_own_templates_unevaluated
 
 def test_the_workflow_nodes_and_edges_arrive(api, applied):
     wf = OBJECTS["controller_workflows"][0]
-    nodes = api.created("workflow_job_template_nodes")
+    wf_id = api.find("workflow_job_templates", wf["name"])["id"]
+    nodes = {i: b for i, b in api.created("workflow_job_template_nodes").items() if b["workflow_job_template"] == wf_id}
     assert sorted(nodes) == sorted(n["identifier"] for n in wf["workflow_nodes"])
     for node in wf["workflow_nodes"]:
         node_obj = next(o for o in api.objects["workflow_job_template_nodes"].values()
@@ -363,3 +365,37 @@ def test_every_secret_input_of_awx_is_read_literally():
             names = set(re.findall(r"\b(llmops_awx_\w+)\b", str(value))) - {"llmops_awx_literal"}
             if names & secret_vars or re.search(r"token|password|key|secret", key):
                 assert str(value).startswith("{{ llmops_awx_literal."), (cred["name"], key, value)
+
+
+AWX_MODULES = os.path.join(awx.SITE_COLLECTIONS, "awx", "awx", "plugins", "modules")
+# awx.awx modules that start a job on the controller: "changed" whatever the job finds
+LAUNCHERS = {"inventory_source_update", "project_update", "job_launch", "workflow_launch", "ad_hoc_command"}
+
+
+def test_no_task_of_awx_configure_reports_a_change_on_every_run():
+    """Each way a task of awx_configure.yml reported "changed" with nothing to change goes through its one switch:
+    every task of a module with update_secrets passes llmops_awx_update_secrets (controller_api.py
+    objects_could_be_different, tests/property/test_awx_configure_properties.py); every task that launches a job on
+    the controller runs only under a condition; no task hands workflow_nodes to awx.awx.workflow_job_template (its
+    create_workflow_nodes compares an approval node's template with the node's fields, changed on every run)."""
+    import yaml
+
+    with open(os.path.join(ROOT, "playbooks", "awx_configure.yml"), encoding="utf-8") as f:
+        play = yaml.safe_load(f)[0]
+    tasks = play["pre_tasks"] + play["tasks"]
+    seen = set()
+    for task in tasks:
+        for key, args in task.items():
+            if not key.startswith("awx.awx."):
+                continue
+            module = key.split(".")[-1]
+            seen.add(module)
+            with open(os.path.join(AWX_MODULES, module + ".py"), encoding="utf-8") as f:
+                takes_secrets = "update_secrets=dict(" in f.read()
+            if takes_secrets:
+                assert "llmops_awx_update_secrets" in str(args.get("update_secrets")), task["name"]
+            if module in LAUNCHERS:
+                assert task.get("when"), task["name"]
+            if module == "workflow_job_template":
+                assert "workflow_nodes" not in args, task["name"]
+    assert {"credential", "inventory_source_update", "workflow_job_template", "workflow_job_template_node"} <= seen
