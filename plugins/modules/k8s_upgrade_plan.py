@@ -27,15 +27,19 @@ options:
     elements: dict
     required: true
   rendered:
-    description: B's objects as C(engine_manifests) or C(pd_manifests) rendered them.
+    description:
+      - B's objects as C(engine_manifests) or C(pd_manifests) rendered them.
+      - Without it the module returns only RV(serving) (which of O(live) serves O(served_model_name), and the
+        revision it loads, to pin before B is staged).
     type: list
     elements: dict
-    required: true
+  served_model_name:
+    description: The served model name whose workload O(live) holds (without O(rendered)).
+    type: str
   nodes:
-    description: The Nodes as listed (C(status.allocatable), C(spec.unschedulable), taints).
+    description: The Nodes as listed (C(status.allocatable), C(spec.unschedulable), taints). Required with O(rendered).
     type: list
     elements: dict
-    required: true
   pods:
     description:
       - The pods as listed; the GPUs of those bound to a node and not ended count as allocated there, and A's own
@@ -44,9 +48,8 @@ options:
     type: list
     elements: dict
   staged_nodes:
-    description: The nodes that staged B; for a P/D pair a dict with C(prefill) and C(decode) lists.
+    description: The nodes that staged B; for a P/D pair a dict with C(prefill) and C(decode) lists. Required with O(rendered).
     type: raw
-    required: true
   allow_outage:
     description: Accept that nothing serves while B starts when A has one replica and no room beside it.
     type: bool
@@ -100,11 +103,16 @@ plan:
     C(surge), C(waves) (units per wave), C(outage), C(canary), C(generations) (P/D), C(steps) (each C(name),
     C(apply) objects, C(delete) C({kind, name}), C(wait) C({kind, name, replicas, selector})), C(order),
     C(record) (A's objects to re-apply), C(rollback) (C(delete), C(apply)), C(retire), C(pinned).
-  returned: success
+  returned: with O(rendered)
+  type: dict
+serving:
+  description: Without O(rendered), the workload of O(live) that serves O(served_model_name) (C(kind), C(name),
+    C(model_path), C(model), C(revision)); null when none does.
+  returned: when O(rendered) is not given
   type: dict
 lines:
   description: The plan as text lines (check mode shows them).
-  returned: success
+  returned: with O(rendered)
   type: list
   elements: str
 reason:
@@ -122,10 +130,11 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             live=dict(type="list", elements="dict", required=True),
-            rendered=dict(type="list", elements="dict", required=True),
-            nodes=dict(type="list", elements="dict", required=True),
+            rendered=dict(type="list", elements="dict"),
+            served_model_name=dict(type="str"),
+            nodes=dict(type="list", elements="dict"),
             pods=dict(type="list", elements="dict"),
-            staged_nodes=dict(type="raw", required=True),
+            staged_nodes=dict(type="raw"),
             allow_outage=dict(type="bool", default=False),
             gpu_resource=dict(type="str", default="nvidia.com/gpu"),
             namespace=dict(type="str"),
@@ -133,9 +142,13 @@ def main():
             a_ref=dict(type="str"),
             b_ref=dict(type="str"),
         ),
+        required_one_of=[("rendered", "served_model_name")],
+        required_by={"rendered": ("nodes", "staged_nodes")},
         supports_check_mode=True,
     )
     p = module.params
+    if p["rendered"] is None:
+        module.exit_json(changed=False, serving=_k8s_upgrade.serving(p["live"], p["served_model_name"]))
     if not isinstance(p["staged_nodes"], (list, dict)):
         module.fail_json(msg="staged_nodes: a list of node names, or {prefill: [...], decode: [...]} for a P/D pair",
                          reason="staged_nodes")

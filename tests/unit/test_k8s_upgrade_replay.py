@@ -10,11 +10,12 @@ serves, the pods by revision, and A's objects compared with what the plan record
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_engine, _k8s_upgrade as up
-from ansible_collections.llmops.serving.plugins.modules import k8s_engine_wait, k8s_upgrade_plan, pd_manifests
+from ansible_collections.llmops.serving.plugins.modules import engine_manifests, k8s_engine_wait, k8s_upgrade_plan, pd_manifests
 from ansible_collections.llmops.serving.tests.lib import kube_controllers as kc
 from ansible_collections.llmops.serving.tests.lib import kube_scheduler as ks
 from ansible_collections.llmops.serving.tests.lib import role_tasks as rt
@@ -579,3 +580,105 @@ def assert_pd_a(cluster, plan):
     for rec in plan["record"]:
         got = live[(rec["kind"], rec["metadata"]["name"])]
         assert got.get("spec") == rec.get("spec"), rec["metadata"]["name"]
+
+
+# ---- the role (roles/upgrade/tasks/kubernetes*.yml) -------------------------------------------------------------
+
+
+B_OVERRIDES = {"model_path", "image", "extra_args", "staged_nodes"}
+
+
+def test_the_role_renders_b_with_the_engine_role_s_own_arguments_but_b_s():
+    """B's objects come from the engine role's engine_manifests arguments, the same keys and templates, except B's
+    revision, image, arguments and staged nodes (and no render_dir): a new engine argument cannot be forgotten."""
+    engine = rt.task("engine", "llmops.serving.engine_manifests", "kubernetes.yml")["llmops.serving.engine_manifests"]
+    mine = rt.task("upgrade", "llmops.serving.engine_manifests", "kubernetes_roll.yml")["llmops.serving.engine_manifests"]
+    assert set(mine) == set(engine) - {"render_dir"}
+    assert dict((k, v) for k, v in mine.items() if k not in B_OVERRIDES) == \
+        dict((k, v) for k, v in engine.items() if k not in B_OVERRIDES | {"render_dir"})
+    assert "upgrade_k8s_b_path" in mine["model_path"] and "upgrade_engine_image" in mine["image"]
+    assert "upgrade_engine_args" in mine["extra_args"]
+
+
+def test_the_role_s_render_plan_and_roll_replayed_on_the_cluster(run_module):
+    """The role's own tasks: B rendered with the arguments of its task (templated from the engine role's defaults,
+    the inventory's values given here), the plan with the arguments of its plan task, then the plan run on the
+    cluster model with a canary whose image is not found: A stays and its recorded objects are back."""
+    overrides = dict(engine_platform="kubernetes", engine_name="vllm", engine_served_model_name="tiny",
+                     engine_namespace=NS, engine_image=IMAGE, engine_tp_size=8, engine_replicas=2,
+                     engine_model_source="staged_nvme", engine_model_path=A_PATH,
+                     upgrade_model={"name": "tiny", "revision": "rev-b"}, model_stage_dest_root="/mnt/nvme/models",
+                     upgrade_engine_image=MISSING, upgrade_engine_args=[], engine_allow_outage=False,
+                     engine_staged_nodes=["gpu-01", "gpu-02", "gpu-03"], upgrade_pinned=["rev-a"],
+                     upgrade_a_ref="tiny@rev-a", upgrade_b_ref="tiny@rev-b", kernel_cache_env={})
+    variables = rt.RoleVars("engine", dict(overrides, upgrade_k8s_b_path=B_PATH),
+                            extra_vars_files=["roles/engine/vars/profiles.yml"])
+
+    def flatten(items):  # ansible.builtin.flatten, all levels
+        out = []
+        for x in items:
+            out.extend(flatten(x) if isinstance(x, list) else [x])
+        return out
+
+    variables.env.filters["flatten"] = flatten
+
+    def args_of(task, **given):
+        # env is built with Ansible's dict2items (not in tests/lib/role_tasks.py): the inventory here sets none
+        raw = dict((k, v) for k, v in task["llmops.serving.engine_manifests"].items() if k != "env")
+        return dict(variables.template(raw), env=[], **given)
+
+    b = run_module(engine_manifests, args_of(rt.task("upgrade", "llmops.serving.engine_manifests", "kubernetes_roll.yml")))
+    assert not b.get("failed"), b.get("msg")
+    b_dep = next(o for o in b["objects"] if o["kind"] == "Deployment")
+    assert kc.model_path(b_dep["spec"]["template"]) == B_PATH and b_dep["spec"]["template"]["spec"]["containers"][0]["image"] == MISSING
+    engine_task = rt.task("engine", "llmops.serving.engine_manifests", "kubernetes.yml")
+    a = run_module(engine_manifests, dict(args_of(engine_task), staged_nodes=["gpu-01", "gpu-02"], model_path=A_PATH,
+                                          render_dir=None))
+    assert not a.get("failed"), a.get("msg")
+    cluster = deployed(a, fleet())
+    cluster.missing_images.add(MISSING)
+    plan_task = rt.task("upgrade", "llmops.serving.k8s_upgrade_plan", "kubernetes_roll.yml")
+    fleet_read = {"results": [{"resources": node_objects(cluster)},
+                              {"resources": [o for o in cluster.objects() if o["kind"] == "Pod"]}]}
+    args = variables.template(plan_task["llmops.serving.k8s_upgrade_plan"], dict(
+        upgrade_k8s_b=b, upgrade_k8s_fleet=fleet_read,
+        upgrade_k8s_live={"results": [{"resources": [o]} for o in live_of(cluster, b["objects"])]}))
+    r = run_module(k8s_upgrade_plan, args)
+    assert not r.get("failed"), r.get("msg")
+    p = r["plan"]
+    assert p["pinned"] == ["rev-a"] and p["surge"] == 1
+    outcome, why, seq = execute(run_module, cluster, p)
+    assert outcome == "rolled back" and "image_pull" in why, why
+    assert_a_restored(cluster, p)
+
+
+@pytest.mark.parametrize("platform,image,phase,allowed,goes_to", [
+    ("kubernetes", IMAGE, "all", True, "kubernetes.yml"),
+    ("kubernetes", "", "all", True, "kubernetes.yml"),
+    ("kubernetes", "", "canary", False, None),  # the phases are the local engine's
+    ("local", "", "all", True, "local.yml"),
+    ("local", IMAGE, "all", False, None),  # a local engine has no image
+    ("slurm", "", "all", False, None),
+])
+def test_the_role_routes_kubernetes_to_its_plan_and_keeps_the_local_path(platform, image, phase, allowed, goes_to):
+    import jinja2
+
+    env = jinja2.Environment()
+    scope = dict(engine_platform=platform, upgrade_engine_image=image, upgrade_phase=phase)
+    check = rt.task("upgrade", "ansible.builtin.assert", "main.yml")["ansible.builtin.assert"]
+    assert all(env.compile_expression(t)(**scope) for t in check["that"]) is allowed
+    if not allowed:
+        msg = env.from_string(check["fail_msg"]).render(**scope)
+        assert ("upgrade_engine_image" in msg) if platform == "local" else (
+            "upgrade_phase" in msg if platform == "kubernetes" else "engine_platform=slurm" in msg), msg
+        return
+    included = [t for t in rt._walk(rt._tasks(os.path.join(rt.ROOT, "roles", "upgrade", "tasks", "main.yml")))  # pylint: disable=protected-access
+                if "ansible.builtin.include_tasks" in t or "ansible.builtin.meta" in t]
+    ran = []
+    for t in included:
+        when = t.get("when") or []
+        if all(env.compile_expression(w)(**scope) for w in (when if isinstance(when, list) else [when])):
+            if "ansible.builtin.meta" in t:
+                break  # end_role: nothing after it runs
+            ran.append(t["ansible.builtin.include_tasks"])
+    assert ran[:1] == [goes_to] and (platform == "local" or ran == ["kubernetes.yml"])

@@ -42,6 +42,8 @@ ROLE_LABEL = "llmops.serving/pd-role"
 MODEL_LABEL = "llmops.serving/pd-model"
 NAME_LABEL = "app.kubernetes.io/name"
 WORKLOADS = ("Deployment", "LeaderWorkerSet", "StormService")
+#: kube/_aibrix_route.py SERVED_NAME_ANNOTATION: the served model name on every engine workload the collection renders.
+SERVED_NAME_ANNOTATION = "llmops.serving/served-model-name"
 
 
 class UpgradeError(ValueError):
@@ -53,8 +55,8 @@ class UpgradeError(ValueError):
 
 
 def ref(obj):
-    """``{kind, name}`` of an object."""
-    return {"kind": obj["kind"], "name": obj["metadata"]["name"]}
+    """``{kind, name, apiVersion}`` of an object (what ``kubernetes.core.k8s`` needs to delete it)."""
+    return {"kind": obj["kind"], "name": obj["metadata"]["name"], "apiVersion": obj.get("apiVersion", "v1")}
 
 
 def recorded(obj):
@@ -157,6 +159,27 @@ def pair_room(nodes, staged, gpus, allocated=None, gpu_resource="nvidia.com/gpu"
         if len(placed) < 2:
             return pairs
         pairs += 1
+
+
+def serving(workloads, served_model_name):
+    """Which of the live engine ``workloads`` serves ``served_model_name`` (the engine objects' annotation
+    ``llmops.serving/served-model-name``), and the revision directory it loads (its ``model`` hostPath volume):
+    ``{kind, name, model_path, model, revision}``, or None. What an upgrade pins before it stages B."""
+    for w in workloads or []:
+        if ((w.get("metadata") or {}).get("annotations") or {}).get(SERVED_NAME_ANNOTATION) != served_model_name:
+            continue
+        if w.get("kind") == "Deployment":
+            template = w["spec"]["template"]
+        elif w.get("kind") == "LeaderWorkerSet":
+            template, _size = _lws_template(w)
+        else:
+            continue
+        path = next(((v.get("hostPath") or {}).get("path") for v in (template.get("spec") or {}).get("volumes") or []
+                     if v.get("name") == "model" and v.get("hostPath")), None)
+        parts = (path or "").rstrip("/").rsplit("/", 2)
+        return dict(kind=w["kind"], name=w["metadata"]["name"], model_path=path,
+                    model=parts[-2] if len(parts) >= 2 else None, revision=parts[-1] if path else None)
+    return None
 
 
 # --------------------------------------------------------------------------------------------- #

@@ -101,9 +101,9 @@ def test_the_plan_of_a_deployment_with_room_for_two(run_module):
     assert canary["metadata"]["name"] == "tiny-canary" and canary["spec"]["replicas"] == 1
     assert canary["spec"]["selector"]["matchLabels"][up.CANARY_LABEL] == "canary"
     wave = p["steps"][1]
-    assert wave["delete"] == [{"kind": "Deployment", "name": "tiny-canary"}]
+    assert wave["delete"] == [{"kind": "Deployment", "name": "tiny-canary", "apiVersion": "apps/v1"}]
     assert wave["apply"][-1]["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 2, "maxUnavailable": 0}
-    assert p["rollback"] == {"delete": [{"kind": "Deployment", "name": "tiny-canary"}], "apply": p["record"]}
+    assert p["rollback"] == {"delete": [{"kind": "Deployment", "name": "tiny-canary", "apiVersion": "apps/v1"}], "apply": p["record"]}
     assert [o["kind"] for o in p["record"]] == [o["kind"] for o in a["objects"]]
     assert any(line.startswith("rollback: delete Deployment tiny-canary") for line in r["lines"])
     assert r["changed"] is False
