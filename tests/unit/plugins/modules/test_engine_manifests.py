@@ -67,7 +67,8 @@ def test_refuses_key_less_exists_toleration_before_writing(run_module, tmp_path)
 
 
 def test_shared_fs_over_budget_warns(run_module):
-    r = run_module(engine_manifests, dict(ARGS, engine="sglang", model_source="shared_fs", replicas=4))
+    r = run_module(engine_manifests, dict(ARGS, engine="sglang", image="lmsysorg/sglang:v0.5.16@sha256:" + "c" * 64,
+                                          model_source="shared_fs", replicas=4))
     assert r["read_concurrency"]["concurrent_reads"] == 64
     assert any("exceeds read_streams_warn" in w for w in get_warning_messages())
 
