@@ -208,12 +208,12 @@ def test_the_target_log_never_gets_env_or_arguments_and_results_keep_them(monkey
 def test_diff_never_shows_a_credential_rendered_before(run_module, tmp_path):
     out = tmp_path / "gitops"
     run_module(engine_manifests, dict(ENGINE, render_dir=str(out)))
-    dep = out / "40-deployment-glm-5-2-fp8-vllm.yaml"
+    dep = out / "40-deployment-glm-5-2-fp8-vllm-019f2c25.yaml"
     obj = yaml.safe_load(dep.read_text())
     obj["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "HF_TOKEN", "value": FAKE}]
     dep.write_text("---\n" + yaml.safe_dump(obj))    # as an older release rendered it
     r = run_module(engine_manifests, dict(ENGINE, render_dir=str(out), hf_token_secret={"name": "hf"}), diff=True)
-    assert r["changed"] is True and "40-deployment-glm-5-2-fp8-vllm.yaml" in r["changed_files"]
+    assert r["changed"] is True and "40-deployment-glm-5-2-fp8-vllm-019f2c25.yaml" in r["changed_files"]
     assert FAKE not in json.dumps(r)
     assert any("previous content not shown" in d["before"] for d in r["diff"])
     assert FAKE not in dep.read_text()
@@ -266,8 +266,8 @@ def test_engine_role_output_hides_env_but_keeps_the_report(tmp_path):
     assert rc == 0, output[-3000:]
     assert value not in output
     flat = " ".join(output.split())
-    assert "concurrent reads" in flat and "rendered into %s: changed 10-service-glm-5-2-fp8-vllm.yaml" % out in flat
-    assert value in (out / "40-deployment-glm-5-2-fp8-vllm.yaml").read_text()
+    assert "concurrent reads" in flat and "rendered into %s: changed 10-service-glm-5-2-fp8-vllm-019f2c25.yaml" % out in flat
+    assert value in (out / "40-deployment-glm-5-2-fp8-vllm-019f2c25.yaml").read_text()
 
 
 def test_pd_role_refuses_a_plain_api_key_and_never_prints_it(tmp_path):
