@@ -35,10 +35,10 @@ test: install
 
 # The fast loop for the change at hand: lint of the changed files (flake8, ansible-lint), then the unit and property
 # tests that import them, the tests of the changed areas and their molecule scenarios (tests/lib/areas.py), against
-# HEAD (the uncommitted change) or BASE=<rev>. `make test` stays the gate.
+# HEAD (the uncommitted change) or BASE=<rev>, or for the paths FILES="a b" names. `make test` stays the gate.
 .PHONY: check
 check: install
-	$(VPY) tests/check.py --jobs $(TEST_JOBS) $(if $(BASE),--base $(BASE))
+	$(VPY) tests/check.py --jobs $(TEST_JOBS) $(if $(BASE),--base $(BASE)) $(if $(FILES),--files $(FILES))
 
 # ---- bootstrap -------------------------------------------------------------------------------
 venv: $(VENV)/.stamp-engine $(VENV)/.stamp-test

@@ -3,10 +3,13 @@
 What changed: the files ``git diff --name-only BASE`` names (the working tree against ``BASE``, default ``HEAD``: the
 uncommitted change) and the untracked files git does not ignore. Which tests: ``tests/lib/areas.py`` (the unit and
 property tests that import a changed file, the tests of the changed areas, the whole-tree checks), run as one pytest
-on ``JOBS`` workers like ``make test``; the molecule scenarios of the changed roles run beside them. ``make test``
+on ``JOBS`` workers like ``make test``; the molecule scenarios of the changed roles run beside the lints and pytest. ``make test``
 stays the gate: it runs everything.
 
-Usage: python tests/check.py [--base REV] [--jobs N] [--dry-run]
+``FILES`` (``make check FILES="a b"``, ``--files``) names the changed files instead of git: the loop for one area
+while the tree holds other work, and how the times of docs/development.md "The test loop" are measured.
+
+Usage: python tests/check.py [--base REV | --files PATH...] [--jobs N] [--dry-run]
 """
 from __future__ import annotations
 
@@ -53,12 +56,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     ap.add_argument("--base", default=os.environ.get("BASE") or "HEAD", help="compare the working tree with this revision")
     ap.add_argument("--jobs", default=os.environ.get("JOBS") or "3", help="pytest workers (pytest-xdist -n)")
+    ap.add_argument("--files", nargs="+", metavar="PATH", help="select for these repo-relative paths, not for git's changes")
     ap.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
     args = ap.parse_args(argv)
     start = time.monotonic()
-    changed = changed_files(args.base)
+    changed = sorted(set(args.files)) if args.files else changed_files(args.base)
     sel = areas.select(changed)
-    print("changed against %s: %d file(s); areas: %s" % (args.base, len(changed), ", ".join(sel["areas"]) or "none"))
+    what = "(--files)" if args.files else "against " + args.base
+    print("changed %s: %d file(s); areas: %s" % (what, len(changed), ", ".join(sel["areas"]) or "none"))
     if sel["unowned"]:
         print("owned by no area (selected by imports only): %s" % " ".join(sel["unowned"]))
     tests = sel["tests"] + sel["integration"]
@@ -71,18 +76,20 @@ def main(argv=None):
             print(" ".join(os.path.relpath(c, ROOT) if c.startswith(ROOT + "/") else c for c in cmd))
         return 0
     failed = []
+    mol = None
+    if sel["molecule"]:  # beside the lints and pytest from the start: the scenarios depend on neither
+        mol_log = open(os.path.join(ROOT, ".build", "check-molecule.log"), "w", encoding="utf-8")  # pylint: disable=consider-using-with
+        mol = subprocess.Popen(molecule_cmd, cwd=ROOT, stdout=mol_log, stderr=subprocess.STDOUT)  # pylint: disable=consider-using-with
     for cmd in lints:
         print("$ %s ..." % os.path.basename(cmd[0]), flush=True)
         if subprocess.call(cmd, cwd=ROOT) != 0:
             failed.append(os.path.basename(cmd[0]))
-    mol = None
-    if sel["molecule"]:
-        mol_log = open(os.path.join(ROOT, ".build", "check-molecule.log"), "w", encoding="utf-8")  # pylint: disable=consider-using-with
-        mol = subprocess.Popen(molecule_cmd, cwd=ROOT, stdout=mol_log, stderr=subprocess.STDOUT)  # pylint: disable=consider-using-with
-    print("$ pytest -n %s: %d unit/property target(s), %d integration file(s)"
-          % (args.jobs, len(sel["tests"]), len(sel["integration"])), flush=True)
+    print("$ pytest -n %s: %d unit/property target(s), %d integration file(s) (lint took %.0f s)"
+          % (args.jobs, len(sel["tests"]), len(sel["integration"]), time.monotonic() - start), flush=True)
+    pytest_start = time.monotonic()
     if subprocess.call(pytest_cmd, cwd=ROOT) != 0:
         failed.append("pytest")
+    print("pytest took %.0f s" % (time.monotonic() - pytest_start), flush=True)
     if mol is not None:
         rc = mol.wait()
         mol_log.close()

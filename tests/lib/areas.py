@@ -13,6 +13,10 @@ runs every test. Selection has three sources, so that it cannot miss the tests a
   named here);
 * **the change's own test files**, and the checks that read the whole tree (:data:`ALWAYS`).
 
+A molecule scenario runs roles: a change confined to roles (``roles/<role>/``) runs the area's scenarios that run one
+of those roles, directly or through a role that includes it (:func:`scenario_roles`); any other change of the area
+runs all of its scenarios.
+
 Integration tests are chosen by area, never by imports: they run playbooks and real processes, and most of them reach
 any Python file through a role; the area names the ones that are about it.
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -60,27 +65,35 @@ AREAS = {
                   "plugins/modules/demo_model.py", "plugins/modules/reference_generate.py",
                   "plugins/modules/preflight_facts.py", "plugins/filter/reference_checks.yml", "roles/engine/",
                   "roles/demo_model/", "roles/preflight/", "roles/diagnose/", "playbooks/site.yml",
-                  "playbooks/diagnose.yml", "playbooks/stop.yml", "inventories/local/", "requirements-engine-cpu.txt",
-                  "plugins/modules/serving_record.py", "roles/upgrade/", "playbooks/upgrade.yml",
-                  "playbooks/demo_upgrade.yml"),
+                  "playbooks/diagnose.yml", "playbooks/stop.yml", "inventories/local/", "requirements-engine-cpu.txt"),
         "unit": ("tests/unit/plugins/module_utils/engine/", "tests/unit/plugins/modules/test_engine_process.py",
                  "tests/unit/plugins/modules/test_engine_probe.py", "tests/unit/plugins/modules/test_demo_model.py",
-                 "tests/unit/plugins/modules/test_preflight_facts.py", "tests/unit/plugins/modules/test_engine_diagnose.py",
-                 "tests/unit/plugins/modules/test_serving_record.py"),
-        "integration": ("test_site_local.py", "test_diagnose_local.py", "test_site_demo_model_default.py", "test_upgrade_local.py",
+                 "tests/unit/plugins/modules/test_preflight_facts.py", "tests/unit/plugins/modules/test_engine_diagnose.py"),
+        "integration": ("test_site_local.py", "test_diagnose_local.py", "test_site_demo_model_default.py",
                         "test_engine_argv.py", "test_argument_specs.py"),
         "molecule": ("engine", "demo_model", "preflight", "diagnose"),
     },
+    # The revision upgrade of a local engine: its test stops and restarts an engine of its own four times (about 5
+    # minutes), so it runs when the upgrade changes, not on every change of the engine (``make test`` runs it always).
+    # ``_serving.py`` is under the engine's directory too: a change there selects both areas.
+    "upgrade": {
+        "paths": ("roles/upgrade/", "playbooks/upgrade.yml", "playbooks/demo_upgrade.yml", "plugins/modules/serving_record.py",
+                  "plugins/module_utils/engine/_serving.py"),
+        "unit": ("tests/unit/plugins/modules/test_serving_record.py",),
+        "integration": ("test_upgrade_local.py",),
+        "molecule": (),
+    },
     "kube": {
         "paths": ("plugins/module_utils/kube/", "plugins/modules/engine_manifests.py", "plugins/modules/k8s_engine_wait.py",
-                  "plugins/modules/pd_manifests.py", "plugins/modules/engine_diagnose.py", "plugins/filter/k8s_",
+                  "plugins/modules/pd_manifests.py", "plugins/modules/engine_diagnose.py", "plugins/modules/k8s_upgrade_plan.py",
+                  "plugins/filter/k8s_",
                   "plugins/filter/timeline_table.yml", "inventories/example-h20/", "tests/lib/kube_",
                   "tests/lib/aibrix_oracle.py", "tests/lib/role_tasks.py"),
         "unit": ("tests/unit/plugins/module_utils/kube/", "tests/unit/plugins/modules/test_k8s_engine_wait.py",
                  "tests/unit/plugins/modules/test_engine_manifests.py", "tests/unit/plugins/modules/test_pd_manifests_module.py",
                  "tests/unit/plugins/modules/test_k8s_auth.py", "tests/unit/test_pd_apply_replay.py",
                  "tests/unit/test_route_oracle.py", "tests/unit/test_kube_api.py"),
-        "integration": ("test_engine_render.py", "test_example_fleet.py", "test_renamed_variables.py"),
+        "integration": ("test_engine_render.py", "test_example_fleet.py", "test_renamed_variables.py", "test_engine_rbac.py"),
         "molecule": ("engine", "pd_disagg"),
     },
     "transport": {
@@ -122,10 +135,14 @@ AREAS = {
         "unit": ("tests/unit/test_awx_hosts.py", "tests/unit/test_awx_surveys.py", "tests/unit/test_ee.py",
                  "tests/unit/test_awx_workflow.py", "tests/unit/test_awx_roles.py", "tests/property/test_awx_workflow_properties.py"),
         "integration": ("test_awx_runner.py", "test_awx_configure_api.py", "test_awx_netns.py", "test_awx_deploy_netns.py",
-                        "test_awx_jobs_netns.py"),
+                        "test_awx_jobs_netns.py", "test_awx_upgrade_configure.py"),
         "molecule": (),
     },
 }
+
+#: How a role is run in YAML: ``role: llmops.serving.X`` (a play's roles), ``name: llmops.serving.X`` (include_role,
+#: import_role); a module task (``llmops.serving.X:``) is neither.
+ROLE_USE = re.compile(r"""(?:role|name):\s*['"]?llmops\.serving\.(\w+)""")
 
 #: Checks that read the whole tree: cheap, and any change can break them.
 ALWAYS = ("tests/unit/test_layout.py", "tests/unit/test_interface.py", "tests/unit/test_self_contained.py",
@@ -202,6 +219,40 @@ def closure(rel, graph):
     return seen
 
 
+def _roles_named(directory):
+    """The roles of this collection that the YAML files under ``directory`` (repo-relative) run."""
+    roles_dir = os.path.join(ROOT, "roles")
+    known = set(os.listdir(roles_dir)) if os.path.isdir(roles_dir) else set()
+    found = set()
+    for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, directory)):
+        dirnames.sort()
+        for name in filenames:
+            if name.endswith((".yml", ".yaml")):
+                with open(os.path.join(dirpath, name), encoding="utf-8") as f:
+                    found.update(m for m in ROLE_USE.findall(f.read()) if m in known)
+    return found
+
+
+def scenario_roles(scenario):
+    """The roles the molecule ``scenario`` runs: those its files name, and every role those include, transitively."""
+    seen, stack = set(), sorted(_roles_named(os.path.join("extensions", "molecule", scenario)))
+    while stack:
+        role = stack.pop()
+        if role not in seen:
+            seen.add(role)
+            stack.extend(sorted(_roles_named(os.path.join("roles", role)) - seen))
+    return seen
+
+
+def _scenarios_for(scenarios, paths):
+    """Of an area's ``scenarios``, those its changed ``paths`` need: all of them, unless every path is a role's file;
+    then the ones that run one of those roles."""
+    if not all(p.startswith("roles/") for p in paths):
+        return set(scenarios)
+    roles = set(p.split("/")[1] for p in paths)
+    return set(s for s in scenarios if scenario_roles(s) & roles)
+
+
 def _under(path, prefixes):
     return any(path == p or (p.endswith("/") and path.startswith(p)) for p in prefixes)
 
@@ -223,7 +274,7 @@ def select(changed):
     for name in areas:
         tests.update(AREAS[name]["unit"])
         integration.update("tests/integration/" + f for f in AREAS[name]["integration"])
-        molecule.update(AREAS[name]["molecule"])
+        molecule.update(_scenarios_for(AREAS[name]["molecule"], [p for p in changed if name in area_of(p)]))
     py_changed = set(p for p in changed if p.endswith(".py"))
     graph = {}
     for tree in IMPORT_TREES:

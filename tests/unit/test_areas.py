@@ -65,6 +65,33 @@ def test_a_role_change_runs_the_tests_named_for_its_area():
     assert sel["molecule"] == ["pd_disagg"]
 
 
+def test_an_engine_change_shares_the_session_engine_and_leaves_the_upgrade_out():
+    # test_upgrade_local starts, stops and restarts an engine of its own: it runs when the upgrade changes
+    sel = areas.select(["roles/engine/tasks/main.yml"])
+    assert sel["areas"] == ["engine"]
+    assert "tests/integration/test_site_local.py" in sel["integration"]
+    assert "tests/integration/test_upgrade_local.py" not in sel["integration"]
+    for changed in ("roles/upgrade/tasks/main.yml", "playbooks/upgrade.yml", "plugins/modules/serving_record.py"):
+        sel = areas.select([changed])
+        assert sel["areas"] == ["upgrade"], changed
+        assert sel["integration"] == ["tests/integration/test_upgrade_local.py"], changed
+        assert "tests/unit/plugins/modules/test_serving_record.py" in sel["tests"]
+    # the serving record's logic lives under the engine's directory: both areas run
+    assert areas.select(["plugins/module_utils/engine/_serving.py"])["areas"] == ["upgrade", "engine"]
+
+
+def test_a_role_change_runs_the_scenarios_that_run_that_role():
+    # the engine role's scenario only: demo_model, preflight and diagnose never run the engine role
+    assert areas.select(["roles/engine/tasks/main.yml"])["molecule"] == ["engine"]
+    # the engine role includes the diagnose role: both scenarios run it
+    assert "diagnose" in areas.scenario_roles("engine")
+    assert areas.select(["roles/diagnose/tasks/main.yml"])["molecule"] == ["diagnose", "engine"]
+    # a module may serve any role of the area: every scenario of the area runs
+    assert areas.select(["plugins/modules/engine_process.py"])["molecule"] == ["demo_model", "diagnose", "engine", "preflight"]
+    assert areas.select(["roles/engine/tasks/main.yml", "plugins/modules/engine_process.py"])["molecule"] == [
+        "demo_model", "diagnose", "engine", "preflight"]
+
+
 def test_a_test_that_imports_the_changed_file_through_a_module_runs():
     # test_engine_manifests imports modules/engine_manifests, which imports kube/_k8s_engine -> kube/_k8s_names
     sel = areas.select(["plugins/module_utils/common/_units.py"])
