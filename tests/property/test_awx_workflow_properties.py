@@ -80,7 +80,7 @@ def test_no_failure_in_a_workflow_of_awx_ends_it_successful(data):
     for wfjt in OBJECTS["controller_workflows"]:
         outcome = {}
 
-        def run_node(ident, node, wfjt=wfjt, outcome=outcome):
+        def run_node(ident, node, wfjt=wfjt, outcome=outcome):  # pylint: disable=dangerous-default-value
             ujt = node["unified_job_template"]
             if ujt["type"] == "workflow_approval":
                 job = awx.Approval(data.draw(st.sampled_from(["approve", "deny", "timeout"]), label=ident))

@@ -339,7 +339,7 @@ def test_the_only_pod_without_room_is_refused_naming_both_fixes(run_module):
 
 
 def _lws_pods(cluster, rev):
-    return [x for x in pods_by_revision(cluster).get(rev, [])]
+    return list(pods_by_revision(cluster).get(rev, []))
 
 
 def test_lws_good_upgrade_and_a_failing_canary_group(run_module):
