@@ -170,9 +170,26 @@ def _module_file(dotted):
     return None
 
 
+#: ``rel`` -> (its modification time, its imports): :func:`select` parses each file once per process while it is
+#: unchanged (tests/unit/test_areas.py selects several times; each full parse of the tree costs seconds).
+_IMPORTS = {}
+
+
 def imports_of(rel):
     """Repo files the Python file ``rel`` imports: modules of the collection (``from PKG.x import y`` may name a module
     ``y`` of package ``x``) and a test directory's own helpers (``from llmops_testlib import ...``)."""
+    path = os.path.join(ROOT, rel)
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError:
+        return set()
+    if _IMPORTS.get(rel, (None,))[0] != stamp:
+        _IMPORTS[rel] = (stamp, _parse_imports(rel))
+    return set(_IMPORTS[rel][1])
+
+
+def _parse_imports(rel):
+    """:func:`imports_of`, read from the file."""
     try:
         with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
             tree = ast.parse(f.read())
