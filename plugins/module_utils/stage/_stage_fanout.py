@@ -83,6 +83,8 @@ from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_progre
 # pulls in flight per read stream: a peer's uplink is shared by every receiver, so one transfer gets a fraction
 # of it, and filling this node's downlink takes several; reads from src stay at ``streams`` (and the fleet slots)
 PEER_STREAMS = 2
+#: A peer whose piece list did not change is asked again after twice the wait before, up to this many ``poll``.
+POLL_BACKOFF = 4
 
 
 class _FileState(object):
@@ -190,10 +192,17 @@ class Receiver(object):
             self._cond.notify_all()
 
     def _poll_loop(self, link):
+        """Ask ``link`` for its piece list every ``poll`` seconds while the list changes; after a list that did not,
+        wait twice as long as before, up to ``POLL_BACKOFF`` times ``poll`` (a peer that gains nothing is asked
+        less often; its next change is seen within that)."""
+        wait = self.poll
         while not self._stop.is_set() and link.alive:
             try:
                 body = self.wire.get_body(link, "/pieces", self._pieces_limit)
+                before = (link.state, dict(link.have))
                 self._absorb(link, parse_piece_list(body, self.piece_size, self._pieces_limit))
+                # nothing new (same state, same pieces held): ask again later, up to POLL_BACKOFF times poll
+                wait = min(wait * 2, self.poll * POLL_BACKOFF) if (link.state, link.have) == before else self.poll
                 link.failures = 0
             except _http.HttpError as e:
                 if e.status == 403:
@@ -210,7 +219,7 @@ class Receiver(object):
                     self._drop(link, "answered %d times with something that is not a piece list (%s)"
                                % (link.failures, e))
                     return
-            self._stop.wait(self.poll)
+            self._stop.wait(wait)
 
     def _absorb(self, link, doc):
         """Take in a piece list (:func:`parse_piece_list`'s form) from ``link``."""

@@ -64,6 +64,7 @@ from urllib.parse import parse_qs, urlsplit
 from ansible_collections.llmops.serving.plugins.module_utils.common import _clock
 from ansible_collections.llmops.serving.plugins.module_utils.common import _fsutil
 from ansible_collections.llmops.serving.plugins.module_utils.common import _paths
+from ansible_collections.llmops.serving.plugins.module_utils.common import _untrusted
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_layout
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_marker as _marker
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_fanout_wire
@@ -206,19 +207,38 @@ def _hex_or_none(v):
     return v if isinstance(v, str) and len(v) == 64 and set(v) <= _marker._HEX else None
 
 
-def read_board(partial, piece_size):
-    """``(doc, mtime)`` of the board in ``partial`` at ``piece_size``; ``(None, None)`` when absent or not one."""
+def read_board(partial, piece_size, last=None):
+    """``(doc, mtime)`` of the board in ``partial`` at ``piece_size``; ``(None, None)`` when absent or not one.
+
+    ``last``, a dict the caller keeps between calls, holds the bytes parsed last time and what they gave: when the
+    file holds the same bytes again (a heartbeat rewrite, or a list polled again before anything changed), that
+    result is returned without parsing and checking every digest again. The bytes are compared in full, so what
+    is returned is always what the file holds now."""
     path = os.path.join(partial, BOARD)
     try:
-        doc = _marker._read_json_file(path, MAX_BOARD_BYTES)
+        raw = _untrusted.read_bytes(path, max_bytes=MAX_BOARD_BYTES, follow=False)
         mtime = os.lstat(path).st_mtime
-    except (_marker.RecordError, OSError):
+    except (_untrusted.UntrustedInput, OSError):
         return None, None
+    if last is not None and last.get("raw") == raw:
+        return last["doc"], mtime
+    doc = _parse_board(path, raw, piece_size)
+    if last is not None:
+        last.update(raw=raw, doc=doc)
+    return doc, mtime
+
+
+def _parse_board(path, raw, piece_size):
+    """The checked board document of the bytes ``raw`` read from ``path``, or None."""
+    try:
+        doc = _untrusted.loads_json(raw, str(path), file=path, max_bytes=MAX_BOARD_BYTES)
+    except _untrusted.UntrustedInput:
+        return None
     if not isinstance(doc, dict) or doc.get("format") != BOARD_FORMAT or doc.get("piece_size") != piece_size:
-        return None, None
+        return None
     files = doc.get("files")
     if not isinstance(files, dict):
-        return None, None
+        return None
     clean = {}
     for rel, e in files.items():
         try:
@@ -235,7 +255,7 @@ def read_board(partial, piece_size):
                       "digests": [_hex_or_none(d) for d in e["digests"]], "done": e.get("done") is True,
                       "where": "partial"}
     doc["files"] = clean
-    return doc, mtime
+    return doc
 
 
 def board_age(partial, mtime):
@@ -263,6 +283,9 @@ class Offer(object):
         self._marker_key = None
         self._marker = None
         self._sent = {}   # rel -> bytearray: transfers of each piece this server started (up to 9)
+        self._sent_version = 0  # bumped with every change of _sent
+        self._board_last = {}   # the board's bytes parsed last and their result (read_board)
+        self._public = None     # (snapshot, sent version, load, encoded piece list) served last
 
     def snapshot(self):
         with self._lock:
@@ -282,7 +305,7 @@ class Offer(object):
                     files[r.path] = {"size": r.size, "src": list(r.src[1:]), "header_sha256": r.header_sha256,
                                      "sha256": r.sha256, "digests": list(r.pieces), "done": True, "where": "dest"}
         if not os.path.islink(self.lay.partial):
-            board, mtime = read_board(self.lay.partial, self.piece_size)
+            board, mtime = read_board(self.lay.partial, self.piece_size, self._board_last)
             if board is not None:
                 state = board.get("state") if board.get("state") in ("copying", "failed", "done") else "copying"
                 age = board_age(self.lay.partial, mtime)
@@ -302,8 +325,22 @@ class Offer(object):
             self._marker_key = key
         return self._marker
 
-    def public(self, load):
+    def public_body(self, load):
+        """:meth:`public` as the JSON bytes sent, encoded again only when the snapshot, ``sent`` or ``load``
+        changed: receivers poll every peer several times a second, mostly for a list that did not change."""
         snap = self.snapshot()
+        with self._lock:
+            version = self._sent_version
+            cached = self._public
+        if cached is not None and cached[0] is snap and cached[1] == version and cached[2] == load:
+            return cached[3]
+        body = json.dumps(self.public(load, snap), sort_keys=True, separators=(",", ":")).encode("utf-8")
+        with self._lock:
+            self._public = (snap, version, load, body)
+        return body
+
+    def public(self, load, snap=None):
+        snap = snap if snap is not None else self.snapshot()
         files = {}
         with self._lock:
             sent = dict((rel, bytes(c)) for rel, c in self._sent.items())
@@ -345,6 +382,7 @@ class Offer(object):
                     counts = self._sent.setdefault(rel, bytearray(len(e["digests"])))
                     for i in pieces:
                         counts[i] = min(9, counts[i] + 1)
+                    self._sent_version += 1
                 return fd
             os.close(fd)
         raise LookupError("not on disk")
@@ -498,7 +536,9 @@ class _Handler(BaseHTTPRequestHandler):
         BaseHTTPRequestHandler.handle_one_request(self)
 
     def _send_json(self, code, doc):
-        body = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
+        self._send_body(code, json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8"))
+
+    def _send_body(self, code, body):
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -537,7 +577,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send_json(404, {"error": "revision not served here"})
         what = parts[4]
         if what == "pieces" and len(parts) == 5:
-            return self._send_json(200, offer.public(self.server.active))
+            return self._send_body(200, offer.public_body(self.server.active))
         if what == "digests" and len(parts) == 5:
             rel = (parse_qs(url.query, errors="surrogateescape").get("file") or [""])[0]
             e = offer.snapshot()["files"].get(rel)
