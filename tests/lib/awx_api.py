@@ -32,7 +32,9 @@ modules named below), nothing more:
   ``related.unified_job_template`` name it (type ``workflow_approval_template``, so the module's lookup by
   ``type=workflow_approval`` never finds it and it reads it through the node instead, as against AWX). The module
   compares that template with the node's fields (``identifier``, ``workflow_job_template``), which it never has, so
-  every run - ``--check`` too - reports the workflow changed, as against AWX;
+  every run - ``--check`` too - reports the workflow changed, as against AWX. A node's ``DELETE`` removes its edges
+  both ways (``success_nodes`` / ``failure_nodes`` / ``always_nodes`` are many-to-many fields of the node itself,
+  ``WorkflowNodeBase`` in ``awx/main/models/workflow.py``, whose rows go with it);
 * secret inputs (the credential type's ``secret: true`` fields, survey password defaults) read back as
   ``$encrypted$``, as AWX answers them;
 * a role is granted as ``awx.awx.role`` grants it: the resource's ``summary_fields.object_roles.<role>_role.id``
@@ -297,6 +299,12 @@ class StandInAWX:
                 return 200, self._public(endpoint, obj)
             if method == "DELETE":
                 del self.objects[endpoint][oid]
+                if endpoint == "workflow_job_template_nodes":  # its edges, both ways, go with it (AWX's node delete)
+                    for key in [k for k in self.associations if k[0] == endpoint and k[1] == oid]:
+                        del self.associations[key]
+                    for key, ids in self.associations.items():
+                        if key[0] == endpoint and oid in ids:
+                            ids.remove(oid)
                 return 204, None
             return 405, {"detail": "Method \"%s\" not allowed." % method}
         sub = parts[2]

@@ -590,7 +590,8 @@ class Controller:
         self.objects = load_controller(awx_dir)
         # values of the llmops_awx_* variables playbooks/awx_configure.yml was given (it has no default for the
         # inventory path; the tests' controller imports inventories/local, whose one host is in every group)
-        self.settings = {"llmops_awx_inventory_path": "inventories/local"}
+        self.settings = {"llmops_awx_inventory_path": "inventories/local", "llmops_awx_instance_groups": [],
+                         "llmops_awx_notify_error": [], "llmops_awx_notify_success": []}  # the playbook's defaults
         self.settings.update(settings or {})
         self.task_env = dict(task_env or {})  # the AWX_TASK_ENV setting: extra environment of every job
         self.collections = collections
@@ -604,7 +605,8 @@ class Controller:
         return by_name(self.objects["controller_templates"], name)
 
     def workflow(self, name):
-        return by_name(self.objects["controller_workflows"], name)
+        """Workflow ``name`` as awx_configure.yml leaves it on the controller with ``self.settings`` (``render_workflow``)."""
+        return render_workflow(by_name(self.objects["controller_workflows"], name), self.settings)
 
     # -- launch ------------------------------------------------------------------------------------------------
     def launch(self, name, answers=None, extra_vars=None, prompts=None, workflow=None, blocking=True, **run_kw):
@@ -923,6 +925,54 @@ class WorkflowDAG:
         if unhandled:
             return True, "No error handling path for workflow job node(s) [%s]." % ",".join(unhandled)
         return False, None
+
+
+def render_workflow(wfjt, settings):
+    """Workflow ``wfjt`` of awx/ as ``playbooks/awx_configure.yml`` leaves it on a controller given ``settings`` (its
+    ``llmops_awx_*`` variables): every ``{{ ... }}`` of the workflow evaluated with them (Jinja's native types), the
+    nodes whose ``state`` is ``absent`` left out with their own edges (the "Workflow nodes" task deletes them, and AWX
+    deletes a node's edges with the node), and each edge to an absent node bypassing it: it leads to that node's
+    success children instead (the "Workflow edges" task). An edge to a node the workflow does not have is refused, as
+    awx.awx's lookup of it by identifier fails; so is an absent node whose success child is absent too (the task
+    bypasses one node). A workflow holds no ``!unsafe`` value (AWX's own Jinja): every template in it is the
+    configure playbook's."""
+    import jinja2.nativetypes  # pylint: disable=import-outside-toplevel
+
+    env = jinja2.nativetypes.NativeEnvironment(undefined=jinja2.StrictUndefined)
+
+    def render(value):
+        if isinstance(value, str) and "{{" in value:
+            return env.from_string(value).render(settings)
+        if isinstance(value, dict):
+            return {k: render(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [render(v) for v in value]
+        return value
+
+    out = render(copy.deepcopy(wfjt))
+    for node in out.get("workflow_nodes", []):
+        if node.get("state", "present") not in ("present", "absent"):
+            raise ValueError("node %r: state %r is neither present nor absent" % (node["identifier"], node["state"]))
+    bypass = {n["identifier"]: [c["identifier"] for c in (n.get("related") or {}).get("success_nodes", [])]
+              for n in out.get("workflow_nodes", []) if n.get("state") == "absent"}
+    for ident, kids in bypass.items():
+        if set(kids) & set(bypass):
+            raise ValueError("node %r is absent and so is its success child %s" % (ident, sorted(set(kids) & set(bypass))))
+    nodes = [n for n in out.get("workflow_nodes", []) if n["identifier"] not in bypass]
+    known = {n["identifier"] for n in nodes}
+    for node in nodes:
+        related = node.get("related") or {}
+        for kind in EDGES:
+            if kind in related:
+                idents = [c["identifier"] for c in related[kind]]
+                idents = [i for i in idents if i not in bypass] + [k for i in idents if i in bypass for k in bypass[i]]
+                related[kind] = [{"identifier": i} for i in idents]
+                unknown = [i for i in idents if i not in known]
+                if unknown:
+                    raise ValueError("node %r: %s names %s, which the workflow does not have" % (
+                        node["identifier"], kind, ", ".join(unknown)))
+    out["workflow_nodes"] = nodes
+    return out
 
 
 def node_ancestor_artifacts(dag, ident, jobs, kept):

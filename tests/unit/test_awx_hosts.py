@@ -38,11 +38,12 @@ EXPECTED = {
     "llmops diagnose": [("Diagnose the Kubernetes engine", ["k8s-api-01"]),
                         ("Diagnose the local engine of each colocated node", ["h20-gpu-01"])],
     "llmops benchmark": [("Serving benchmark", ["bench-01"]), ("Export the benchmark report", ["bench-01"])],
+    "llmops upgrade phase": [("Upgrade the serving revision", ["h20-gpu-01"])],
 }
 
 
 PLAYBOOKS = ("playbooks/site.yml", "playbooks/stage.yml", "playbooks/verify_transport.yml", "playbooks/diagnose.yml",
-             "playbooks/benchmark.yml")
+             "playbooks/benchmark.yml", "playbooks/upgrade.yml")
 
 
 @functools.lru_cache(maxsize=None)
@@ -92,14 +93,14 @@ def test_no_staging_or_deploy_step_reaches_the_kubernetes_api_host():
 def test_the_workflow_limit_keeps_every_node_on_its_hosts():
     """The workflow's limit replaces the limit of each node whose template asks for one (the others keep their
     own): every node still reaches exactly its own template's hosts."""
-    (wf,) = OBJECTS["controller_workflows"]
-    assert wf["ask_limit_on_launch"] is True
-    for node in wf["workflow_nodes"]:
-        if node["unified_job_template"]["type"] == "workflow_approval":
-            continue  # an approval runs nothing on any host
-        template = awx.by_name(TEMPLATES, node["unified_job_template"]["name"])
-        limit = wf["limit"] if template["ask_limit_on_launch"] else template["limit"]
-        assert list_hosts(template["playbook"], limit) == EXPECTED[template["name"]], node["identifier"]
+    for wf in OBJECTS["controller_workflows"]:
+        assert wf["ask_limit_on_launch"] is True
+        for node in wf["workflow_nodes"]:
+            if node["unified_job_template"]["type"] == "workflow_approval":
+                continue  # an approval runs nothing on any host
+            template = awx.by_name(TEMPLATES, node["unified_job_template"]["name"])
+            limit = wf["limit"] if template["ask_limit_on_launch"] else template["limit"]
+            assert list_hosts(template["playbook"], limit) == EXPECTED[template["name"]], node["identifier"]
 
 
 def test_a_narrowed_workflow_still_diagnoses_the_engine():
@@ -214,8 +215,8 @@ def test_no_slice_of_any_template_is_left_without_a_host_of_its_limit(template):
     a launch-time slice count where the template asks for one), has a host to target."""
     imported = _imported()
     hosts = set(imported["_meta"]["hostvars"])
-    (wf,) = OBJECTS["controller_workflows"]
-    limits = [template["limit"]] + ([wf["limit"]] if template.get("ask_limit_on_launch") else [])
+    limits = [template["limit"]] + ([wf["limit"] for wf in OBJECTS["controller_workflows"]]
+                                    if template.get("ask_limit_on_launch") else [])
     prompted = [{}] + ([{"job_slice_count": n} for n in range(2, len(hosts) + 1)]
                        if template.get("ask_job_slice_count_on_launch") else [])
     for prompts in prompted:

@@ -46,7 +46,7 @@ def test_the_data_model_holds_every_kind_the_controller_needs():
     assert {"controller_credential_types", "controller_notifications"} <= set(OBJECTS)
     assert sorted(t["playbook"] for t in TEMPLATES) == ["playbooks/benchmark.yml", "playbooks/diagnose.yml",
                                                         "playbooks/site.yml", "playbooks/stage.yml",
-                                                        "playbooks/verify_transport.yml"]
+                                                        "playbooks/upgrade.yml", "playbooks/verify_transport.yml"]
 
 
 @pytest.mark.parametrize("answers, targets", [
@@ -145,7 +145,7 @@ def test_templates_and_workflow_reference_objects_that_exist():
         assert set(t["credentials"]) <= names["controller_credentials"]
         assert t["organization"] in names["controller_organizations"]
     assert len(names["controller_templates"]) == len(TEMPLATES)
-    (wf,) = WORKFLOWS
+    wf = awx.by_name(WORKFLOWS, "llmops stage, deploy, verify")  # the upgrade's: tests/unit/test_awx_workflow.py
     nodes = {n["identifier"]: n for n in wf["workflow_nodes"]}
     assert len(nodes) == len(wf["workflow_nodes"])
     edges = {i: [c["identifier"] for k in ("success_nodes", "failure_nodes", "always_nodes")
