@@ -65,7 +65,7 @@ def _copy_revision(fleet, name):
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory, run_module):
+def fleet(tmp_path_factory):
     root = tmp_path_factory.mktemp("llmops-upgrade")
     rc, out = run_playbook("playbooks/site.yml", root, PORT, "-e", "kernel_cache_enabled=false", timeout=1500)
     assert rc == 0, out[-4000:]
