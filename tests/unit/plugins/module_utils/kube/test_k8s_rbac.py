@@ -214,7 +214,7 @@ def recorded():
             fetch()
             assert fetch.read_log("glm-0", "engine", True) is not None
         api = _k8s_client.api_client(_wait_params(srv, "Deployment", "glm"))
-        objects, logs, kinds, _ = _diagnose_k8s.fetch_kubernetes(api, NS, "glm", GW)
+        objects, logs, kinds, dummy = _diagnose_k8s.fetch_kubernetes(api, NS, "glm", GW)
         assert "Pod" in kinds
         return [r for r in srv.requests if r[1].rstrip("/") != "/version"]
     finally:
