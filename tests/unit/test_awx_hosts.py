@@ -188,6 +188,12 @@ def test_kubernetes_calls_follow_the_one_switch():
     assert awx_like["k8s-api-01"][:2] == ("localhost", False)
     # with no cluster to read, the failure names the credential the EE would have had
     assert "K8S_AUTH_HOST" in awx_like["k8s-api-01"][2]
+    # a site's own diagnose_delegate_to (a bastion) does not take the read out of the EE under AWX: the bastion has
+    # no credential there
+    site_bastion = _diagnose_delegation("-e", "diagnose_delegate_to=bench-01")
+    assert site_bastion["k8s-api-01"][:2] == ("10.0.0.20", False)  # outside AWX the site decides
+    awx_over_site = _diagnose_delegation("-e", "diagnose_delegate_to=bench-01", "-e", "llmops_k8s_delegate_to=localhost")
+    assert awx_over_site["k8s-api-01"][:2] == ("localhost", False)
 
 
 @functools.lru_cache(maxsize=None)
