@@ -36,6 +36,12 @@ options:
   served_model_name:
     description: The served model name whose workload O(live) holds (without O(rendered)).
     type: str
+  pd_model_name:
+    description:
+      - Without O(rendered), the model name of a P/D pair (C(pd_disagg_model_name)) looked for in O(live) when no
+        engine workload serves O(served_model_name) - its prefill, decode and front Deployments (C(form) V(P/D)), or
+        its StormService (C(form) V(StormService)).
+    type: str
   nodes:
     description: The Nodes as listed (C(status.allocatable), C(spec.unschedulable), taints). Required with O(rendered).
     type: list
@@ -102,12 +108,14 @@ plan:
     C(form) (Deployment, LeaderWorkerSet, P/D), C(unit), C(units), C(room) (pods that fit per node that staged B),
     C(surge), C(waves) (units per wave), C(outage), C(canary), C(generations) (P/D), C(steps) (each C(name),
     C(apply) objects, C(delete) C({kind, name}), C(wait) C({kind, name, replicas, selector})), C(order),
-    C(record) (A's objects to re-apply), C(rollback) (C(delete), C(apply)), C(retire), C(pinned).
+    C(record) (A's objects to re-apply), C(rollback) (C(delete), C(apply), C(wait) - A's workloads to wait for),
+    C(retire), C(pinned). A wait may name its C(container) and C(service) (a P/D role's own).
   returned: with O(rendered)
   type: dict
 serving:
-  description: Without O(rendered), the workload of O(live) that serves O(served_model_name) (C(kind), C(name),
-    C(model_path), C(model), C(revision)); null when none does.
+  description: Without O(rendered), the workload of O(live) that serves O(served_model_name) or the P/D pair of
+    O(pd_model_name) (C(kind), C(name), C(form) - V(Deployment), V(LeaderWorkerSet), V(P/D) or V(StormService) -,
+    C(model_path), C(model), C(revision); a P/D pair also C(prefill), C(decode), C(front)); null when none does.
   returned: when O(rendered) is not given
   type: dict
 lines:
@@ -132,6 +140,7 @@ def main():
             live=dict(type="list", elements="dict", required=True),
             rendered=dict(type="list", elements="dict"),
             served_model_name=dict(type="str"),
+            pd_model_name=dict(type="str"),
             nodes=dict(type="list", elements="dict"),
             pods=dict(type="list", elements="dict"),
             staged_nodes=dict(type="raw"),
@@ -148,7 +157,8 @@ def main():
     )
     p = module.params
     if p["rendered"] is None:
-        module.exit_json(changed=False, serving=_k8s_upgrade.serving(p["live"], p["served_model_name"]))
+        found = _k8s_upgrade.serving(p["live"], p["served_model_name"], p["pd_model_name"])
+        module.exit_json(changed=False, serving=found)
     if not isinstance(p["staged_nodes"], (list, dict)):
         module.fail_json(msg="staged_nodes: a list of node names, or {prefill: [...], decode: [...]} for a P/D pair",
                          reason="staged_nodes")

@@ -136,6 +136,8 @@ def pods_by_revision(cluster):
 
 
 def judge(run_module, cluster, w, kind):
+    """``k8s_engine_wait`` as kubernetes_step.yml calls it for one wait of a step (its container and Service when the
+    plan names them)."""
     objects = cluster.objects()
     pods = [o for o in objects if o["kind"] == "Pod" and not o["metadata"].get("deletionTimestamp")
             and all((o["metadata"].get("labels") or {}).get(k) == v for k, v in w["selector"].items())]
@@ -143,16 +145,23 @@ def judge(run_module, cluster, w, kind):
     models = {"object": "list", "data": [{"id": "tiny", "root": cluster.root(ready[0])}]} if ready else None
     args = dict(namespace=NS, selector=w["selector"], replicas=w["replicas"], workload_kind=kind,
                 workload_name=w["name"], objects={"apiVersion": "v1", "kind": "List", "items": objects})
+    if w.get("container"):
+        args["container"] = w["container"]
+    if w.get("service"):
+        args["service_name"] = w["service"]
     if models:
         args["models"] = models
     return run_module(k8s_engine_wait, args)
 
 
-def wait(run_module, cluster, waits, limit=900, step=10, soak=0):
-    """Poll until every wait is ready (then ``soak`` more seconds, judged again) or one fails or ``limit`` passes."""
+def wait(run_module, cluster, waits, limit=900, step=10, soak=0, observe=None):
+    """Poll until every wait is ready (then ``soak`` more seconds, judged again) or one fails or ``limit`` passes;
+    ``observe(cluster)`` at every poll."""
     results = {}
     for _i in range(limit // step):
         cluster.advance(step)
+        if observe:
+            observe(cluster)
         results = dict((w["name"], judge(run_module, cluster, w, w["kind"])) for w in waits)
         states = [r["state"] for r in results.values()]
         if any(s in ("failed", "timeout") for s in states):
@@ -166,8 +175,10 @@ def wait(run_module, cluster, waits, limit=900, step=10, soak=0):
     return not bad, "; ".join("%s: %s" % (n, r["msg"]) for n, r in sorted(bad.items()))
 
 
-def execute(run_module, cluster, plan, during=None, soak=60, limit=900):
+def execute(run_module, cluster, plan, during=None, soak=60, limit=900, observe=None, canary_check=None):
     """The plan's steps in order, each: delete, apply, wait (+ soak for the canary); on a failure the rollback.
+    ``observe(cluster)`` at every poll and after every step; ``canary_check(cluster, step)`` after the canary's
+    wait, as kubernetes_step.yml's checks after it (the pinned answer, the SLO gate): a message fails the step.
     Returns ``(outcome, failure, sequence)``; ``sequence`` is ``[(step, pods by revision)]``."""
     seq = [("A serves", pods_by_revision(cluster))]
     for i, step in enumerate(plan["steps"]):
@@ -177,17 +188,26 @@ def execute(run_module, cluster, plan, during=None, soak=60, limit=900):
             cluster.apply(copy.deepcopy(obj))
         if during:
             during(i, step, cluster)
-        ok, why = wait(run_module, cluster, step["wait"], limit=limit, soak=soak if step.get("canary") else 0) \
-            if step["wait"] else (True, "")
+        ok, why = wait(run_module, cluster, step["wait"], limit=limit, soak=soak if step.get("canary") else 0,
+                       observe=observe) if step["wait"] else (True, "")
         if not step["wait"]:
             cluster.advance(10)
+        if ok and step.get("canary") and canary_check:
+            why = canary_check(cluster, step) or ""
+            ok = not why
+        if observe:
+            observe(cluster)
         seq.append((step["name"], pods_by_revision(cluster)))
         if not ok:
             for r in plan["rollback"]["delete"]:
                 cluster.delete(r["kind"], r["name"])
             for obj in plan["rollback"]["apply"]:
                 cluster.apply(copy.deepcopy(obj))
-            cluster.advance(300)
+            cluster.advance(10)
+            # kubernetes_roll.yml's rescue: wait until each of A's recorded workloads is Ready again
+            back, why_back = wait(run_module, cluster, plan["rollback"]["wait"], limit=900, observe=observe)
+            assert back, why_back
+            cluster.advance(60)
             seq.append(("rollback: re-applied A's recorded objects", pods_by_revision(cluster)))
             return "rolled back", why, seq
     cluster.advance(60)
@@ -611,6 +631,7 @@ def test_the_role_s_render_plan_and_roll_replayed_on_the_cluster(run_module):
                      upgrade_model={"name": "tiny", "revision": "rev-b"}, model_stage_dest_root="/mnt/nvme/models",
                      upgrade_engine_image=MISSING, upgrade_engine_args=[], engine_allow_outage=False,
                      engine_staged_nodes=["gpu-01", "gpu-02", "gpu-03"], upgrade_pinned=["rev-a"],
+                     upgrade_k8s_staged=["gpu-01", "gpu-02", "gpu-03"],
                      upgrade_a_ref="tiny@rev-a", upgrade_b_ref="tiny@rev-b", kernel_cache_env={})
     variables = rt.RoleVars("engine", dict(overrides, upgrade_k8s_b_path=B_PATH),
                             extra_vars_files=["roles/engine/vars/profiles.yml"])
@@ -665,7 +686,7 @@ def test_the_role_routes_kubernetes_to_its_plan_and_keeps_the_local_path(platfor
     import jinja2
 
     env = jinja2.Environment()
-    scope = dict(engine_platform=platform, upgrade_engine_image=image, upgrade_phase=phase)
+    scope = dict(engine_platform=platform, upgrade_engine_image=image, upgrade_phase=phase, group_names=["colocated"])
     check = rt.task("upgrade", "ansible.builtin.assert", "main.yml")["ansible.builtin.assert"]
     assert all(env.compile_expression(t)(**scope) for t in check["that"]) is allowed
     if not allowed:
@@ -683,3 +704,157 @@ def test_the_role_routes_kubernetes_to_its_plan_and_keeps_the_local_path(platfor
                 break  # end_role: nothing after it runs
             ran.append(t["ansible.builtin.include_tasks"])
     assert ran[:1] == [goes_to] and (platform == "local" or ran == ["kubernetes.yml"])
+    if platform == "local":  # a P/D pair's host (the playbook's prefill and decode groups) runs no local upgrade
+        scope["group_names"] = ["prefill"]
+        assert not [t for t in included if "ansible.builtin.include_tasks" in t and all(
+            env.compile_expression(w)(**scope) for w in (t.get("when") if isinstance(t.get("when"), list) else [t.get("when")]))]
+
+
+# ---- the role on a P/D pair (roles/upgrade/tasks/kubernetes.yml, kubernetes_pd.yml, kubernetes_roll.yml) --------
+
+
+PD_OVERRIDES = {"model_path", "model_host_path", "image", "extra_args", "prefill_nodes", "decode_nodes", "proxy_source",
+                "render_dir", "gateway_policies"}
+
+
+def test_the_role_renders_b_s_pair_with_the_pd_role_s_own_arguments_but_b_s():
+    """B's pair comes from roles/pd_disagg's pd_manifests arguments, the same keys and templates, except B's
+    revision (inside the pod and on the node), image, engine arguments, the nodes that staged B, and no render_dir."""
+    pd = rt.task("pd_disagg", "llmops.serving.pd_manifests", "kubernetes.yml")["llmops.serving.pd_manifests"]
+    mine = rt.task("upgrade", "llmops.serving.pd_manifests", "kubernetes_pd.yml")["llmops.serving.pd_manifests"]
+    assert set(mine) == set(pd) - {"render_dir"}
+    assert dict((k, v) for k, v in mine.items() if k not in PD_OVERRIDES) == \
+        dict((k, v) for k, v in pd.items() if k not in PD_OVERRIDES)
+    assert "upgrade_k8s_b_path" in mine["model_path"] and "upgrade_k8s_b_path" in mine["model_host_path"]
+    assert "upgrade_engine_image" in mine["image"] and "upgrade_engine_args" in mine["extra_args"]
+    assert "pd_proxy.py" in mine["proxy_source"] and "upgrade_k8s_pd_policies" in mine["gateway_policies"]
+    assert pd["gateway_policies"].replace("pd_disagg_gateway_policies", "upgrade_k8s_pd_policies").replace(
+        "pd_disagg_gateway_extension_policies", "upgrade_k8s_pd_extension_policies") == mine["gateway_policies"]
+
+
+PD_ROLE_CASES = {
+    # name: (GPU nodes, replicas per role, B staged {prefill, decode}, nodes missing B's directory, B's engine image,
+    #        (node drained, when the step's name starts so), the outcome)
+    "good": (4, 1, (["gpu-01", "gpu-03"], ["gpu-02", "gpu-04"]), (), "", None, "upgraded"),
+    "canary image not found": (4, 1, (["gpu-01", "gpu-03"], ["gpu-02", "gpu-04"]), (), MISSING, None, "rolled back"),
+    "wave fails after the canary": (8, 2, (["gpu-01", "gpu-03", "gpu-05", "gpu-07"], ["gpu-02", "gpu-04", "gpu-06", "gpu-08"]),
+                                    ("gpu-08",), "", None, "rolled back"),
+    "node drained mid-roll": (8, 2, (["gpu-01", "gpu-03", "gpu-05", "gpu-07"], ["gpu-02", "gpu-04", "gpu-06", "gpu-08"]),
+                              (), "", ("gpu-01", "route"), "upgraded"),
+}
+
+
+def pd_roles_ready(cluster):
+    """``{(generation A/B, role): Ready pods}`` of the engine roles."""
+    out = {}
+    for pod in cluster.pods.values():
+        labels = pod["metadata"].get("labels") or {}
+        if labels.get(up.ROLE_LABEL) in ("prefill", "decode") and cluster._ready(pod) \
+                and not pod["metadata"].get("deletionTimestamp"):  # pylint: disable=protected-access
+            key = (revision(pod), labels[up.ROLE_LABEL])
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
+def role_pd_upgrade(run_module, tmp_path, case):
+    """The role's tasks on a P/D pair: A deployed by roles/pd_disagg's own task; A named by kubernetes.yml's
+    k8s_upgrade_plan task (form P/D), B rendered by kubernetes_pd.yml's pd_manifests task, the nodes that staged B
+    kept by its set_fact, the plan by kubernetes_roll.yml's plan task, each templated from the roles' defaults with
+    the inventory's values given here; then the plan's steps and the rollback as kubernetes_step.yml and the
+    rescue run them, every front pod's reach observed at every poll."""
+    gpu_nodes, replicas, (pre, dec), missing, image, drain, _expect = PD_ROLE_CASES[case]
+    a = pd_render(run_module, tmp_path, A_PATH, "a", ["gpu-01", "gpu-03"][:replicas], ["gpu-02", "gpu-04"][:replicas], replicas)
+    cluster = pd_cluster(gpu_nodes, b_missing=missing)
+    if image:
+        cluster.missing_images.add(image)
+    for obj in a["objects"]:
+        cluster.apply(copy.deepcopy(obj))
+    cluster.advance(200)
+    inventory = dict(
+        pd_disagg_k8s_mode="apply", pd_disagg_k8s_workload="deployments", pd_disagg_transport="tcp",
+        pd_disagg_proxy_image="registry.example/python:3.11-slim@sha256:" + "a" * 64, pd_disagg_model_path=A_PATH,
+        pd_disagg_model_host_path=A_PATH, pd_disagg_prefill_replicas=replicas, pd_disagg_decode_replicas=replicas,
+        engine_served_model_name="tiny", engine_k8s_gpu_resource="nvidia.com/gpu", engine_allow_outage=False,
+        upgrade_engine_image=image, upgrade_engine_args=[], upgrade_pinned=["rev-a"], upgrade_a_ref="tiny-llama@rev-a",
+        upgrade_b_ref="tiny-llama@rev-b", upgrade_k8s_b_path=B_PATH,
+        upgrade_k8s_pd_policies={"resources": []}, upgrade_k8s_pd_extension_policies={"resources": []},
+        # what the role's "Find the prefill/decode nodes that staged B" includes leave behind
+        upgrade_k8s_pd_prefill_staged=list(pre), engine_staged_nodes=list(dec))
+    variables = rt.RoleVars("pd_disagg", inventory, extra_vars_files=["roles/engine/vars/profiles.yml"])
+    variables.env.filters["flatten"] = lambda items: [x for i in items for x in (i if isinstance(i, list) else [i])]
+    workloads = [o for o in cluster.objects() if o["kind"] == "Deployment"]
+    name_task = rt.task("upgrade", "llmops.serving.k8s_upgrade_plan", "kubernetes.yml")
+    r = run_module(k8s_upgrade_plan, variables.template(name_task["llmops.serving.k8s_upgrade_plan"], dict(
+        upgrade_k8s_workloads={"results": [{"resources": workloads}, {"resources": []}]})))
+    serving = r["serving"]
+    assert serving["form"] == "P/D" and serving["revision"] == "rev-a" and serving["prefill"] == "tiny-llama-prefill", serving
+    render_task = rt.task("upgrade", "llmops.serving.pd_manifests", "kubernetes_pd.yml")
+    b = run_module(pd_manifests, variables.template(render_task["llmops.serving.pd_manifests"]))
+    assert not b.get("failed"), b.get("msg")
+    staged_task = rt.task("upgrade", "ansible.builtin.set_fact", "kubernetes_pd.yml", name="Keep the nodes that staged B, per role")
+    staged = variables.template(staged_task["ansible.builtin.set_fact"])["upgrade_k8s_staged"]
+    assert staged == {"prefill": list(pre), "decode": list(dec)}
+    plan_task = rt.task("upgrade", "llmops.serving.k8s_upgrade_plan", "kubernetes_roll.yml")
+    live = live_of(cluster, a["objects"])
+    r = run_module(k8s_upgrade_plan, variables.template(plan_task["llmops.serving.k8s_upgrade_plan"], dict(
+        upgrade_k8s_b=b, upgrade_k8s_staged=staged,
+        upgrade_k8s_fleet={"results": [{"resources": node_objects(cluster)},
+                                       {"resources": [o for o in cluster.objects() if o["kind"] == "Pod"]}]},
+        upgrade_k8s_live={"results": [{"resources": [o]} for o in live]})))
+    assert not r.get("failed"), r.get("msg")
+    p = r["plan"]
+    reach_log, together = [], []
+
+    def observe(c):
+        reach_log.append(pd_reach(c))
+
+    def during(i, step, c):
+        if drain and step["name"].startswith(drain[1]) and not any(n["name"] == drain[0] and n["taints"] for n in c.fleet):
+            c.advance(5)
+            c.drain(drain[0])
+
+    def after_wait(c, step):
+        together.append((step["name"], pd_roles_ready(c)))
+
+    outcome, why, seq = execute(run_module, cluster, p, during=during, observe=observe, limit=600,
+                                canary_check=lambda c, step: after_wait(c, step))
+    return cluster, p, outcome, why, seq, reach_log, together
+
+
+@pytest.mark.parametrize("case", sorted(PD_ROLE_CASES))
+def test_the_role_upgrades_a_pd_pair_generations_apart_replayed_on_the_cluster(run_module, tmp_path, capsys, case):
+    cluster, p, outcome, why, seq, reach_log, together = role_pd_upgrade(run_module, tmp_path, case)
+    expect, replicas = PD_ROLE_CASES[case][-1], PD_ROLE_CASES[case][1]
+    if case == "canary image not found":
+        with capsys.disabled():  # the failing P/D canary's pod-level sequence, in the test output even without -s
+            show(seq)
+    assert outcome == expect, why
+    gen_b = p["generations"]["b"]
+    assert p["form"] == "P/D" and p["canary"]["names"][:2] == ["tiny-llama-prefill-" + gen_b, "tiny-llama-decode-" + gen_b]
+    # at no poll of any step does a front pod reach pods of two generations (or of the other one)
+    assert len(reach_log) > (2 if case == "canary image not found" else len(p["steps"])), len(reach_log)
+    for reach in reach_log:
+        for front, (gen, revs, _roles) in reach.items():
+            assert revs <= {gen}, (front, gen, revs)
+    # one P/D group moves together: the canary is one prefill and one decode of B, Ready together
+    for step, ready in together:
+        assert ready.get(("B", "prefill")) == ready.get(("B", "decode")) == 1, (step, ready)
+    # each wave that became Ready holds as many of B's prefill as decode pods (the one that failed did not)
+    passed = seq[1:-2] if outcome == "rolled back" else seq[1:]
+    for step, pods in passed:
+        if step.startswith("wave"):
+            b = [x for x in pods.get("B", []) if x.endswith(":ready")]
+            assert len([x for x in b if "-prefill-" in x]) == len([x for x in b if "-decode-" in x]), (step, pods)
+    byrev = pods_by_revision(cluster)
+    if expect == "rolled back":
+        assert set(byrev) == {"A", "front"} and len(byrev["A"]) == 2 * replicas and all(x.endswith(":ready") for x in byrev["A"]), byrev
+        assert not any(p["generations"]["b"] in x for x in byrev["front"]), byrev
+        assert_pd_a(cluster, p)
+        assert "image_pull" in why if case == "canary image not found" else "mount" in why, why
+        if case == "wave fails after the canary":
+            assert together, "the canary passed before the wave failed"
+    else:
+        assert set(byrev) == {"B", "front"} and len(byrev["B"]) == 2 * replicas and all(x.endswith(":ready") for x in byrev["B"]), byrev
+        assert all(p["generations"]["b"] in x for x in byrev["front"]), byrev
+        if case == "node drained mid-roll":
+            assert not any("@gpu-01:" in x for x in byrev["B"]), byrev
