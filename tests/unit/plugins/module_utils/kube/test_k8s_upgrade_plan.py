@@ -103,7 +103,9 @@ def test_the_plan_of_a_deployment_with_room_for_two(run_module):
     wave = p["steps"][1]
     assert wave["delete"] == [{"kind": "Deployment", "name": "tiny-canary", "apiVersion": "apps/v1"}]
     assert wave["apply"][-1]["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 2, "maxUnavailable": 0}
-    assert p["rollback"] == {"delete": [{"kind": "Deployment", "name": "tiny-canary", "apiVersion": "apps/v1"}], "apply": p["record"]}
+    assert p["rollback"] == {"delete": [{"kind": "Deployment", "name": "tiny-canary", "apiVersion": "apps/v1"}], "apply": p["record"],
+                             "wait": [{"kind": "Deployment", "name": "tiny", "replicas": 3,  # A's pods, all of them again
+                                       "selector": next(o for o in p["record"] if o["kind"] == "Deployment")["spec"]["selector"]["matchLabels"]}]}
     assert [o["kind"] for o in p["record"]] == [o["kind"] for o in a["objects"]]
     assert any(line.startswith("rollback: delete Deployment tiny-canary") for line in r["lines"])
     assert r["changed"] is False
