@@ -40,7 +40,7 @@ options:
     description:
       - Without O(rendered), the model name of a P/D pair (C(pd_disagg_model_name)) looked for in O(live) when no
         engine workload serves O(served_model_name) - its prefill, decode and front Deployments (C(form) V(P/D)), or
-        its StormService (C(form) V(StormService)).
+        its StormService (C(form) V(StormService)), which is refused there with RV(reason=pd_stormservice).
     type: str
   nodes:
     description: The Nodes as listed (C(status.allocatable), C(spec.unschedulable), taints). Required with O(rendered).
@@ -158,6 +158,8 @@ def main():
     p = module.params
     if p["rendered"] is None:
         found = _k8s_upgrade.serving(p["live"], p["served_model_name"], p["pd_model_name"])
+        if found and found["form"] == "StormService":
+            module.fail_json(msg=str(_k8s_upgrade.storm_service_refusal()), reason="pd_stormservice", serving=found)
         module.exit_json(changed=False, serving=found)
     if not isinstance(p["staged_nodes"], (list, dict)):
         module.fail_json(msg="staged_nodes: a list of node names, or {prefill: [...], decode: [...]} for a P/D pair",

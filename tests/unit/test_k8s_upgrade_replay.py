@@ -16,8 +16,10 @@ import pytest
 
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_engine, _k8s_upgrade as up
 from ansible_collections.llmops.serving.plugins.modules import engine_manifests, k8s_engine_wait, k8s_upgrade_plan, pd_manifests
+from ansible_collections.llmops.serving.tests.lib import aibrix_oracle
 from ansible_collections.llmops.serving.tests.lib import kube_controllers as kc
 from ansible_collections.llmops.serving.tests.lib import kube_scheduler as ks
+from ansible_collections.llmops.serving.tests.lib import refusals
 from ansible_collections.llmops.serving.tests.lib import role_tasks as rt
 from ansible_collections.llmops.serving.tests.unit.plugins.module_utils.conftest import PROFILES
 
@@ -432,9 +434,9 @@ def test_deployment_without_room_gives_one_replica_for_the_canary_then_rolls_one
 
 
 def pd_render(run_module, tmp_path, path, sub, prefill=("gpu-01", "gpu-03"), decode=("gpu-02", "gpu-04"), replicas=1,
-              engine_image=None):
+              engine_image=None, workload="deployments"):
     variables = rt.RoleVars("pd_disagg", dict(
-        pd_disagg_k8s_mode="apply", pd_disagg_k8s_workload="deployments", pd_disagg_transport="tcp",
+        pd_disagg_k8s_mode="apply", pd_disagg_k8s_workload=workload, pd_disagg_transport="tcp",
         pd_disagg_proxy_image="registry.example/python:3.11-slim@sha256:" + "a" * 64, pd_disagg_model_path=path,
         pd_disagg_model_host_path=path, pd_disagg_prefill_replicas=replicas, pd_disagg_decode_replicas=replicas,
         pd_disagg_prefill_staged=list(prefill), engine_staged_nodes=list(decode),
@@ -858,3 +860,48 @@ def test_the_role_upgrades_a_pd_pair_generations_apart_replayed_on_the_cluster(r
         assert all(p["generations"]["b"] in x for x in byrev["front"]), byrev
         if case == "node drained mid-roll":
             assert not any("@gpu-01:" in x for x in byrev["B"]), byrev
+
+
+# ---- a StormService pair: refused, for AIBrix's own reasons -----------------------------------------------------
+
+
+def _storm_pod(storm, role, roleset, name):
+    """A pod of ``storm``'s ``role`` as the RoleSet controller makes it (pkg/controller/constants/stormservice.go:
+    the role template's labels plus role-name, roleset-name and storm-service-name)."""
+    t = next(r["template"] for r in storm["spec"]["template"]["spec"]["roles"] if r["name"] == role)
+    labels = dict(t["metadata"]["labels"], **{"role-name": role, "roleset-name": roleset,
+                                              "storm-service-name": storm["metadata"]["name"]})
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS, "labels": labels,
+                                                            "annotations": dict(t["metadata"].get("annotations") or {})},
+            "spec": copy.deepcopy(t["spec"])}
+
+
+def test_a_stormservice_pair_is_refused_with_aibrix_s_reasons_shown_on_the_gateway_oracle(run_module, tmp_path):
+    a = pd_render(run_module, tmp_path, A_PATH, "a", workload="stormservice")
+    b = pd_render(run_module, tmp_path, B_PATH, "b", workload="stormservice")
+    storm_a, storm_b = a["objects"][0], b["objects"][0]
+    assert storm_a["kind"] == storm_b["kind"] == "StormService"
+    # the plan and the role's first read refuse before anything changes, naming the upstream behaviours
+    words = ("RollingManagerSequential", "roleset-name", "#1321", "pd_disagg_k8s_workload: deployments")
+    refusals.assert_refused(run_module(k8s_upgrade_plan, dict(live=a["objects"], rendered=b["objects"], nodes=[],
+                                                              staged_nodes=[])), reason="pd_stormservice", words=words)
+    r = run_module(k8s_upgrade_plan, dict(live=a["objects"], served_model_name="tiny", pd_model_name="tiny-llama"))
+    refusals.assert_refused(r, reason="pd_stormservice", words=words)
+    assert r["serving"]["form"] == "StormService" and r["serving"]["revision"] == "rev-a"
+    model = storm_a["spec"]["template"]["spec"]["roles"][0]["template"]["metadata"]["labels"][aibrix_oracle.NAME]
+    # 1. B in A's StormService: midway through RollingManagerSequential the RoleSet's prefill runs B's template and
+    # its decode A's; the pd router pairs them (one RoleSet)
+    b_in_a = copy.deepcopy(storm_b)
+    b_in_a["metadata"]["name"] = storm_a["metadata"]["name"]
+    midway = [_storm_pod(b_in_a, "prefill", "rs-0", "rs-0-prefill-0"), _storm_pod(storm_a, "decode", "rs-0", "rs-0-decode-0")]
+    pairs = aibrix_oracle.pd_candidates(midway, model)
+    assert pairs == {"rs-0": {"prefill": ["rs-0-prefill-0"], "decode": ["rs-0-decode-0"],
+                              "storm_service": storm_a["metadata"]["name"]}}
+    assert kc.model_path(midway[0]) == B_PATH and kc.model_path(midway[1]) == A_PATH  # one request, two generations
+    # 2. B in a StormService of its own: never paired with A's pods, but a candidate of every request from the moment
+    # its pods exist, with no route object that could hold it back (AIBrix makes none for a StormService)
+    storm_b["metadata"]["name"] = storm_a["metadata"]["name"] + "-b"
+    both = aibrix_oracle.pd_candidates([storm_a, storm_b], model)
+    assert sorted(c["storm_service"] for c in both.values()) == sorted([storm_a["metadata"]["name"], storm_b["metadata"]["name"]])
+    assert all(c["prefill"][0].rsplit("-prefill-", 1)[0] == c["decode"][0].rsplit("-decode-", 1)[0] for c in both.values())
+    assert aibrix_oracle.controller_objects(storm_a) == [] and aibrix_oracle.controller_objects(storm_b) == []

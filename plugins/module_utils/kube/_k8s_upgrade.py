@@ -383,6 +383,25 @@ def mixed_fronts(objects, generations):
 # --------------------------------------------------------------------------------------------- #
 
 
+#: Why a StormService pair is not upgraded (AIBrix v0.7.0, vllm-project/aibrix).
+STORMSERVICE_REFUSAL = (
+    "a StormService P/D pair is not upgraded: B's revision in A's StormService would mix generations, because "
+    "AIBrix's RoleSet controller rolls one role of a RoleSet at a time (updateStrategy Sequential, the CRD's default; "
+    "pkg/controller/roleset/rolling.go RollingManagerSequential.Next: 'each time we only update one role') while the "
+    "gateway's pd router pairs the prefill and decode pods of one RoleSet (pkg/plugins/gateway/algorithms/"
+    "pd_disaggregation.go filterPrefillDecodePods, scores keyed by roleset-name): B's prefill beside A's decode. "
+    "B in a StormService of its own cannot be held back until its canary answered: the pd router picks among every "
+    "Ready RoleSet of the model (readyPodList.All()) and AIBrix makes no route for a StormService "
+    "(modelrouter_controller.go watches none, issue #1321), so there is no route to switch. Deploy the pair as "
+    "Deployments (pd_disagg_k8s_workload: deployments), which playbooks/upgrade.yml upgrades generation by "
+    "generation, or replace the pair with the pd_disagg role (an outage)")
+
+
+def storm_service_refusal():
+    """The refusal of a StormService pair (:data:`STORMSERVICE_REFUSAL`, ``reason: pd_stormservice``)."""
+    return UpgradeError(STORMSERVICE_REFUSAL, "pd_stormservice")
+
+
 def _with_replicas(obj, replicas):
     out = copy.deepcopy(obj)
     out["spec"]["replicas"] = replicas
@@ -458,11 +477,7 @@ def plan(live, rendered, nodes, staged, allow_outage=False, gpu_resource="nvidia
     b_work = _workload(rendered, "B")
     allocated = allocated_gpus(pods, gpu_resource) if pods is not None else None
     if any(o["kind"] == "StormService" for o in a_work + b_work):
-        raise UpgradeError(
-            "a StormService P/D pair is not upgraded by this release: AIBrix's gateway pairs prefill and decode pods "
-            "among all pods of the model, so a canary of B could be paired with A's pods (generations would mix). "
-            "Deploy the pair as Deployments (pd_disagg_k8s_workload: deployments) or roll it with playbooks/site.yml",
-            "pd_stormservice")
+        raise storm_service_refusal()
     roles = pd_roles(b_work)
     if roles.get("prefill") and roles.get("decode"):
         out = _plan_pd(live, rendered, nodes, staged, allow_outage, gpu_resource, allocated, namespace, pods)

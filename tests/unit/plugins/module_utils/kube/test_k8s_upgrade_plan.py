@@ -126,7 +126,7 @@ def test_a_storm_service_pair_is_refused_naming_why(run_module):
     storm = {"apiVersion": "orchestration.aibrix.ai/v1alpha1", "kind": "StormService", "metadata": {"name": "m"},
              "spec": {"replicas": 1}}
     r = run_module(k8s_upgrade_plan, dict(live=[storm], rendered=[storm], nodes=[], staged_nodes=[]))
-    assert r["failed"] and r["reason"] == "pd_stormservice" and "generations would mix" in r["msg"]
+    assert r["failed"] and r["reason"] == "pd_stormservice" and "would mix generations" in r["msg"]
 
 
 def test_no_a_is_refused(run_module):
