@@ -9,13 +9,19 @@ serves, the pods by revision, and A's objects compared with what the plan record
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import json
 import os
+import random
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_engine, _k8s_upgrade as up
-from ansible_collections.llmops.serving.plugins.modules import engine_manifests, k8s_engine_wait, k8s_upgrade_plan, pd_manifests
+from ansible_collections.llmops.serving.plugins.modules import (engine_manifests, k8s_canary_answer, k8s_engine_wait,
+                                                                k8s_upgrade_plan, pd_manifests)
 from ansible_collections.llmops.serving.tests.lib import aibrix_oracle
 from ansible_collections.llmops.serving.tests.lib import kube_controllers as kc
 from ansible_collections.llmops.serving.tests.lib import kube_scheduler as ks
@@ -177,7 +183,7 @@ def wait(run_module, cluster, waits, limit=900, step=10, soak=0, observe=None):
     return not bad, "; ".join("%s: %s" % (n, r["msg"]) for n, r in sorted(bad.items()))
 
 
-def execute(run_module, cluster, plan, during=None, soak=60, limit=900, observe=None, canary_check=None):
+def execute(run_module, cluster, plan, during=None, soak=60, limit=900, observe=None, canary_check=None, poll=10):
     """The plan's steps in order, each: delete, apply, wait (+ soak for the canary); on a failure the rollback.
     ``observe(cluster)`` at every poll and after every step; ``canary_check(cluster, step)`` after the canary's
     wait, as kubernetes_step.yml's checks after it (the pinned answer, the SLO gate): a message fails the step.
@@ -191,7 +197,7 @@ def execute(run_module, cluster, plan, during=None, soak=60, limit=900, observe=
         if during:
             during(i, step, cluster)
         ok, why = wait(run_module, cluster, step["wait"], limit=limit, soak=soak if step.get("canary") else 0,
-                       observe=observe) if step["wait"] else (True, "")
+                       observe=observe, step=poll) if step["wait"] else (True, "")
         if not step["wait"]:
             cluster.advance(10)
         if ok and step.get("canary") and canary_check:
@@ -207,7 +213,7 @@ def execute(run_module, cluster, plan, during=None, soak=60, limit=900, observe=
                 cluster.apply(copy.deepcopy(obj))
             cluster.advance(10)
             # kubernetes_roll.yml's rescue: wait until each of A's recorded workloads is Ready again
-            back, why_back = wait(run_module, cluster, plan["rollback"]["wait"], limit=900, observe=observe)
+            back, why_back = wait(run_module, cluster, plan["rollback"]["wait"], limit=900, observe=observe, step=poll)
             assert back, why_back
             cluster.advance(60)
             seq.append(("rollback: re-applied A's recorded objects", pods_by_revision(cluster)))
@@ -781,7 +787,10 @@ def role_pd_upgrade(run_module, tmp_path, case):
         upgrade_b_ref="tiny-llama@rev-b", upgrade_k8s_b_path=B_PATH,
         upgrade_k8s_pd_policies={"resources": []}, upgrade_k8s_pd_extension_policies={"resources": []},
         # what the role's "Find the prefill/decode nodes that staged B" includes leave behind
-        upgrade_k8s_pd_prefill_staged=list(pre), engine_staged_nodes=list(dec))
+        upgrade_k8s_pd_prefill_staged=list(pre), engine_staged_nodes=list(dec),
+        # what kubernetes.yml names for a P/D pair
+        upgrade_k8s_served_name="tiny-llama", upgrade_k8s_probe_headers={},
+        upgrade_k8s_probe_checks=[{"type": "chat", "prompt": "Reply with exactly FP8_OK.", "expect": "FP8_OK"}])
     variables = rt.RoleVars("pd_disagg", inventory, extra_vars_files=["roles/engine/vars/profiles.yml"])
     variables.env.filters["flatten"] = lambda items: [x for i in items for x in (i if isinstance(i, list) else [i])]
     workloads = [o for o in cluster.objects() if o["kind"] == "Deployment"]
@@ -817,9 +826,19 @@ def role_pd_upgrade(run_module, tmp_path, case):
 
     def after_wait(c, step):
         together.append((step["name"], pd_roles_ready(c)))
+        with gateway(c) as url:  # the answer must come from B's front (which reaches B's pair only)
+            answer = canary_answer(run_module, variables, c, step, url)
+        answers.append(answer)
+        return answer.get("msg") if answer.get("failed") else None
 
-    outcome, why, seq = execute(run_module, cluster, p, during=during, observe=observe, limit=600,
-                                canary_check=lambda c, step: after_wait(c, step))
+    answers = []
+    cluster.gateway_rng = random.Random(3)
+    outcome, why, seq = execute(run_module, cluster, p, during=during, observe=observe, limit=600, poll=30,
+                                canary_check=after_wait)
+    for answer in answers:
+        assert not answer.get("failed") and p["generations"]["b"] in answer["pod"], answer
+        assert answer["others"] and all(p["generations"]["b"] not in o for o in answer["others"]), answer
+    assert bool(answers) == (case != "canary image not found")
     return cluster, p, outcome, why, seq, reach_log, together
 
 
@@ -905,3 +924,113 @@ def test_a_stormservice_pair_is_refused_with_aibrix_s_reasons_shown_on_the_gatew
     assert sorted(c["storm_service"] for c in both.values()) == sorted([storm_a["metadata"]["name"], storm_b["metadata"]["name"]])
     assert all(c["prefill"][0].rsplit("-prefill-", 1)[0] == c["decode"][0].rsplit("-decode-", 1)[0] for c in both.values())
     assert aibrix_oracle.controller_objects(storm_a) == [] and aibrix_oracle.controller_objects(storm_b) == []
+
+
+# ---- the canary's answer, pinned to a canary pod (kubernetes_step.yml, k8s_canary_answer) -------------------------
+
+
+@contextlib.contextmanager
+def gateway(cluster, wrong=()):
+    """AIBrix's gateway in front of the cluster model: a completion with a routing strategy goes to the pod the
+    gateway picks (``Cluster.gateway_completion``: its cache of Ready pods labelled with the model), whose engine
+    answers ``FP8_OK`` unless its revision is in ``wrong``; the answer carries the gateway's response headers
+    (``target-pod`` ...). A P/D front answers as its generation's pair."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            got = cluster.gateway_completion(model=body.get("model"), strategy=self.headers.get("routing-strategy"))
+            status, headers, text = 503, {}, "no pod"
+            if got is not None:
+                status, headers = got
+                pod = cluster.pods.get(headers.get("target-pod"), {})
+                labels = (pod.get("metadata") or {}).get("labels") or {}
+                rev = ("B" if labels.get(up.GENERATION_LABEL) else "A") if labels.get(up.ROLE_LABEL) == "front" else revision(pod)
+                text = "WRONG" if rev in wrong else "FP8_OK"
+            doc = {"choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}
+            data = json.dumps(doc if status == 200 else {"error": {"message": text}}).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield "http://127.0.0.1:%d" % srv.server_address[1]
+    finally:
+        srv.shutdown()
+
+
+def canary_answer(run_module, variables, cluster, step, url):
+    """kubernetes_step.yml's pod listing and k8s_canary_answer task, templated from the role's task."""
+    task = rt.task("upgrade", "llmops.serving.k8s_canary_answer", "kubernetes_step.yml")
+    args = variables.template(task["llmops.serving.k8s_canary_answer"], dict(
+        upgrade_k8s_probe_url=url, upgrade_k8s_step=step, engine_startup_timeout=5,
+        upgrade_k8s_pods={"resources": [o for o in cluster.objects() if o["kind"] == "Pod"]}))
+    return run_module(k8s_canary_answer, args)
+
+
+def engine_role_vars(**extra):
+    overrides = dict(engine_platform="kubernetes", engine_name="vllm", engine_served_model_name="tiny",
+                     engine_namespace=NS, engine_image=IMAGE, upgrade_k8s_served_name="tiny", upgrade_k8s_probe_headers={},
+                     upgrade_k8s_probe_checks=[{"type": "models"}, {"type": "chat", "prompt": "Reply with exactly FP8_OK.",
+                                                                    "expect": "FP8_OK", "model_header": True}])
+    overrides.update(extra)
+    return rt.RoleVars("engine", overrides, extra_vars_files=["roles/engine/vars/profiles.yml"])
+
+
+CANARY_CASES = {
+    # name: (the gateway's pod cache lag in seconds, revisions that answer wrongly, the outcome, the reason)
+    "the canary answers": (0, (), "upgraded", None),
+    "the gateway never picks the canary": (10 ** 6, (), "rolled back", "canary_not_reached"),
+    "the canary answers wrongly": (0, ("B",), "rolled back", "canary_wrong"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CANARY_CASES))
+def test_the_canary_s_answer_must_come_from_a_canary_pod(run_module, case):
+    lag, wrong, expect, reason = CANARY_CASES[case]
+    a = render(A_PATH, ["gpu-01", "gpu-02"])
+    b = render(B_PATH, ["gpu-01", "gpu-02", "gpu-03"])
+    cluster = deployed(a, fleet())
+    cluster.gateway_rng = random.Random(7)
+    cluster.gateway_delay = lag
+    p = make_plan(run_module, cluster, a["objects"], b, ["gpu-01", "gpu-02", "gpu-03"])["plan"]
+    variables = engine_role_vars()
+    results = []
+
+    def check(c, step):
+        with gateway(c, wrong) as url:
+            r = canary_answer(run_module, variables, c, step, url)
+        results.append(r)
+        return r.get("msg") if r.get("failed") else None
+
+    outcome, why, seq = execute(run_module, cluster, p, canary_check=check)
+    r = results[0]
+    assert outcome == expect, why
+    canary_pods = [x.split("@")[0] for x in dict(seq)[p["steps"][0]["name"]]["B"]]
+    assert r["canary"] == canary_pods and len(r["others"]) == 2  # the canary's pod and A's two, by name
+    if reason is None:
+        assert r["pod"] in canary_pods and r["answers"][-1]["pods"] == [r["pod"]] and r["answers"][-1]["ok"]
+        # the pick is the gateway's: A's pods answered first, and were not counted
+        assert all(not x["canary"] for x in r["answers"][:-1]) and len(r["answers"]) <= 20
+        assert r["canary_address"]["url"].endswith(":8000") and r["a_address"]["name"] in r["others"]
+        assert set(pods_by_revision(cluster)) == {"B"}
+    else:
+        refusals.assert_refused(r, reason=reason, words=canary_pods)
+        if reason == "canary_not_reached":  # bounded, and the failure names the pods that answered
+            assert len(r["answers"]) == up_attempts(1, 3) and all(o in r["msg"] for o in r["others"]), r["msg"]
+            assert "not B's" in r["msg"]
+        assert_a_restored(cluster, p)
+
+
+def up_attempts(canary, routable):
+    from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_canary
+    return _k8s_canary.attempts_for(canary, routable)
