@@ -72,6 +72,14 @@ options:
     type: list
     elements: str
     default: []
+  kernel_cache:
+    description:
+      - B's kernel cache as each node that staged B found it, stated in the plan before any pod changes - C(reports)
+        (per node, the kernel_cache role's facts - C(node), C(status), C(fingerprint), C(dir), C(capturing)),
+        C(enabled) (false - B compiles at its start everywhere, for C(off_reason)) and C(compile_minutes) (the cold
+        start a miss adds).
+      - Unset, the plan says nothing of the kernel cache.
+    type: dict
   a_ref:
     description: A as C(model@revision), for the plan's text.
     type: str
@@ -109,7 +117,8 @@ plan:
     C(surge), C(waves) (units per wave), C(outage), C(canary), C(generations) (P/D), C(steps) (each C(name),
     C(apply) objects, C(delete) C({kind, name}), C(wait) C({kind, name, replicas, selector})), C(order),
     C(record) (A's objects to re-apply), C(rollback) (C(delete), C(apply), C(wait) - A's workloads to wait for),
-    C(retire), C(pinned). A wait may name its C(container) and C(service) (a P/D role's own).
+    C(retire), C(pinned), C(kernel_cache) (per node that staged B - C(node), C(state) V(hit), V(miss), V(unknown) or
+    V(off), C(fingerprint), C(dir), C(line)). A wait may name its C(container) and C(service) (a P/D role's own).
   returned: with O(rendered)
   type: dict
 serving:
@@ -148,6 +157,7 @@ def main():
             gpu_resource=dict(type="str", default="nvidia.com/gpu"),
             namespace=dict(type="str"),
             pinned=dict(type="list", elements="str", default=[]),
+            kernel_cache=dict(type="dict"),
             a_ref=dict(type="str"),
             b_ref=dict(type="str"),
         ),
@@ -167,7 +177,7 @@ def main():
     try:
         plan = _k8s_upgrade.plan(p["live"], p["rendered"], p["nodes"], p["staged_nodes"], allow_outage=p["allow_outage"],
                                  gpu_resource=p["gpu_resource"], pods=p["pods"], namespace=p["namespace"],
-                                 pinned=p["pinned"], a_ref=p["a_ref"], b_ref=p["b_ref"])
+                                 pinned=p["pinned"], a_ref=p["a_ref"], b_ref=p["b_ref"], kernel_cache=p["kernel_cache"])
     except _k8s_upgrade.UpgradeError as e:
         module.fail_json(msg=str(e), reason=e.reason)
     module.exit_json(changed=False, plan=plan, lines=_k8s_upgrade.summary(plan))

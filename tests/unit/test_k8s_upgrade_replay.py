@@ -639,7 +639,8 @@ def test_the_role_s_render_plan_and_roll_replayed_on_the_cluster(run_module):
                      upgrade_model={"name": "tiny", "revision": "rev-b"}, model_stage_dest_root="/mnt/nvme/models",
                      upgrade_engine_image=MISSING, upgrade_engine_args=[], engine_allow_outage=False,
                      engine_staged_nodes=["gpu-01", "gpu-02", "gpu-03"], upgrade_pinned=["rev-a"],
-                     upgrade_k8s_staged=["gpu-01", "gpu-02", "gpu-03"],
+                     upgrade_k8s_staged=["gpu-01", "gpu-02", "gpu-03"], upgrade_k8s_a={"serving": {"form": "Deployment"}},
+                     upgrade_k8s_compile_minutes=15, ansible_play_hosts_all=["h1"], hostvars={"h1": {}},
                      upgrade_a_ref="tiny@rev-a", upgrade_b_ref="tiny@rev-b", kernel_cache_env={})
     variables = rt.RoleVars("engine", dict(overrides, upgrade_k8s_b_path=B_PATH),
                             extra_vars_files=["roles/engine/vars/profiles.yml"])
@@ -651,6 +652,7 @@ def test_the_role_s_render_plan_and_roll_replayed_on_the_cluster(run_module):
         return out
 
     variables.env.filters["flatten"] = flatten
+    variables.env.filters["extract"] = lambda host, hv, key: hv[host].get(key, variables.env.undefined(key))
 
     def args_of(task, **given):
         # env is built with Ansible's dict2items (not in tests/lib/role_tasks.py): the inventory here sets none
@@ -788,11 +790,14 @@ def role_pd_upgrade(run_module, tmp_path, case):
         upgrade_k8s_pd_policies={"resources": []}, upgrade_k8s_pd_extension_policies={"resources": []},
         # what the role's "Find the prefill/decode nodes that staged B" includes leave behind
         upgrade_k8s_pd_prefill_staged=list(pre), engine_staged_nodes=list(dec),
+        upgrade_k8s_a={"serving": {"form": "P/D"}}, upgrade_k8s_compile_minutes=15, ansible_play_hosts_all=["h1"],
+        hostvars={"h1": {}},
         # what kubernetes.yml names for a P/D pair
         upgrade_k8s_served_name="tiny-llama", upgrade_k8s_probe_headers={},
         upgrade_k8s_probe_checks=[{"type": "chat", "prompt": "Reply with exactly FP8_OK.", "expect": "FP8_OK"}])
     variables = rt.RoleVars("pd_disagg", inventory, extra_vars_files=["roles/engine/vars/profiles.yml"])
     variables.env.filters["flatten"] = lambda items: [x for i in items for x in (i if isinstance(i, list) else [i])]
+    variables.env.filters["extract"] = lambda host, hv, key: hv[host].get(key, variables.env.undefined(key))
     workloads = [o for o in cluster.objects() if o["kind"] == "Deployment"]
     name_task = rt.task("upgrade", "llmops.serving.k8s_upgrade_plan", "kubernetes.yml")
     r = run_module(k8s_upgrade_plan, variables.template(name_task["llmops.serving.k8s_upgrade_plan"], dict(
@@ -814,6 +819,7 @@ def role_pd_upgrade(run_module, tmp_path, case):
         upgrade_k8s_live={"results": [{"resources": [o]} for o in live]})))
     assert not r.get("failed"), r.get("msg")
     p = r["plan"]
+    assert all(k["state"] == "off" for k in p["kernel_cache"]) and len(p["kernel_cache"]) == len(set(pre) | set(dec))
     reach_log, together = [], []
 
     def observe(c):
@@ -1034,3 +1040,61 @@ def test_the_canary_s_answer_must_come_from_a_canary_pod(run_module, case):
 def up_attempts(canary, routable):
     from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_canary
     return _k8s_canary.attempts_for(canary, routable)
+
+
+# ---- B's kernel cache, stated before any pod changes (kubernetes.yml, kubernetes_roll.yml) -----------------------
+
+
+def test_the_plan_states_b_s_kernel_cache_on_each_staged_node_before_anything_changes(run_module):
+    """Each host that staged B runs the kernel_cache role for B's fingerprint (B's revision, image, arguments) and
+    reports hit or miss; the plan, made before the first change, states it per staged node, and B's pods mount the
+    directory the role gave (the published checkout on a hit, the capture directory on a miss: the same path)."""
+    include = next(t for t in rt._walk(rt._tasks(os.path.join(rt.ROOT, "roles", "upgrade", "tasks", "kubernetes.yml")))  # pylint: disable=protected-access
+                   if (t.get("ansible.builtin.include_role") or {}).get("name") == "llmops.serving.kernel_cache")
+    assert include["vars"]["kernel_cache_model_path"] == "{{ upgrade_k8s_b_path }}"
+    assert include["vars"]["kernel_cache_model_revision"] == "{{ upgrade_model.revision }}"
+    assert include["vars"]["engine_image"] == "{{ upgrade_k8s_b_image }}"
+    kdir = "/var/cache/llmops/kernels/vllm/.run/0123abcd-0"
+    staged = ["gpu-01", "gpu-02", "gpu-03"]
+    hostvars = {
+        "h1": {"upgrade_k8s_kcache": {"node": "gpu-01", "status": "hit", "fingerprint": "0123abcd", "dir": kdir, "capturing": False}},
+        "h2": {"upgrade_k8s_kcache": {"node": "gpu-02", "status": "miss", "fingerprint": "0123abcd", "dir": kdir, "capturing": True}},
+        "h3": {},  # gpu-03 staged B but its host reported nothing
+    }
+    variables = engine_role_vars(
+        engine_tp_size=8, engine_replicas=2, engine_model_source="staged_nvme", engine_model_path=A_PATH,
+        upgrade_model={"name": "tiny", "revision": "rev-b"}, upgrade_engine_image="", upgrade_engine_args=[],
+        engine_allow_outage=False, engine_staged_nodes=staged, upgrade_k8s_staged=staged, upgrade_pinned=["rev-a"],
+        upgrade_a_ref="tiny@rev-a", upgrade_b_ref="tiny@rev-b", upgrade_k8s_b_path=B_PATH, kernel_cache_env={},
+        kernel_cache_engine_dir=kdir, upgrade_k8s_a={"serving": {"form": "Deployment"}}, upgrade_k8s_compile_minutes=15,
+        ansible_play_hosts_all=sorted(hostvars), hostvars=hostvars)
+    variables.env.filters["flatten"] = lambda items: [x for i in items for x in (i if isinstance(i, list) else [i])]
+    variables.env.filters["extract"] = lambda host, hv, key: hv[host].get(key, variables.env.undefined(key))
+    render_task = rt.task("upgrade", "llmops.serving.engine_manifests", "kubernetes_roll.yml")
+    raw = dict((k, v) for k, v in render_task["llmops.serving.engine_manifests"].items() if k != "env")
+    b = run_module(engine_manifests, dict(variables.template(raw), env=[]))
+    assert not b.get("failed"), b.get("msg")
+    b_dep = next(o for o in b["objects"] if o["kind"] == "Deployment")
+    assert any((v.get("hostPath") or {}).get("path") == kdir for v in b_dep["spec"]["template"]["spec"]["volumes"])
+    a = render(A_PATH, ["gpu-01", "gpu-02"])
+    cluster = deployed(a, fleet())
+    before = cluster.objects()
+    plan_task = rt.task("upgrade", "llmops.serving.k8s_upgrade_plan", "kubernetes_roll.yml")
+    r = run_module(k8s_upgrade_plan, variables.template(plan_task["llmops.serving.k8s_upgrade_plan"], dict(
+        upgrade_k8s_b=b, upgrade_k8s_fleet={"results": [{"resources": node_objects(cluster)},
+                                                        {"resources": [o for o in cluster.objects() if o["kind"] == "Pod"]}]},
+        upgrade_k8s_live={"results": [{"resources": [o]} for o in live_of(cluster, b["objects"])]})))
+    assert not r.get("failed"), r.get("msg")
+    assert [(k["node"], k["state"]) for k in r["plan"]["kernel_cache"]] == [("gpu-01", "hit"), ("gpu-02", "miss"), ("gpu-03", "unknown")]
+    text = "\n".join(r["lines"])
+    assert "B's kernel cache (fingerprint 0123abcd), before any pod changes:" in text
+    assert "gpu-01: hit: B's published cache is mounted (%s)" % kdir in text
+    assert ("gpu-02: miss: B compiles at its start, +15 min cold start; captured into %s after its first correct "
+            "answer, published when the upgrade ends" % kdir) in text
+    assert "gpu-03: not checked" in text
+    assert cluster.objects() == before  # stated before anything changed
+    # kernel caches off, or a P/D pair (its pods mount pd_disagg_kernel_cache_dir): said so for every staged node
+    off = up.kernel_cache_state({"prefill": ["gpu-01"], "decode": ["gpu-02"]}, [], enabled=False, compile_minutes=15,
+                                off_reason="a P/D pair mounts pd_disagg_kernel_cache_dir")
+    assert [(k["node"], k["state"]) for k in off] == [("gpu-01", "off"), ("gpu-02", "off")]
+    assert "B compiles at its start, +15 min cold start" in off[0]["line"] and "pd_disagg_kernel_cache_dir" in off[0]["line"]

@@ -466,7 +466,7 @@ def _outage(what, unit, room_hint):
 
 
 def plan(live, rendered, nodes, staged, allow_outage=False, gpu_resource="nvidia.com/gpu", pods=None,
-         namespace=None, pinned=(), a_ref=None, b_ref=None):
+         namespace=None, pinned=(), a_ref=None, b_ref=None, kernel_cache=None):
     """The plan of the upgrade from ``live`` (A's objects as read from the API) to ``rendered`` (B's objects).
 
     ``nodes``: Node objects (or ``{name, allocatable, allocated, unschedulable}``); ``pods``: the pods as listed
@@ -490,6 +490,10 @@ def plan(live, rendered, nodes, staged, allow_outage=False, gpu_resource="nvidia
     out["rollback"] = {"delete": out.pop("added"), "apply": out["record"], "wait": out.pop("rollback_wait", [])}
     out["pinned"] = list(pinned)
     out["a"], out["b"] = a_ref, b_ref
+    kc = kernel_cache or {}
+    out["kernel_cache"] = [] if out["noop"] or kernel_cache is None else kernel_cache_state(
+        staged, kc.get("reports"), kc.get("enabled", True), kc.get("compile_minutes"),
+        kc.get("off_reason") or "kernel_cache_enabled: false")
     return out
 
 
@@ -752,6 +756,36 @@ def _state_after(live, steps):
     return list(state.values())
 
 
+def kernel_cache_state(staged, reports, enabled=True, compile_minutes=None, off_reason="kernel_cache_enabled: false"):
+    """Per node that staged B (``staged``: a list, or ``{prefill, decode}``), whether B's kernel-cache fingerprint
+    hits a published cache there, from each node's ``reports`` (the kernel_cache role's facts: ``node``,
+    ``status``, ``fingerprint``, ``dir``, ``capturing``): ``[{node, state, fingerprint, dir, line}]``, ``state``
+    ``hit`` (the published cache is mounted), ``miss`` (B compiles at its first start into ``dir``, captured after
+    its first correct answer), ``unknown`` (no report) or ``off`` (kernel caches disabled)."""
+    nodes = sorted(set(staged.get("prefill") or []) | set(staged.get("decode") or [])) if isinstance(staged, dict) \
+        else sorted(set(staged or []))
+    by_node = dict((r.get("node"), r) for r in reports or [] if isinstance(r, dict))
+    cold = ("+%d min cold start" % compile_minutes) if compile_minutes else "a longer cold start"
+    out = []
+    for node in nodes:
+        r = by_node.get(node)
+        if not enabled:
+            state, line = "off", "no kernel cache (%s): B compiles at its start, %s" % (off_reason, cold)
+        elif r is None:
+            state, line = "unknown", "not checked (no host of the play is this node): B may compile at its start"
+        elif r.get("status") == "hit":
+            state, line = "hit", "hit: B's published cache is mounted (%s)" % (r.get("dir") or "?")
+        else:
+            state = "miss"
+            line = "miss: B compiles at its start, %s; %s" % (cold, (
+                "captured into %s after its first correct answer, published when the upgrade ends" % r["dir"])
+                if r.get("capturing")
+                and r.get("dir") else "nothing is captured (kernel_cache_capture: false)")
+        out.append(dict(node=node, state=state, fingerprint=(r or {}).get("fingerprint"), dir=(r or {}).get("dir"),
+                        line=line))
+    return out
+
+
 def summary(p):
     """The plan as lines for check mode and the play's output."""
     if p.get("noop"):
@@ -767,4 +801,8 @@ def summary(p):
         ", ".join("%s %s" % (o["kind"], o["metadata"]["name"]) for o in p["record"])))
     if p["pinned"]:
         lines.append("pinned until the upgrade ends: %s" % ", ".join(p["pinned"]))
+    fps = sorted(set(k["fingerprint"] for k in p.get("kernel_cache") or [] if k.get("fingerprint")))
+    if p.get("kernel_cache"):
+        lines.append("B's kernel cache%s, before any pod changes:" % (" (fingerprint %s)" % ", ".join(fps) if fps else ""))
+        lines += ["  %s: %s" % (k["node"], k["line"]) for k in p["kernel_cache"]]
     return lines
