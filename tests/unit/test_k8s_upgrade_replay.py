@@ -1098,3 +1098,61 @@ def test_the_plan_states_b_s_kernel_cache_on_each_staged_node_before_anything_ch
                                 off_reason="a P/D pair mounts pd_disagg_kernel_cache_dir")
     assert [(k["node"], k["state"]) for k in off] == [("gpu-01", "off"), ("gpu-02", "off")]
     assert "B compiles at its start, +15 min cold start" in off[0]["line"] and "pd_disagg_kernel_cache_dir" in off[0]["line"]
+
+
+# ---- the SLO gate on the canary (kubernetes_step.yml includes slo.yml) -------------------------------------------
+
+
+def test_an_slo_breach_on_the_canary_rolls_back_to_a_and_a_serves(run_module, capsys):
+    """After the canary's correct answer, kubernetes_step.yml includes slo.yml when upgrade_slo is set, with the
+    URLs of one A pod alone and the canary alone (pod IPs from the listing) and the client host; slo.yml failing
+    (a breached limit, simulated here: the gate itself is tested with its own file) rolls back to A."""
+    include = next(t for t in rt._walk(rt._tasks(os.path.join(rt.ROOT, "roles", "upgrade", "tasks", "kubernetes_step.yml")))  # pylint: disable=protected-access
+                   if str(t.get("ansible.builtin.include_tasks", "")).endswith("/slo.yml"))
+    a = render(A_PATH, ["gpu-01", "gpu-02"])
+    b = render(B_PATH, ["gpu-01", "gpu-02", "gpu-03"])
+    cluster = deployed(a, fleet())
+    cluster.gateway_rng = random.Random(11)
+    p = make_plan(run_module, cluster, a["objects"], b, ["gpu-01", "gpu-02", "gpu-03"])["plan"]
+    groups = {"bench_clients": ["bench-01"], "k8s_api": ["api-01"]}
+    variables = engine_role_vars(upgrade_slo={"ttft_p95_ms": 500}, groups=groups, engine_k8s_delegate_to="")
+    gate = []
+
+    def check(c, step):
+        with gateway(c) as url:
+            answer = canary_answer(run_module, variables, c, step, url)
+        if answer.get("failed"):
+            return answer["msg"]
+        extra = dict(upgrade_k8s_canary_answer=answer)
+        if not variables.template("{{ %s }}" % include["when"], extra):
+            return None
+        ips = dict((n, pod["status"].get("podIP")) for n, pod in c.pods.items())  # the pods as listed then
+        gate.append((answer, variables.template(include["vars"], extra), ips))
+        return "upgrade_slo: ttft_p95_ms 912 ms > 500 ms on the canary (A: 410 ms)"  # what slo.yml fails with
+
+    outcome, why, seq = execute(run_module, cluster, p, canary_check=check)
+    with capsys.disabled():
+        show(seq)
+    assert outcome == "rolled back" and "ttft_p95_ms" in why, why
+    (answer, slo, ips), = gate
+    canary_step = dict(seq)[p["steps"][0]["name"]]
+    a_pods = [x.split("@")[0] for x in canary_step["A"]]
+    assert slo["upgrade_slo_b_url"] == "http://%s:8000" % ips[answer["pod"]] and answer["pod"] in answer["canary"]
+    assert any(slo["upgrade_slo_a_url"] == "http://%s:8000" % ips[n] for n in a_pods), (slo, a_pods)
+    assert slo["upgrade_slo_delegate"] == "bench-01"
+    assert_a_restored(cluster, p)
+    # no bench_clients group: the client runs on the Kubernetes API delegate; no upgrade_slo: no gate
+    assert variables.template(include["vars"]["upgrade_slo_delegate"], dict(groups={"k8s_api": ["api-01"]})) == "api-01"
+    assert variables.template("{{ %s }}" % include["when"], dict(upgrade_slo={})) is False
+
+
+@pytest.mark.parametrize("slo,url,allowed", [({"ttft_p95_ms": 500}, "", False), ({"ttft_p95_ms": 500}, "http://gw", True),
+                                             ({}, "", True)])
+def test_an_slo_gate_without_the_gateway_is_refused_before_anything_changes(slo, url, allowed):
+    check = rt.task("upgrade", "ansible.builtin.assert", "kubernetes.yml",
+                    name="Refuse an SLO gate without the gateway that names the canary's pods")["ansible.builtin.assert"]
+    variables = engine_role_vars(upgrade_slo=slo, upgrade_k8s_probe_url=url, upgrade_k8s_a={"serving": {"form": "P/D"}})
+    assert variables.template("{{ %s }}" % check["that"]) is allowed
+    if not allowed:
+        msg = variables.template(check["fail_msg"])
+        assert msg.startswith("upgrade_slo:") and "pd_disagg_k8s_probe_url is empty" in msg and "AIBrix gateway's URL" in msg
