@@ -156,9 +156,11 @@ def main():
     except ValueError as e:
         module.fail_json(msg="checks: %s" % e, reason="checks")
     canary, others = _k8s_canary.canary_pods(p["pods"], p["canary_selectors"], p["model"])
+    picked = len(_k8s_canary.routable(p["pods"], canary, p["model"]))
+    attempts = p["attempts"] or _k8s_canary.attempts_for(picked, picked + len(others))
     try:
         pod, answers = _k8s_canary.prove(p["base_url"], p["model"], p["checks"], canary, others, headers=p["headers"],
-                                         strategy=p["routing_strategy"], attempts=p["attempts"] or None,
+                                         strategy=p["routing_strategy"], attempts=attempts,
                                          deadline=p["deadline"], timeout=p["timeout"])
     except _k8s_canary.CanaryError as e:
         module.fail_json(msg=str(e), reason=e.reason, answers=e.answers, canary=canary, others=others)

@@ -14,6 +14,7 @@ pods). An answer counts when every pod it names is a canary pod (by name, from t
 from a canary pod fails at once; answers from other pods are tallied and the attempts are bounded.
 
 * :func:`canary_pods` - the listed pods of the canary (its workloads' selectors), and the others of the model.
+* :func:`routable` - the pods of a list the gateway can pick (labelled with the model).
 * :func:`attempts_for` - how many uniform picks make missing every canary pod less likely than ``miss``.
 * :func:`prove` - the attempts, their answers and the verdict.
 """
@@ -64,6 +65,13 @@ def canary_pods(pods, selectors, model):
     others = sorted(p["metadata"]["name"] for p in pods or [] if p["metadata"]["name"] not in canary
                     and ((p.get("metadata") or {}).get("labels") or {}).get(MODEL_LABEL) == model)
     return canary, others
+
+
+def routable(pods, names, model):
+    """Of ``names``, the listed pods the gateway can pick for ``model`` (labelled ``model.aibrix.ai/name``): a P/D
+    canary's front, not its prefill and decode pods, which carry no AIBrix label in the Deployments form."""
+    return sorted(p["metadata"]["name"] for p in pods or [] if p["metadata"]["name"] in names
+                  and ((p.get("metadata") or {}).get("labels") or {}).get(MODEL_LABEL) == model)
 
 
 def attempts_for(canary, routable, miss=0.001):
