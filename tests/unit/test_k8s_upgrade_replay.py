@@ -1052,7 +1052,7 @@ def test_an_slo_breach_on_the_canary_rolls_back_to_a_and_a_serves(run_module, ca
     URLs of one A pod alone and the canary alone (pod IPs from the listing) and the client host; slo.yml failing
     (a breached limit, simulated here: the gate itself is tested with its own file) rolls back to A."""
     include = next(t for t in rt._walk(rt._tasks(os.path.join(rt.ROOT, "roles", "upgrade", "tasks", "kubernetes_step.yml")))  # pylint: disable=protected-access
-                   if str(t.get("ansible.builtin.include_tasks", "")).endswith("/slo.yml"))
+                   if str(t.get("ansible.builtin.include_tasks", "")).endswith("slo.yml"))
     a = render(A_PATH, ["gpu-01", "gpu-02"])
     b = render(B_PATH, ["gpu-01", "gpu-02", "gpu-03"])
     cluster = deployed(a, fleet())
