@@ -159,7 +159,7 @@ def main():
     picked = len(_k8s_canary.routable(p["pods"], canary, p["model"]))
     attempts = p["attempts"] or _k8s_canary.attempts_for(picked, picked + len(others))
     try:
-        pod, answers = _k8s_canary.prove(p["base_url"], p["model"], p["checks"], canary, others, headers=p["headers"],
+        pod, answers = _k8s_canary.prove(_probe.run, p["base_url"], p["model"], p["checks"], canary, others, headers=p["headers"],
                                          strategy=p["routing_strategy"], attempts=attempts,
                                          deadline=p["deadline"], timeout=p["timeout"])
     except _k8s_canary.CanaryError as e:

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import math
 
-from ansible_collections.llmops.serving.plugins.module_utils.engine import _probe
-
 #: The AIBrix pod label of the served model (pkg/constants/model.go ModelLabelName) and port (ModelLabelPort).
 MODEL_LABEL = "model.aibrix.ai/name"
 PORT_LABEL = "model.aibrix.ai/port"
@@ -109,13 +107,13 @@ def tally(answers, canary):
     return ", ".join("%s x%d" % (k, v) for k, v in sorted(counts.items()))
 
 
-def prove(base_url, model, checks, canary, others, headers=None, strategy="random", attempts=None, deadline=600,
-          timeout=60.0, run=None):
-    """Send the answer check until a pod of ``canary`` gave it correctly; returns ``(pod, answers)``. Raises
+def prove(run, base_url, model, checks, canary, others, headers=None, strategy="random", attempts=None, deadline=600,
+          timeout=60.0):
+    """Send the answer check until a pod of ``canary`` gave it correctly, each attempt by ``run`` (the engine
+    probe's ``_probe.run``, which the module passes: kube imports no engine code); returns ``(pod, answers)``. Raises
     :class:`CanaryError`: ``canary_wrong`` (a canary pod answered wrongly), ``canary_not_reached`` (``attempts``
     answers, none from a canary pod), ``no_pod_named`` (the gateway named no pod: no routing strategy applied),
     ``no_canary_pod`` (the listing holds no pod of the canary), ``probe`` (no answer at all)."""
-    run = run or _probe.run
     check = answer_check(checks)
     if not canary:
         raise CanaryError("the pod listing holds no pod of the canary's workloads: nothing to pin the answer to",
