@@ -86,7 +86,7 @@ AREAS = {
     "kube": {
         "paths": ("plugins/module_utils/kube/", "plugins/modules/engine_manifests.py", "plugins/modules/k8s_engine_wait.py",
                   "plugins/modules/pd_manifests.py", "plugins/modules/engine_diagnose.py", "plugins/modules/k8s_upgrade_plan.py",
-                  "plugins/filter/k8s_",
+                  "plugins/modules/k8s_canary_answer.py", "plugins/filter/k8s_",
                   "plugins/filter/timeline_table.yml", "inventories/example-h20/", "tests/lib/kube_",
                   "tests/lib/aibrix_oracle.py", "tests/lib/role_tasks.py"),
         "unit": ("tests/unit/plugins/module_utils/kube/", "tests/unit/plugins/modules/test_k8s_engine_wait.py",

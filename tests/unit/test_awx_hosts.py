@@ -38,7 +38,8 @@ EXPECTED = {
     "llmops diagnose": [("Diagnose the Kubernetes engine", ["k8s-api-01"]),
                         ("Diagnose the local engine of each colocated node", ["h20-gpu-01"])],
     "llmops benchmark": [("Serving benchmark", ["bench-01"]), ("Export the benchmark report", ["bench-01"])],
-    "llmops upgrade phase": [("Upgrade the serving revision", ["h20-gpu-01"])],
+    "llmops upgrade phase": [("Upgrade the serving revision", ["h20-gpu-01"]),
+                             ("Publish B's kernel cache compiled at its first start", ["h20-gpu-01"])],
 }
 
 

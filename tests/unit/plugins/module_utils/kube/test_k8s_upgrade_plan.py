@@ -103,7 +103,9 @@ def test_the_plan_of_a_deployment_with_room_for_two(run_module):
     wave = p["steps"][1]
     assert wave["delete"] == [{"kind": "Deployment", "name": "tiny-canary", "apiVersion": "apps/v1"}]
     assert wave["apply"][-1]["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 2, "maxUnavailable": 0}
-    assert p["rollback"] == {"delete": [{"kind": "Deployment", "name": "tiny-canary", "apiVersion": "apps/v1"}], "apply": p["record"]}
+    assert p["rollback"] == {"delete": [{"kind": "Deployment", "name": "tiny-canary", "apiVersion": "apps/v1"}], "apply": p["record"],
+                             "wait": [{"kind": "Deployment", "name": "tiny", "replicas": 3,  # A's pods, all of them again
+                                       "selector": next(o for o in p["record"] if o["kind"] == "Deployment")["spec"]["selector"]["matchLabels"]}]}
     assert [o["kind"] for o in p["record"]] == [o["kind"] for o in a["objects"]]
     assert any(line.startswith("rollback: delete Deployment tiny-canary") for line in r["lines"])
     assert r["changed"] is False
@@ -124,7 +126,7 @@ def test_a_storm_service_pair_is_refused_naming_why(run_module):
     storm = {"apiVersion": "orchestration.aibrix.ai/v1alpha1", "kind": "StormService", "metadata": {"name": "m"},
              "spec": {"replicas": 1}}
     r = run_module(k8s_upgrade_plan, dict(live=[storm], rendered=[storm], nodes=[], staged_nodes=[]))
-    assert r["failed"] and r["reason"] == "pd_stormservice" and "generations would mix" in r["msg"]
+    assert r["failed"] and r["reason"] == "pd_stormservice" and "would mix generations" in r["msg"]
 
 
 def test_no_a_is_refused(run_module):
