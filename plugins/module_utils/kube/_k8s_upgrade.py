@@ -164,7 +164,8 @@ def pair_room(nodes, staged, gpus, allocated=None, gpu_resource="nvidia.com/gpu"
 def serving(workloads, served_model_name, pd_model_name=None):
     """Which of the live engine ``workloads`` serves ``served_model_name`` (the engine objects' annotation
     ``llmops.serving/served-model-name``), and the revision directory it loads (its ``model`` hostPath volume):
-    ``{kind, name, model_path, model, revision, form}``, or None. What an upgrade pins before it stages B.
+    ``{kind, name, model_path, model, revision, kernel_cache_dir, form}``, or None (``kernel_cache_dir``: the
+    ``kernel-cache`` hostPath of A's pods, None without one). What an upgrade pins before it stages B.
 
     A P/D pair of Deployments (``pd_manifests``, workload ``deployments``) carries no served-name annotation: its
     prefill and decode Deployments' pods carry :data:`MODEL_LABEL` = the model name, :data:`ROLE_LABEL` the role;
@@ -200,7 +201,12 @@ def _revision_of(template):
     path = next(((v.get("hostPath") or {}).get("path") for v in (template.get("spec") or {}).get("volumes") or []
                  if v.get("name") == "model" and v.get("hostPath")), None)
     parts = (path or "").rstrip("/").rsplit("/", 2)
-    return dict(model_path=path, model=parts[-2] if len(parts) >= 2 else None, revision=parts[-1] if path else None)
+    # the kernel cache A's pods compile into or load (kube/_k8s_engine.py: volume kernel-cache, hostPath = the
+    # engine's cache directory on the node): kept from kernel-cache gc while B is staged and prebuilt beside A
+    kcache = next(((v.get("hostPath") or {}).get("path") for v in (template.get("spec") or {}).get("volumes") or []
+                   if v.get("name") == "kernel-cache" and v.get("hostPath")), None)
+    return dict(model_path=path, model=parts[-2] if len(parts) >= 2 else None, revision=parts[-1] if path else None,
+                kernel_cache_dir=kcache)
 
 
 def pd_serving(workloads, model_name):

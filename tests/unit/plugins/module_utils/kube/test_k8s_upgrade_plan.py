@@ -153,3 +153,16 @@ def test_b_already_serving_is_a_plan_without_steps_even_with_the_api_server_s_de
     r = run_module(k8s_upgrade_plan, dict(live=live, rendered=changed["objects"], nodes=nodes,
                                           staged_nodes=["gpu-01", "gpu-02"], allow_outage=True))
     assert r["plan"]["noop"] is False and r["plan"]["steps"]
+
+
+def test_a_s_kernel_cache_directory_is_read_from_its_pods_so_gc_keeps_it_during_the_upgrade():
+    """The upgrade passes A's kernel-cache hostPath to the kernel_cache role's gc as in use (roles/upgrade/tasks/
+    kubernetes.yml), so B's prebuild on a node never removes the cache A's pods load; none mounted: None."""
+    cached = _k8s_engine.build(dict(engine="vllm", served_model_name="tiny", namespace="llm-lab",
+                                    model_path="/mnt/nvme/models/tiny/a", image="vllm/vllm-openai:v0.26.0" + DIGEST,
+                                    replicas=2, staged_nodes=["gpu-01", "gpu-02"], model_source="staged_nvme",
+                                    profiles=PROFILES, tp_size=8,
+                                    kernel_cache_dir="/mnt/nvme/kernel-cache/vllm/0123abcd/engine"))
+    a = up.serving(cached["objects"], "tiny")
+    assert (a["revision"], a["kernel_cache_dir"]) == ("a", "/mnt/nvme/kernel-cache/vllm/0123abcd/engine")
+    assert up.serving(build()["objects"], "tiny")["kernel_cache_dir"] is None
