@@ -32,9 +32,11 @@ the starts does not depend on them.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 
@@ -98,15 +100,43 @@ def revisions(fleet):
     return {"A": (a["revision"], a["path"]), "B": (b["revision"], b["path"]), "short": ("short-context", short)}
 
 
+#: the engine module's reference script (transformers' greedy generate) run once per request, in one interpreter
+BOTH = r"""
+import io, json, sys
+script = sys.argv[1]
+for req in json.loads(sys.stdin.read()):
+    sys.stdin = io.StringIO(json.dumps(req))
+    exec(compile(script, "<reference>", "exec"), {"__name__": "__main__"})
+"""
+
+
+class _References:
+    """transformers' greedy token ids of PROMPTS on A's and B's files on the shared filesystem (what each revision
+    must answer), computed here, beside the deploy, and waited for when first read."""
+
+    def __init__(self, revisions):
+        reqs = [{"model_path": revisions[label][1], "prompts": PROMPTS, "max_new_tokens": MAX_TOKENS,
+                 "dtype": "float32"} for label in ("A", "B")]
+        self._pool = concurrent.futures.ThreadPoolExecutor(1)
+        self._future = self._pool.submit(subprocess.run, [sys.executable, "-c", BOTH, _reference.SCRIPT],
+                                         input=json.dumps(reqs), capture_output=True, text=True, timeout=900,
+                                         check=False)
+        self._tokens = None
+
+    def __getitem__(self, label):
+        if self._tokens is None:
+            proc = self._future.result()
+            self._pool.shutdown()
+            docs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+            assert proc.returncode == 0 and len(docs) == 2, proc.stderr[-2000:]
+            self._tokens = {label: [r["token_ids"] for r in doc["references"]] for label, doc in zip("AB", docs)}
+            assert self._tokens["A"] != self._tokens["B"], "A and B answer alike: no answer could tell them apart"
+        return self._tokens[label]
+
+
 @pytest.fixture(scope="module")
 def references(revisions):
-    """transformers' greedy token ids of PROMPTS on A's and B's files: what each revision must answer."""
-    out = {}
-    for label in ("A", "B"):
-        ref = _reference.greedy_reference(revisions[label][1], PROMPTS, MAX_TOKENS, python=sys.executable)
-        out[label] = [r["token_ids"] for r in ref["references"]]
-    assert out["A"] != out["B"], "A and B answer alike: the answers could not tell which one serves"
-    return out
+    return _References(revisions)
 
 
 def _site(fleet, path):
@@ -180,6 +210,12 @@ def _statuses(run):
     return [(ident, job.status) for ident, job in run.items()]
 
 
+def _timeline(run):
+    """Each node's status and the seconds its job ran (an approval: none)."""
+    return ", ".join("%s %s%s" % (ident, job.status, " %.0f s" % job.elapsed if getattr(job, "elapsed", None) else "")
+                     for ident, job in run.items())
+
+
 def _summary(run):
     return "\n".join("%s: %s" % (ident, job.summary(1500) if hasattr(job, "summary") else job.status)
                      for ident, job in run.items())
@@ -196,7 +232,7 @@ def _failed_msgs(job):
 
 
 @pytest.fixture(scope="module")
-def deployed(fleet, controller, revisions, references):
+def deployed(fleet, revisions, references, controller):
     """The deploy template serves A on both nodes: {node name: pid}."""
     started = time.monotonic()
     job = controller.launch("llmops deploy", answers={"stage_model_name": MODEL,
@@ -248,7 +284,7 @@ def test_a_canary_that_fails_restores_a_there_and_ends_the_workflow_failed_after
     canary, other = fleet.nodes
     assert _statuses(run) == [("upgrade stage", "successful"), ("upgrade cache", "successful"),
                               ("upgrade canary", "failed"), ("diagnose canary", "failed")], _summary(run)
-    print("(b) node by node: %s" % _statuses(run))
+    print("(b) node by node: %s" % _timeline(run))
     # AWX's rule: the canary's failure is handled by its failure edge; the diagnosis, failed with no failure edge
     # of its own, fails the workflow (and sends the error notifications, never the success ones)
     assert run.status == "failed"
@@ -301,6 +337,7 @@ def test_a_good_upgrade_runs_every_phase_and_ends_with_both_nodes_serving_b(
     assert _statuses(run) == [(ident, "successful") for ident in PHASES], _summary(run)
     assert run.status == "successful" and run.reason is None
     assert run.not_run == DIAGNOSES
+    print("(a) node by node: %s" % _timeline(run))
     # the approval was answered after the canary: node1 on B, node2 still on A (its pid of the deploy)
     assert seen["ran"] == PHASES[:3]
     assert seen["other"] == deployed[other.name]

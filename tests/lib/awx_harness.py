@@ -51,6 +51,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import yaml
 
@@ -557,6 +558,7 @@ class Job:
         self.status = None
         self.rc = None
         self.ignored = {}
+        self.elapsed = None  # seconds ansible-runner ran (AWX's UnifiedJob.elapsed: started to finished)
 
     @property
     def failed_events(self):
@@ -747,10 +749,12 @@ class Controller:
         def status_handler(status, runner_config=None):  # pylint: disable=unused-argument
             result.statuses.append(status.get("status"))
 
+        started = time.monotonic()
         runner = ansible_runner.run(private_data_dir=pdd, ident=str(job_id), playbook=job["playbook"],
                                     inventory=inventory, envvars=env, suppress_env_files=True, fact_cache_type="",
                                     event_handler=event_handler, status_handler=status_handler, quiet=True)
         result.status, result.rc = runner.status, runner.rc
+        result.elapsed = time.monotonic() - started
         return result
 
     # -- workflows -----------------------------------------------------------------------------------------------
