@@ -285,7 +285,8 @@ def test_a_canary_that_fails_restores_a_there_and_ends_the_workflow_failed_after
     assert _statuses(run) == [("upgrade stage", "successful"), ("upgrade cache", "successful"),
                               ("upgrade canary", "failed"), ("diagnose canary", "failed")], _summary(run)
     print("(b) node by node: %s" % _timeline(run))
-    # AWX's rule: the canary's failure is handled by its failure edge; the diagnosis, failed with no failure edge
+    # AWX's rule (awx/main/scheduler/dag_workflow.py WorkflowDAG.has_workflow_failed, restated by the harness's
+    # WorkflowDAG): the canary's failure is handled by its failure edge; the diagnosis, failed with no failure edge
     # of its own, fails the workflow (and sends the error notifications, never the success ones)
     assert run.status == "failed"
     assert run.reason == "No error handling path for workflow job node(s) [(diagnose canary,failed)]."
@@ -335,6 +336,7 @@ def test_a_good_upgrade_runs_every_phase_and_ends_with_both_nodes_serving_b(
     run, seen = upgraded
     canary, other = fleet.nodes
     assert _statuses(run) == [(ident, "successful") for ident in PHASES], _summary(run)
+    # the same rule (WorkflowDAG.has_workflow_failed): no node failed, so the workflow is successful
     assert run.status == "successful" and run.reason is None
     assert run.not_run == DIAGNOSES
     print("(a) node by node: %s" % _timeline(run))
