@@ -80,7 +80,7 @@ AREAS = {
         "paths": ("roles/upgrade/", "playbooks/upgrade.yml", "playbooks/demo_upgrade.yml", "plugins/modules/serving_record.py",
                   "plugins/module_utils/engine/_serving.py"),
         "unit": ("tests/unit/plugins/modules/test_serving_record.py",),
-        "integration": ("test_upgrade_local.py",),
+        "integration": ("test_upgrade_local.py", "test_awx_upgrade_netns.py"),
         "molecule": (),
     },
     "kube": {
@@ -137,7 +137,7 @@ AREAS = {
                  "tests/unit/test_awx_workflow.py", "tests/unit/test_awx_roles.py", "tests/property/test_awx_workflow_properties.py",
                  "tests/property/test_awx_configure_properties.py"),
         "integration": ("test_awx_runner.py", "test_awx_configure_api.py", "test_awx_netns.py", "test_awx_deploy_netns.py",
-                        "test_awx_jobs_netns.py", "test_awx_upgrade_configure.py"),
+                        "test_awx_jobs_netns.py", "test_awx_upgrade_configure.py", "test_awx_upgrade_netns.py"),
         "molecule": (),
     },
 }
