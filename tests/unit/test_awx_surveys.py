@@ -45,7 +45,7 @@ def test_the_data_model_holds_every_kind_the_controller_needs():
             "controller_workflows"} <= set(OBJECTS)
     assert {"controller_credential_types", "controller_notifications"} <= set(OBJECTS)
     assert sorted(t["playbook"] for t in TEMPLATES) == ["playbooks/benchmark.yml", "playbooks/diagnose.yml",
-                                                        "playbooks/site.yml", "playbooks/stage.yml",
+                                                        "playbooks/pd_deploy.yml", "playbooks/site.yml", "playbooks/stage.yml",
                                                         "playbooks/upgrade.yml", "playbooks/verify_transport.yml"]
 
 
@@ -155,10 +155,11 @@ def test_templates_and_workflow_reference_objects_that_exist():
             if n["unified_job_template"]["type"] == "job_template"} <= names["controller_templates"]
     approvals = [n for n in nodes.values() if n["unified_job_template"]["type"] == "workflow_approval"]
     assert all(n["unified_job_template"].get("timeout", 0) > 0 for n in approvals)  # never waits forever
-    # stage -> approval -> deploy -> verify on success, a failed deploy is diagnosed
+    # stage -> approval -> deploy -> deploy P/D pair -> verify on success, a failed deploy is diagnosed
     assert [c["identifier"] for c in nodes["stage"]["related"]["success_nodes"]] == ["approve deploy"]
     assert [c["identifier"] for c in nodes["approve deploy"]["related"]["success_nodes"]] == ["deploy"]
-    assert [c["identifier"] for c in nodes["deploy"]["related"]["success_nodes"]] == ["verify"]
+    assert [c["identifier"] for c in nodes["deploy"]["related"]["success_nodes"]] == ["deploy P/D pair"]
+    assert [c["identifier"] for c in nodes["deploy P/D pair"]["related"]["success_nodes"]] == ["verify"]
     assert [c["identifier"] for c in nodes["deploy"]["related"]["failure_nodes"]] == ["diagnose"]
     roots = set(nodes) - {c for cs in edges.values() for c in cs}
     assert roots == {"stage"}
