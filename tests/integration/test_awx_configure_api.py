@@ -25,7 +25,8 @@ ROOT = awx.ROOT
 OBJECTS = awx.load_controller()
 TOKEN = "tok-" + os.urandom(6).hex()
 SECRETS = {"llmops_awx_scm_token": "scm-" + os.urandom(6).hex(), "llmops_awx_ssh_private_key": "key-" + os.urandom(6).hex(),
-           "llmops_awx_k8s_token": "k8s-" + os.urandom(6).hex(), "llmops_awx_registry_password": "reg-" + os.urandom(6).hex(),
+           "llmops_awx_k8s_token": "k8s-" + os.urandom(6).hex(), "llmops_awx_k8s_read_token": "k8r-" + os.urandom(6).hex(),
+           "llmops_awx_registry_password": "reg-" + os.urandom(6).hex(),
            "llmops_awx_hf_token": "hf-" + os.urandom(6).hex(), "llmops_awx_gateway_token": "gw-" + os.urandom(6).hex()}
 INPUTS = dict(SECRETS, llmops_awx_scm_url="https://git.example/llmops/serving.git", llmops_awx_scm_username="deploy",
               llmops_awx_k8s_host="https://k8s.example:6443", llmops_awx_k8s_ca_cert="-----BEGIN CERTIFICATE-----\n",
@@ -166,6 +167,24 @@ def test_a_run_sends_every_key_of_every_object(api, applied):
     assert api.created("notification_templates")["llmops on-call"]["notification_type"] == "webhook"
     # the inventory source reads the site's inventory, not the EE's localhost
     assert api.created("inventory_sources")["llmops fleet from project"]["source_path"] == "inventories/example-h20"
+
+
+def test_the_diagnose_template_holds_the_read_only_cluster_credential_and_only_appliers_the_write_one(api, applied):
+    """The read-only token (llmops_awx_k8s_read_token, the llmops-read identity) is its own credential on the
+    controller, attached to the diagnose template instead of the write one; the write one is only on the templates
+    that apply (deploy, deploy P/D pair)."""
+    rc, out, dummy_requests = applied
+    assert rc == 0, out[-4000:]
+    creds = api.created("credentials")
+    assert creds["llmops Kubernetes read-only"]["inputs"]["bearer_token"] == SECRETS["llmops_awx_k8s_read_token"]
+    assert creds["llmops Kubernetes"]["inputs"]["bearer_token"] == SECRETS["llmops_awx_k8s_token"]
+    assert creds["llmops Kubernetes read-only"]["inputs"]["host"] == INPUTS["llmops_awx_k8s_host"]
+    assert sorted(api.associated("job_templates", "llmops diagnose", "credentials")) == [
+        "llmops GPU nodes", "llmops Kubernetes read-only", "llmops gateway token"]
+    holders = {name for name in api.created("job_templates")
+               if "llmops Kubernetes" in api.associated("job_templates", name, "credentials")}
+    assert holders == {"llmops deploy", "llmops deploy P/D pair"}
+    assert SECRETS["llmops_awx_k8s_read_token"] not in out
 
 
 def test_the_custom_credential_types_arrive_with_awx_s_own_templates_unevaluated(api, applied):

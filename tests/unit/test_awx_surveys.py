@@ -406,7 +406,8 @@ def test_awx_configure_names_missing_inputs_before_it_touches_the_controller(tmp
 def test_awx_configure_names_a_missing_awx_directory(tmp_path):
     args = ["-e", "llmops_awx_config_dir=%s" % tmp_path]
     for var in ("llmops_awx_scm_url", "llmops_awx_scm_username", "llmops_awx_scm_token", "llmops_awx_ssh_username",
-                "llmops_awx_ssh_private_key", "llmops_awx_k8s_host", "llmops_awx_k8s_token", "llmops_awx_k8s_ca_cert",
+                "llmops_awx_ssh_private_key", "llmops_awx_k8s_host", "llmops_awx_k8s_token", "llmops_awx_k8s_read_token",
+                "llmops_awx_k8s_ca_cert",
                 "llmops_awx_ee_image", "llmops_awx_registry_host", "llmops_awx_registry_username",
                 "llmops_awx_registry_password"):
         args += ["-e", "%s=x" % var]
