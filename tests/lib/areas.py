@@ -98,7 +98,7 @@ AREAS = {
     },
     "transport": {
         "paths": ("plugins/module_utils/transport/", "plugins/modules/rdma_counters.py", "plugins/modules/pd_load.py",
-                  "roles/pd_disagg/", "playbooks/verify_transport.yml"),
+                  "roles/pd_disagg/", "playbooks/verify_transport.yml", "playbooks/pd_deploy.yml"),
         "unit": ("tests/unit/plugins/module_utils/transport/", "tests/unit/plugins/modules/test_rdma_counters.py",
                  "tests/unit/plugins/modules/test_rdma_hardware_layouts.py", "tests/unit/plugins/modules/test_pd_load.py",
                  "tests/unit/test_pd_proxy_robust.py", "tests/unit/test_pd_apply_replay.py"),
@@ -135,6 +135,7 @@ AREAS = {
                   "meta/ee-bindep.txt", "bindep.txt", "requirements.yml"),
         "unit": ("tests/unit/test_awx_hosts.py", "tests/unit/test_awx_surveys.py", "tests/unit/test_ee.py",
                  "tests/unit/test_awx_workflow.py", "tests/unit/test_awx_roles.py", "tests/property/test_awx_workflow_properties.py",
+                 "tests/unit/test_awx_credentials.py", "tests/unit/test_awx_pd_endpoints.py",
                  "tests/property/test_awx_configure_properties.py"),
         "integration": ("test_awx_runner.py", "test_awx_configure_api.py", "test_awx_netns.py", "test_awx_deploy_netns.py",
                         "test_awx_jobs_netns.py", "test_awx_upgrade_configure.py", "test_awx_upgrade_netns.py"),
