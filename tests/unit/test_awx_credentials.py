@@ -164,11 +164,8 @@ def needed_credentials(template):
     return needed, k8s
 
 
-#: A known gap, kept visible (strict: it fails the day the template is fixed, so the mark goes with it): on a
-#: Kubernetes fleet playbooks/upgrade.yml applies B with kubernetes.core.k8s on llmops_k8s_delegate_to, but the
-#: upgrade template carries no Kubernetes credential (nor llmops_k8s_delegate_to: localhost), so its calls use the
-#: k8s_api host's kubeconfig over SSH.
-KNOWN_GAPS = {"llmops upgrade phase": "the upgrade template lacks the write Kubernetes credential (upgrade.yml applies)"}
+#: Known gaps, kept visible (strict: a fixed template fails its mark, so the mark goes with it).
+KNOWN_GAPS = {}
 
 
 def _param(template):
