@@ -1090,16 +1090,20 @@ def test_an_slo_breach_on_the_canary_rolls_back_to_a_and_a_serves(run_module, ca
     assert variables.template("{{ %s }}" % include["when"], dict(upgrade_slo={})) is False
 
 
-@pytest.mark.parametrize("slo,url,allowed", [({"ttft_p95_ms": 500}, "", False), ({"ttft_p95_ms": 500}, "http://gw", True),
-                                             ({}, "", True)])
-def test_an_slo_gate_without_the_gateway_is_refused_before_anything_changes(slo, url, allowed):
+@pytest.mark.parametrize("slo,url,form,allowed", [({"ttft_p95_ms": 500}, "", "P/D", False),
+                                                  ({"ttft_p95_ms": 500}, "http://gw", "P/D", True),
+                                                  ({}, "", "Deployment", False), ({}, "http://gw", "Deployment", True)])
+def test_an_upgrade_without_the_gateway_is_refused_before_anything_changes(slo, url, form, allowed):
+    """The canary's proof is a correct answer from a pod of B through the gateway: no URL, no proof (with or without
+    an SLO gate, which compares the pod that answered with one of A's), refused naming the form's variable."""
     check = rt.task("upgrade", "ansible.builtin.assert", "kubernetes.yml",
-                    name="Refuse an SLO gate without the gateway that names the canary's pods")["ansible.builtin.assert"]
-    variables = engine_role_vars(upgrade_slo=slo, upgrade_k8s_probe_url=url, upgrade_k8s_a={"serving": {"form": "P/D"}})
+                    name="Refuse an upgrade whose canary nothing could prove (no gateway URL)")["ansible.builtin.assert"]
+    variables = engine_role_vars(upgrade_slo=slo, upgrade_k8s_probe_url=url, upgrade_k8s_a={"serving": {"form": form}})
     assert variables.template("{{ %s }}" % check["that"]) is allowed
     if not allowed:
         msg = variables.template(check["fail_msg"])
-        assert msg.startswith("upgrade_slo:") and "pd_disagg_k8s_probe_url is empty" in msg and "AIBrix gateway's URL" in msg
+        var = "pd_disagg_k8s_probe_url" if form == "P/D" else "engine_k8s_probe_url"
+        assert msg.startswith(var + " is empty:") and "AIBrix gateway's URL" in msg and "Nothing changed" in msg
 
 
 def test_the_attempts_are_enough_uniform_picks_of_the_gateway_s_pods_and_bounded():
