@@ -405,7 +405,6 @@ kept_in_use:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils.common import _http
 from ansible_collections.llmops.serving.plugins.module_utils.common import _option_specs
 from ansible_collections.llmops.serving.plugins.module_utils.common import _paths
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _safetensors
@@ -445,8 +444,10 @@ def main():
         required_by={"fleet_slots_dir": "fleet_read_streams"},
         supports_check_mode=True,
     )
-    _http.refuse_url_credentials(module, {"peers[].url": "the peers' servers take the run's token through "
-                                                         "peer_token (no_log)"})
+    if module.params["peers"]:  # the one URL option; a run without peers does not import the HTTP client
+        from ansible_collections.llmops.serving.plugins.module_utils.common import _http
+        _http.refuse_url_credentials(module, {"peers[].url": "the peers' servers take the run's token through "
+                                                             "peer_token (no_log)"})
     p = module.params
     for name in ("read_streams", "fleet_read_streams"):
         if p[name] is not None and p[name] < 1:

@@ -267,12 +267,7 @@ class Copier:
         """This stream's ``STREAM_BUFFERS`` aligned buffers (anonymous mappings are page-aligned), reused."""
         views = getattr(self._local, "views", None)
         if views is None or len(views[0]) != DIRECT_BUF:
-            maps = [mmap.mmap(-1, DIRECT_BUF) for dummy in range(STREAM_BUFFERS)]
-            for m in maps:  # huge pages where the kernel has them: 512 times fewer pages to fault, pin and free
-                try:
-                    m.madvise(mmap.MADV_HUGEPAGE)
-                except (AttributeError, OSError, ValueError):
-                    pass
+            maps = [aligned_buffer(DIRECT_BUF) for dummy in range(STREAM_BUFFERS)]
             views = [memoryview(m) for m in maps]
             self._local.views = views
             with self._lock:
@@ -406,7 +401,7 @@ class Copier:
     def _digest_file(self, path):
         fin = RawFile(path, os.O_RDONLY, self.direct_io)
         ph = PieceHasher(self.piece_size)
-        buf = mmap.mmap(-1, DIRECT_BUF)
+        buf = aligned_buffer(DIRECT_BUF)
         try:
             size = os.fstat(fin.fd).st_size
             offset = 0
@@ -571,6 +566,23 @@ class RawFile:
 
     def close(self):
         os.close(self.fd)
+
+
+def aligned_buffer(size):
+    """A page-aligned ``size``-byte buffer for O_DIRECT, in transparent huge pages where the kernel has them.
+
+    Private anonymous memory, not ``mmap(-1, size)``'s default ``MAP_SHARED``: shared anonymous memory is shmem,
+    which gets huge pages only where ``shmem_enabled`` allows it (``never`` by default), so every 16 MiB request
+    pinned and released 4096 small pages; measured on 3 GiB from tmpfs, private huge pages halved the copy's system
+    CPU time (docs/benchmarks/model_stage.md).
+    """
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    buf = mmap.mmap(-1, size, flags=flags) if flags else mmap.mmap(-1, size)
+    try:
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    except (AttributeError, OSError, ValueError):
+        pass
+    return buf
 
 
 def _fadvise(fd, advice, offset=0, length=0):
