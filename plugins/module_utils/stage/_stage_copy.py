@@ -14,6 +14,9 @@ recorded in the partial dir's journal; those steps run beside the streams (which
 before :meth:`Copier.run` returns. The first failure cancels the other streams at their next block and removes
 their in-flight files.
 
+The header is compared in the buffers the copy writes from (:class:`HeaderCheck`, before they are written), so it
+is not read back from the copy; only a file the kernel copied (no buffers) has its header read back.
+
 Within a stream, reading and writing overlap: a reader thread fills the next of ``STREAM_BUFFERS`` aligned
 buffers from src while the stream hashes and writes the one before, so each stream keeps one read and one write
 in flight instead of alternating between them.
@@ -40,6 +43,7 @@ import hashlib
 import mmap
 import os
 import queue
+import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -185,7 +189,8 @@ class Copier:
         size = os.path.getsize(tmp)
         if size != f["size"]:
             raise _safetensors.CheckpointError(tmp, "copy is %d bytes, source is %d" % (size, f["size"]))
-        if self.mode in ("headers", "sha256") and rel in self.headers:
+        if self.mode in ("headers", "sha256") and rel in self.headers and not job.header_written():
+            # a range that went through the kernel's copy (no buffers to compare): read the copy's header back
             _verify.check_copy_header(tmp, size, self.headers[rel])
         digest = job.digest
         if self.mode == "sha256" and rel in self.sums and digest != self.sums[rel]:
@@ -235,6 +240,8 @@ class Copier:
                 sinks = [s for s in (h, ph) if s is not None]
                 written = self._piece_reporter(job.rel, start, ph) if self.on_piece else None
                 if fin.direct or fout.direct or sinks:
+                    if job.header is not None and start < len(job.header):
+                        sinks.append(HeaderCheck(job, start))
                     self._pipe(fin, fout, start, end, job.src_path, sinks, written)
                 else:
                     self._copy_kernel(fin, fout, start, end, job.src_path)
@@ -432,6 +439,10 @@ class _FileJob(object):
         self.final = _paths.contained(copier.partial, self.rel, "src")
         self.tmp = self.final + PART_SUFFIX
         self.ranges = copier.ranges(f["size"])
+        raw = copier.headers.get(self.rel) if copier.mode in ("headers", "sha256") else None
+        # the bytes the copy must start with: the header's length and the header read from src before the copy
+        self.header = struct.pack("<Q", len(raw)) + raw if raw is not None else None
+        self._header_matched = 0
         self.left = len(self.ranges)
         self.created = False
         self.direct = True
@@ -463,11 +474,42 @@ class _FileJob(object):
                 self._pieces[start] = pieces
             return self.left == 0
 
+    def header_matched(self, n):
+        with self._lock:
+            self._header_matched += n
+
+    def header_written(self):
+        """True when every byte of the header went out of a buffer that matched the source's header."""
+        return self.header is not None and self._header_matched == len(self.header)
+
     def pieces(self):
         out = []
         for start in sorted(self._pieces):
             out.extend(self._pieces[start])
         return out
+
+
+class HeaderCheck:
+    """A sink of a range's bytes (fed in order from ``start``) that compares the part of the file's header it
+    covers with the header read from src before the copy, in the buffers the copy writes from: the copy's header
+    is verified byte for byte without reading it back. A mismatch raises before that buffer is written."""
+
+    def __init__(self, job, start):
+        self.job = job
+        self.pos = start
+
+    def update(self, chunk):
+        want = self.job.header
+        pos = self.pos
+        self.pos += len(chunk)
+        if pos >= len(want):
+            return
+        k = min(len(chunk), len(want) - pos)
+        with chunk[:k] as part:
+            same = part == want[pos:pos + k]
+        if not same:
+            raise _safetensors.CheckpointError(self.job.tmp, "header differs from the source file's header")
+        self.job.header_matched(k)
 
 
 class PieceHasher:
