@@ -93,7 +93,7 @@ options:
   read_streams:
     description:
       - Most files of O(src) this host reads at once (also the most fleet slots it holds).
-      - Each stream keeps one 16 MiB read in flight on O(src) while it hashes and writes the 16 MiB before with
+      - Each stream keeps one 4 MiB read in flight on O(src) while it hashes and writes the 4 MiB before with
         O_DIRECT (three aligned buffers a stream), and a copied file is checked, fsynced and renamed beside the
         streams. The default, 4, is the measured one (C(docs/benchmarks/model_stage.md)). On one local disk 4
         streams staged a 3 GiB, 48-shard revision at 1.09 times the disk's own limit (reads and writes at once)
@@ -140,7 +140,7 @@ options:
   direct_io:
     description:
       - Read O(src) and write O(dest) with C(O_DIRECT) where the filesystems allow it, through one aligned
-        16 MiB buffer per stream (hashed there when O(verify=sha256)). This keeps a multi-hundred-GiB copy out
+        4 MiB buffer per stream (hashed there when O(verify=sha256)). This keeps a multi-hundred-GiB copy out
         of the node's page cache and the kernel's copy loop off the CPUs.
       - A filesystem that refuses C(O_DIRECT) (at open or on a read or write) gets buffered I/O for that file,
         and the copy goes on; RV(direct_io_files) counts the files that went direct at both ends.
