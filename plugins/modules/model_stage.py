@@ -94,13 +94,14 @@ options:
     description:
       - Most files of O(src) this host reads at once (also the most fleet slots it holds).
       - Each stream keeps one 4 MiB read in flight on O(src) while it hashes and writes the 4 MiB before with
-        O_DIRECT (three aligned buffers a stream), and a copied file is checked, fsynced and renamed beside the
+        O_DIRECT (three aligned buffers a stream; 4 MiB is one whole request on a disk that takes 4 MiB at once),
+        the safetensors header is compared in those buffers, and a copied file is fsynced and renamed beside the
         streams. The default, 4, is the measured one (C(docs/benchmarks/model_stage.md)). On one local disk 4
-        streams staged a 3 GiB, 48-shard revision at 1.09 times the disk's own limit (reads and writes at once)
-        in the quieter of two runs, and 8 streams were no faster in the same alternating rounds; from a source
-        in RAM, where the writes alone bound the copy, the two were level. Raise it for a source whose single
-        stream is slow (a network filesystem far away); lower it when many hosts read O(src) at once and
-        O(fleet_read_streams) does not already cap them.
+        streams staged a 3 GiB, 48-shard revision at 0.53 times the disk's limit for reads and writes at once on a
+        quiet host and 0.80 times under heavy load; from a source in RAM at 0.65 times the parallel direct write
+        (quiet; 1.42 times under heavy load, where the host's CPUs, not the disk, were short). 8 streams were level with 4 in the same alternating rounds on a quiet host, and on one disk no
+        faster under load. Raise it for a source whose single stream is slow (a network filesystem far away);
+        lower it when many hosts read O(src) at once and O(fleet_read_streams) does not already cap them.
     type: int
     default: 4
   fleet_slots_dir:
