@@ -99,9 +99,10 @@ options:
         streams. The default, 4, is the measured one (C(docs/benchmarks/model_stage.md)). On one local disk 4
         streams staged a 3 GiB, 48-shard revision at 0.53 times the disk's limit for reads and writes at once on a
         quiet host and 0.80 times under heavy load; from a source in RAM at 0.65 times the parallel direct write
-        (quiet; 1.42 times under heavy load, where the host's CPUs, not the disk, were short). 8 streams were level with 4 in the same alternating rounds on a quiet host, and on one disk no
-        faster under load. Raise it for a source whose single stream is slow (a network filesystem far away);
-        lower it when many hosts read O(src) at once and O(fleet_read_streams) does not already cap them.
+        (quiet; 1.42 times under heavy load, where the host's CPUs, not the disk, were short). 8 streams were
+        level with 4 in the same alternating rounds on a quiet host, and on one disk no faster under load. Raise
+        it for a source whose single stream is slow (a network filesystem far away); lower it when many hosts
+        read O(src) at once and O(fleet_read_streams) does not already cap them.
     type: int
     default: 4
   fleet_slots_dir:
