@@ -14,6 +14,10 @@ a Markdown file, a JSON file and a PNG.
 The same-disk limit of a round is the slowest of the parallel direct write, the parallel read and both at once (a
 copy within one disk does all three). ``--checkpoint DIR`` stages a real checkpoint directory instead of the
 synthetic one (read only); ``--also-streams 8`` adds model_stage with other ``read_streams`` to the same rounds.
+``--profile N`` times model_stage's phases instead (start-up, checks, copy, the per-file steps beside the streams,
+publish, CPU), over N runs of this checkout and of ``--base`` when given:
+
+    .venv/bin/python benchmarks/stage_bench.py --bytes 3GiB --shards 48 --ram-src /dev/shm/llmops-bench --profile 5 --base <commit>
 """
 from __future__ import annotations
 
@@ -150,6 +154,130 @@ def device_read_cmds(src, direct=False):
     return out
 
 
+# Runs model_stage as the benchmark does (its file as __main__, arguments in a JSON file), with clocks on its phases:
+# start-up (interpreter, ansible.module_utils.basic, the collection), the checks before the copy, the copy, and
+# inside it the per-file steps that run beside the streams (summed over threads), publish and exit; then the CPU
+# time of the whole process. Only names both versions have are timed, so a --base commit is profiled the same way.
+PROFILE_WRAPPER = r"""
+import time
+T0 = time.monotonic()
+import collections, json, os, resource, runpy, sys, threading
+marks, acc, lock = {}, collections.defaultdict(lambda: [0.0, 0]), threading.Lock()
+from ansible.module_utils import basic
+marks["import ansible.module_utils.basic"] = time.monotonic() - T0
+module, args_path, out_path = sys.argv[1:4]
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage, _stage_copy, _stage_publish
+marks["import the collection"] = time.monotonic() - T0 - marks["import ansible.module_utils.basic"]
+
+
+def timed(owner, name, label, total=False):
+    real = getattr(owner, name, None)
+    if real is None:
+        return
+
+    def wrapper(*a, **k):
+        t = time.monotonic()
+        try:
+            return real(*a, **k)
+        finally:
+            with lock:
+                acc[label][0] += time.monotonic() - t
+                acc[label][1] += 1
+    setattr(owner, name, wrapper)
+
+
+timed(_stage_copy.Copier, "run", "copy (wall)")
+timed(_stage_copy.Copier, "_copy", "stream time, summed over streams")
+timed(_stage_copy.Copier, "_finish", "per-file finish beside the streams, summed")
+timed(_stage_copy._verify, "check_copy_header", "header read back from the copy, summed")
+timed(_stage_copy.os, "fsync", "fsync (files, then dirs at publish), summed")
+timed(_stage._verify, "verify_source", "source headers and index checked")
+timed(_stage._publish, "publish", "publish")
+timed(_stage, "stage", "stage() in all")
+timed(basic.AnsibleModule, "__init__", "AnsibleModule (arguments)")
+
+
+def report():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    doc = {"marks": marks, "acc": dict(acc), "total": time.monotonic() - T0, "user": r.ru_utime, "sys": r.ru_stime}
+    with open(out_path, "w") as f:
+        json.dump(doc, f)
+
+
+import atexit
+atexit.register(report)
+sys.argv = [module, args_path]
+runpy.run_path(module, run_name="__main__")
+"""
+
+PROFILE_ROWS = [
+    "import ansible.module_utils.basic", "import the collection", "AnsibleModule (arguments)",
+    "source headers and index checked", "copy (wall)", "stream time, summed over streams",
+    "per-file finish beside the streams, summed", "fsync (files, then dirs at publish), summed",
+    "header read back from the copy, summed", "publish", "stage() in all"]
+
+
+def profile_module(args, pycoll=PYCOLL):
+    """One model_stage run under PROFILE_WRAPPER; returns its phases, wall time, user and system CPU."""
+    env = dict(os.environ, PYTHONPATH=pycoll)
+    module = os.path.join(pycoll, "ansible_collections", "llmops", "serving", "plugins", "modules", "model_stage.py")
+    path = os.path.join(os.path.dirname(args["dest"]), ".bench-args.json")
+    out = os.path.join(os.path.dirname(args["dest"]), ".bench-profile.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"ANSIBLE_MODULE_ARGS": args}, f)
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", PROFILE_WRAPPER, module, path, out], capture_output=True, text=True,
+                          check=False, env=env)
+    wall = time.monotonic() - t0
+    if '"failed": true' in proc.stdout or not os.path.isfile(out):
+        raise SystemExit("model_stage failed under the profiler: %s %s" % (proc.stdout[-2000:], proc.stderr[-2000:]))
+    with open(out) as f:
+        doc = json.load(f)
+    doc["wall"] = wall
+    return doc
+
+
+def profile(a, src, dest_root, versions):
+    """``--profile N``: N runs per version, alternated, page cache dropped before each; prints a Markdown table of
+    the median of every phase."""
+    runs = {name: [] for name, dummy in versions}
+    for rep in range(a.profile):
+        for name, pycoll in versions[rep % len(versions):] + versions[:rep % len(versions)]:
+            d = os.path.join(dest_root, "profile", "rev")
+            shutil.rmtree(os.path.dirname(d), ignore_errors=True)
+            drop_caches()
+            runs[name].append(profile_module({"src": src, "dest": d}, pycoll))
+            shutil.rmtree(os.path.dirname(d), ignore_errors=True)
+            r = runs[name][-1]
+            print("profile %d/%d %-10s wall %.2f s, copy %.2f s, CPU %.2f user + %.2f system" % (
+                rep + 1, a.profile, name, r["wall"], r["acc"]["copy (wall)"][0], r["user"], r["sys"]), flush=True)
+
+    def cell(name, row):
+        vals = []
+        for r in runs[name]:
+            if row in r["marks"]:
+                vals.append((r["marks"][row], None))
+            elif row in r["acc"]:
+                vals.append(tuple(r["acc"][row]))
+        if not vals:
+            return "-"
+        n = statistics.median(v[1] for v in vals) if vals[0][1] is not None else None
+        return "%.3f%s" % (statistics.median(v[0] for v in vals), " (%d calls)" % n if n is not None else "")
+
+    names = [n for n, dummy in versions]
+    lines = ["| phase (median of %d runs, s) | %s |" % (a.profile, " | ".join(names)),
+             "|---|" + "---|" * len(names)]
+    for row in PROFILE_ROWS:
+        lines.append("| %s | %s |" % (row, " | ".join(cell(n, row) for n in names)))
+    for label, key in (("whole process (wall, as the benchmark times it)", "wall"), ("CPU, user", "user"),
+                       ("CPU, system", "sys")):
+        meds = ["%.3f" % statistics.median(r[key] for r in runs[n]) for n in names]
+        lines.append("| %s | %s |" % (label, " | ".join(meds)))
+    print("\nsrc %s, load average (1 min) %.1f at the end\n" % (src, os.getloadavg()[0]))
+    print("\n".join(lines))
+
+
 DD_BS = 16 << 20
 END = "<!-- end of the part stage_bench.py writes -->"
 DEVICE = ("device: write", "device: read, cat", "device: read, O_DIRECT", "device: read + write at once")
@@ -174,6 +302,9 @@ def main():
     ap.add_argument("--base", default="", help="also run model_stage headers as of this commit (A/B in the same "
                     "rounds)")
     ap.add_argument("--keep-src", action="store_true", help="keep the generated revision for the next run")
+    ap.add_argument("--profile", type=int, default=0, help="instead of the comparison: profile model_stage's phases "
+                    "over this many runs (of this checkout, and of --base when given, alternated) from --ram-src "
+                    "when given, else from the revision on disk; prints a table, writes no file")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks", "model_stage.md"))
     ap.add_argument("--png", default=os.path.join(ROOT, "docs", "benchmarks", "model_stage.png"))
     ap.add_argument("--json", default=os.path.join(ROOT, "docs", "benchmarks", "model_stage.json"))
@@ -213,6 +344,18 @@ def main():
 
     def dest(name):
         return os.path.join(dest_root, name, "rev")
+
+    if a.profile:
+        versions = [("this", PYCOLL)] + ([(a.base, pycoll_at(a.base))] if a.base else [])
+        try:
+            profile(a, ram_src or src, dest_root, versions)
+        finally:
+            for dummy, pycoll in versions[1:]:
+                shutil.rmtree(pycoll, ignore_errors=True)
+            if ram_src:
+                shutil.rmtree(a.ram_src, ignore_errors=True)
+            shutil.rmtree(dest_root, ignore_errors=True)
+        return
 
     def stage(mode, source=src, pycoll=PYCOLL, **extra):
         args = {"src": source, "verify": mode}

@@ -93,14 +93,16 @@ options:
   read_streams:
     description:
       - Most files of O(src) this host reads at once (also the most fleet slots it holds).
-      - Each stream keeps one 16 MiB read in flight on O(src) while it hashes and writes the 16 MiB before with
-        O_DIRECT (three aligned buffers a stream), and a copied file is checked, fsynced and renamed beside the
+      - Each stream keeps one 4 MiB read in flight on O(src) while it hashes and writes the 4 MiB before with
+        O_DIRECT (three aligned buffers a stream; 4 MiB is one whole request on a disk that takes 4 MiB at once),
+        the safetensors header is compared in those buffers, and a copied file is fsynced and renamed beside the
         streams. The default, 4, is the measured one (C(docs/benchmarks/model_stage.md)). On one local disk 4
-        streams staged a 3 GiB, 48-shard revision at 1.09 times the disk's own limit (reads and writes at once)
-        in the quieter of two runs, and 8 streams were no faster in the same alternating rounds; from a source
-        in RAM, where the writes alone bound the copy, the two were level. Raise it for a source whose single
-        stream is slow (a network filesystem far away); lower it when many hosts read O(src) at once and
-        O(fleet_read_streams) does not already cap them.
+        streams staged a 3 GiB, 48-shard revision at 0.53 times the disk's limit for reads and writes at once on a
+        quiet host and 0.80 times under heavy load; from a source in RAM at 0.65 times the parallel direct write
+        (quiet; 1.42 times under heavy load, where the host's CPUs, not the disk, were short). 8 streams were
+        level with 4 in the same alternating rounds on a quiet host, and on one disk no faster under load. Raise
+        it for a source whose single stream is slow (a network filesystem far away); lower it when many hosts
+        read O(src) at once and O(fleet_read_streams) does not already cap them.
     type: int
     default: 4
   fleet_slots_dir:
@@ -140,7 +142,7 @@ options:
   direct_io:
     description:
       - Read O(src) and write O(dest) with C(O_DIRECT) where the filesystems allow it, through one aligned
-        16 MiB buffer per stream (hashed there when O(verify=sha256)). This keeps a multi-hundred-GiB copy out
+        4 MiB buffer per stream (hashed there when O(verify=sha256)). This keeps a multi-hundred-GiB copy out
         of the node's page cache and the kernel's copy loop off the CPUs.
       - A filesystem that refuses C(O_DIRECT) (at open or on a read or write) gets buffered I/O for that file,
         and the copy goes on; RV(direct_io_files) counts the files that went direct at both ends.
@@ -405,7 +407,6 @@ kept_in_use:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.llmops.serving.plugins.module_utils.common import _http
 from ansible_collections.llmops.serving.plugins.module_utils.common import _option_specs
 from ansible_collections.llmops.serving.plugins.module_utils.common import _paths
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _safetensors
@@ -445,8 +446,10 @@ def main():
         required_by={"fleet_slots_dir": "fleet_read_streams"},
         supports_check_mode=True,
     )
-    _http.refuse_url_credentials(module, {"peers[].url": "the peers' servers take the run's token through "
-                                                         "peer_token (no_log)"})
+    if module.params["peers"]:  # the one URL option; a run without peers does not import the HTTP client
+        from ansible_collections.llmops.serving.plugins.module_utils.common import _http
+        _http.refuse_url_credentials(module, {"peers[].url": "the peers' servers take the run's token through "
+                                                             "peer_token (no_log)"})
     p = module.params
     for name in ("read_streams", "fleet_read_streams"):
         if p[name] is not None and p[name] < 1:

@@ -43,23 +43,54 @@ from __future__ import annotations
 import os
 import time
 
-from ansible_collections.llmops.serving.plugins.module_utils.stage import _fleet_slots
 from ansible_collections.llmops.serving.plugins.module_utils.common import _fsutil
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_copy
-from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_fanout
-from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_fanout_wire
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_layout
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_marker as _marker
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_plan as _plan
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_progress
-from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_peer
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_publish as _publish
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_verify as _verify
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_lock import DestLock
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_marker import StageError
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_progress import human_bytes
-from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_prune import check_pinned as _check_pinned
-from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_prune import prune, remove
+
+# The fleet slots, the fan-out (its wire protocol, receiver, board and piece server) and pruning are imported by
+# the runs that use them (``_fleet``, ``_fanout``, ``prune``, ``remove``): a plain copy does not import their
+# ~2,800 lines and what they pull in (the HTTP client and server, ``ssl``, ``email``). Every import is still a
+# plain ``from ... import`` (inside the function), so AnsiballZ finds and packs them.
+
+
+def _fleet():
+    from ansible_collections.llmops.serving.plugins.module_utils.stage import _fleet_slots
+    return _fleet_slots
+
+
+def _fanout():
+    """``(_stage_fanout_wire, _stage_fanout, _stage_peer)``."""
+    from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_fanout
+    from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_fanout_wire
+    from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_peer
+    return _stage_fanout_wire, _stage_fanout, _stage_peer
+
+
+def prune(*args, **kwargs):
+    """``_stage_prune.prune``: keep the newest revisions beside dest (``keep_revisions``)."""
+    from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_prune
+    return _stage_prune.prune(*args, **kwargs)
+
+
+def remove(*args, **kwargs):
+    """``_stage_prune.remove``: ``state: absent``."""
+    from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_prune
+    return _stage_prune.remove(*args, **kwargs)
+
+
+def _check_pinned(pinned):
+    if pinned:  # an empty list has nothing to check
+        from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_prune
+        _stage_prune.check_pinned(pinned)
+
 
 # Names the module, the tests and the benchmarks use.
 MARKER = _marker.MARKER
@@ -95,8 +126,11 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
     peers = list(peers or [])
     pieces_on = bool(record_pieces or peers)
     try:  # the options that shape the fan-out protocol, before anything is prepared
-        _stage_fanout_wire.check_options(piece_size if pieces_on else None, peers, peer_token, fleet_slots_dir,
-                                         fleet_stale_seconds, dest)
+        if pieces_on or peers or fleet_slots_dir:
+            _fanout()[0].check_options(piece_size if pieces_on else None, peers, peer_token, fleet_slots_dir,
+                                       fleet_stale_seconds, dest)
+        else:  # no fan-out option set: only dest is left to check, by the same rule
+            _check_dest(dest)
     except ValueError as e:
         raise StageError(str(e))
     _check_pinned(pinned)
@@ -146,14 +180,15 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
             return _finish()
         by_path = dict((f["path"], f) for f in files)
 
-        slots = None
+        slots = fleet = None
         if fleet_slots_dir:
-            slots = _fleet_slots.FleetSlots(fleet_slots_dir, fleet_read_streams, host_id=fleet_host_id,
-                                            host_max=read_streams, stale_after=fleet_stale_seconds,
-                                            acquire_timeout=lock_timeout)
+            fleet = _fleet()
+            slots = fleet.FleetSlots(fleet_slots_dir, fleet_read_streams, host_id=fleet_host_id,
+                                     host_max=read_streams, stale_after=fleet_stale_seconds,
+                                     acquire_timeout=lock_timeout)
             try:
                 slots.open()
-            except _fleet_slots.FleetSlotError as e:
+            except fleet.FleetSlotError as e:
                 raise StageError(str(e), file=e.file, reason=e.reason)
         progress = copier = journal = board = receiver = None
         t_copy = time.monotonic()
@@ -203,7 +238,7 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
             if pieces_on:
                 _read_back_pieces(lay.partial, lay.partial, list(records.values()), piece_size, read_streams,
                                   direct_io, result)
-                board = _stage_peer.Board(lay.partial, piece_size)
+                board = _fanout()[2].Board(lay.partial, piece_size)
                 for rec in records.values():
                     if rec.has_pieces(piece_size):
                         board.add(rec.path, by_path[rec.path], rec.header_sha256, rec.sha256, rec.pieces,
@@ -218,7 +253,7 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
             if pieces_on:
                 copy_journal.copier = copier
             if peers:
-                receiver = _stage_fanout.Receiver(
+                receiver = _fanout()[1].Receiver(
                     src_real, lay.partial, verify, content, peers, peer_token, piece_size, read_streams, slots,
                     progress, fsync, direct_io=direct_io, journal=journal, board=board,
                     peer_rate_limit=peer_rate_limit, read_rate_limit=read_rate_limit)
@@ -248,17 +283,14 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
             if record_pieces:
                 _read_back_pieces(lay.partial, lay.partial, list(records.values()), piece_size, read_streams,
                                   direct_io, result)
-        except _fleet_slots.FleetSlotError as e:  # no read slot within lock_timeout, or a broken lease dir
+        except BaseException as e:
             if progress:
                 progress.finish("failed")
             if board:
                 board.close("failed")
-            raise StageError(str(e), file=e.file, reason=e.reason)
-        except BaseException:
-            if progress:
-                progress.finish("failed")
-            if board:
-                board.close("failed")
+            if fleet is not None and isinstance(e, fleet.FleetSlotError):
+                # no read slot within lock_timeout, or a broken lease dir
+                raise StageError(str(e), file=e.file, reason=e.reason)
             raise
         finally:
             if journal:
@@ -284,6 +316,17 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
         if diff:
             result["diff"] = _diff(mstate.marker.records if mstate.marker else [], files, lay.dest)
         return _finish()
+
+
+def _check_dest(dest):
+    """``_stage_fanout_wire.check_options``'s rule for ``dest`` (the one it checks without fan-out options), here
+    so that a plain copy does not import the fan-out; ``ValueError`` names the option and the fix."""
+    if not isinstance(dest, str) or not dest or "\x00" in dest:
+        raise ValueError("dest: must be a path; set it to <dest root>/<name>/<revision> on node-local storage")
+    if not os.path.isabs(dest):
+        raise ValueError("dest: %s is relative; give an absolute path under the node-local dest root" % dest)
+    if os.path.realpath(dest) == "/":  # "//", "/.", "/x/.." and a link to / are all the root
+        raise ValueError("dest: must not be the root directory; use <dest root>/<name>/<revision>")
 
 
 def _on_board(board, files, content):

@@ -255,3 +255,40 @@ def test_fleet_slots_dir_needs_fleet_read_streams_before_anything_runs(tmp_path,
                                      "fleet_slots_dir": str(tmp_path / "fleet")})
         assert r.get("failed") and "fleet_read_streams" in r["msg"], r
     assert not (tmp_path / "fleet").exists() and not (tmp_path / "dest").exists()
+
+
+@pytest.mark.parametrize("dest", ["", "relative/m/rev1", "/", "//", "/tmp/.."])
+def test_a_bad_dest_is_refused_alike_with_and_without_the_fan_out(tree, dest):
+    # without fan-out options stage() checks dest itself (the fan-out is not imported); with them the fan-out's
+    # option check does: the same rule, the same words
+    from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage
+    msgs = []
+    for extra in ({}, {"record_pieces": True}):
+        with pytest.raises(_stage.StageError) as e:
+            _stage.stage(tree["src"], dest, **extra)
+        msgs.append(str(e.value))
+    assert msgs[0] == msgs[1] and msgs[0].startswith("dest: ")
+
+
+def test_a_plain_copy_does_not_import_the_fan_out_fleet_slots_pruning_or_http(tree):
+    # Ansible compiles a module's imports from source in every run: a copy without peers, fleet slots or pruning
+    # leaves those (and the HTTP client they pull in) alone
+    import subprocess
+    import sys
+    code = ("import sys, json\n"
+            "sys.argv = ['model_stage', sys.argv[1]]\n"
+            "from ansible_collections.llmops.serving.plugins.modules import model_stage\n"
+            "try:\n"
+            "    model_stage.main()\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "sys.stderr.write(json.dumps(sorted(m for m in sys.modules if m.rsplit('.', 1)[-1] in (\n"
+            "    '_stage_fanout', '_stage_fanout_wire', '_stage_peer', '_fleet_slots', '_stage_prune', '_http',\n"
+            "    'client', 'ssl'))))\n")
+    args = tree["tmp"] / "args.json"
+    args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {"src": tree["src"], "dest": tree["dest"]}}))
+    p = subprocess.run([sys.executable, "-c", code, str(args)], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert '"changed": true' in p.stdout, (p.stdout[-2000:], p.stderr[-2000:])
+    assert json.loads(p.stderr.strip().splitlines()[-1]) == []
+    same_tree(tree["src"], tree["dest"])

@@ -139,3 +139,73 @@ def test_no_space_for_a_split_file_fails_before_copying(tmp_path, small_blocks, 
     with pytest.raises(StageError, match="no space left on device while writing .*big.bin"):
         c.run(files)
     assert c.progress.bytes_done == 0 and os.listdir(partial) == []
+
+
+def _checkpoint(tmp_path, tensors_per_shard=4):
+    """A 2-shard checkpoint in ``shared/rev`` and an empty ``nvme/rev.partial``; ``(src, partial)``."""
+    src = os.path.join(str(tmp_path), "shared", "rev")
+    stage_synth.write_checkpoint(src, 64 * BLOCK, shards=2, tensors_per_shard=tensors_per_shard, seed=5)
+    partial = os.path.join(str(tmp_path), "nvme", "rev.partial")
+    os.makedirs(partial)
+    return src, partial
+
+
+@pytest.mark.parametrize("mode", ["headers", "sha256"])
+def test_a_copy_header_is_checked_in_the_buffers_it_was_written_from(tmp_path, monkeypatch, mode):
+    # one-block buffers and two-block ranges: a header of ~9 KiB spans buffers and ranges
+    monkeypatch.setattr(_stage_copy, "DIRECT_BUF", _stage_copy.DIRECT_ALIGN)
+    monkeypatch.setattr(_stage_copy, "RANGE", 2 * _stage_copy.DIRECT_ALIGN)
+    src, partial = _checkpoint(tmp_path, tensors_per_shard=100)
+    files, c = copier(src, partial, mode, 4)
+    shards = [f["path"] for f in files if f["path"].endswith(".safetensors")]
+    assert all(len(c.headers[s]) + 8 > 2 * _stage_copy.DIRECT_ALIGN for s in shards)
+
+    def read_back(*args):
+        raise AssertionError("the copy's header was read back from disk")
+
+    monkeypatch.setattr(_stage_copy._verify, "check_copy_header", read_back)
+    c.run(files)
+    for f in files:
+        assert read(os.path.join(partial, f["path"])) == read(os.path.join(src, f["path"])), f["path"]
+    assert sorted(c.records) == sorted(f["path"] for f in files)
+
+
+def test_a_header_that_differs_from_the_one_read_before_the_copy_fails_that_file(tmp_path, monkeypatch):
+    src, partial = _checkpoint(tmp_path)
+    files, c = copier(src, partial, "headers", 2)
+    shard = sorted(c.headers)[0]
+    raw = c.headers[shard]
+    # as if src's header had changed between its check and the copy (same length, one byte off)
+    c.headers[shard] = raw[:-2] + (b"x" if raw[-2:-1] != b"x" else b"y") + raw[-1:]
+    writes = []
+    real = os.pwrite
+
+    def pwrite(fd, data, offset):
+        writes.append((os.path.basename(os.readlink("/proc/self/fd/%d" % fd)), offset))
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    with pytest.raises(_stage_copy._safetensors.CheckpointError,
+                       match=r"%s%s: header differs from the source file's header"
+                       % (shard.replace(".", r"\."), _stage_copy.PART_SUFFIX)):
+        c.run(files)
+    # refused in the buffer, before it was written; the file is gone, the other shard is untouched
+    assert (shard + _stage_copy.PART_SUFFIX, 0) not in writes
+    assert shard not in c.records
+    assert not [n for n in os.listdir(partial) if n.startswith(shard)]
+
+
+def test_a_kernel_copy_reads_the_copy_header_back(tmp_path, monkeypatch):
+    # direct_io off and nothing to hash: copy_file_range, no buffers, so the header is read back from the copy
+    src, partial = _checkpoint(tmp_path)
+    files, c = copier(src, partial, "headers", 2, direct_io=False)
+    checked = []
+    real = _stage_copy._verify.check_copy_header
+
+    def check(path, size, header):
+        checked.append(os.path.basename(path))
+        return real(path, size, header)
+
+    monkeypatch.setattr(_stage_copy._verify, "check_copy_header", check)
+    c.run(files)
+    assert sorted(checked) == sorted(s + _stage_copy.PART_SUFFIX for s in c.headers)
