@@ -13,6 +13,14 @@ description:
   - Loads the model directory with transformers and runs greedy C(generate) for each prompt. An engine that
     serves the same files must produce the same tokens; M(llmops.serving.engine_probe) compares them.
   - Only reads the model. The generation runs in O(python), which must have torch and transformers.
+  - With O(cache_dir) the answer is computed once per request and revision. The key is a SHA-256 over the model
+    directory's real path, its C(SHA256SUMS) bytes and every file's relative name, size and mtime_ns, the prompts,
+    O(max_new_tokens), O(dtype), the generation script and the interpreter (path, file identity, torch and
+    transformers versions). A changed file, prompt or interpreter is another key, so a stale answer is never
+    served. A malformed, truncated, oversized or foreign entry is recomputed and overwritten; the newest 64
+    entries are kept.
+  - In check mode a cached answer is served and a missing one is computed as in a normal run, but nothing is
+    written and O(cache_dir) is not created.
 options:
   model_path:
     description: Model directory (config.json, tokenizer, safetensors shards).
@@ -35,6 +43,11 @@ options:
   python:
     description: Interpreter of the engine environment that runs the generation; default is the module's own.
     type: path
+  cache_dir:
+    description:
+      - Directory of cached answers (created with mode 0700, entries 0600). Unset or empty computes every time.
+      - A symlink, a non-directory or another user's directory is refused.
+    type: path
 extends_documentation_fragment:
   - llmops.serving.attributes
   - llmops.serving.attributes.info_module
@@ -47,6 +60,7 @@ EXAMPLES = r"""
   llmops.serving.reference_generate:
     model_path: /var/tmp/llmops/nvme/models/tiny-llama/8f94f6f0fade
     prompts: ["The model is staged"]
+    cache_dir: /var/tmp/llmops/run/references
   register: ref
 """
 
@@ -68,6 +82,10 @@ library_versions:
   description: torch and transformers versions used.
   returned: always
   type: dict
+cached:
+  description: True when the result is an earlier computation's, read from O(cache_dir); false when computed now.
+  returned: always
+  type: bool
 """
 
 import os
@@ -85,6 +103,7 @@ def main():
             max_new_tokens=dict(type="int", default=16, no_log=False),
             dtype=dict(type="str", default="float32", choices=["float32", "bfloat16", "float16"]),
             python=dict(type="path"),
+            cache_dir=dict(type="path"),
         ),
         supports_check_mode=True,
     )
@@ -97,10 +116,13 @@ def main():
     if p["max_new_tokens"] < 1:
         module.fail_json(msg="max_new_tokens: must be >= 1")
     try:
-        out = _reference.greedy_reference(p["model_path"], p["prompts"], p["max_new_tokens"], p["dtype"],
-                                          python=p["python"])
+        out, warnings = _reference.cached_reference(p["model_path"], p["prompts"], p["max_new_tokens"], p["dtype"],
+                                                    python=p["python"], cache_dir=p["cache_dir"],
+                                                    check_mode=module.check_mode)
     except _reference.ReferenceError_ as e:
-        module.fail_json(msg=str(e))
+        module.fail_json(msg=str(e), reason="cache_dir" if str(e).startswith("cache_dir:") else "reference")
+    for w in warnings:
+        module.warn(w)
     module.exit_json(changed=False, **out)
 
 

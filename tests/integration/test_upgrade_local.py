@@ -48,8 +48,10 @@ def _served(fleet):
     return state.get("pid"), command[command.index("--model") + 1]
 
 
-def _answers_equal_reference(run_module, model_dir):
-    ref = _reference.greedy_reference(model_dir, PROMPTS, 16, python=sys.executable)
+def _answers_equal_reference(run_module, fleet, model_dir):
+    # transformers' answer for a revision is computed once here too (the test's own cache, not the role's)
+    ref, _w = _reference.cached_reference(model_dir, PROMPTS, 16, python=sys.executable,
+                                          cache_dir=os.path.join(fleet["root"], "test-references"))
     checks = [{"type": "completion", "prompt": r["prompt"], "max_tokens": 16, "expect_token_ids": r["token_ids"]}
               for r in ref["references"]]
     r = run_module(engine_probe, {"base_url": "http://127.0.0.1:%d" % PORT, "model": "tiny-llama", "checks": checks,
@@ -89,7 +91,7 @@ def test_b_whose_files_fail_verification_changes_nothing(fleet, run_module):
     assert "failed before the engine changed, while staging B" in out, out[-3000:]
     assert "Nothing changed: tiny-llama@%s still serves" % fleet["a_rev"] in out
     assert _served(fleet) == before
-    ok, msg = _answers_equal_reference(run_module, fleet["a_dest"])
+    ok, msg = _answers_equal_reference(run_module, fleet, fleet["a_dest"])
     assert ok, msg
 
 
@@ -113,7 +115,7 @@ def test_b_the_engine_cannot_load_rolls_back_to_a(fleet, run_module):
     assert "Serve and wait for one correct answer from short-context" in out
     pid_now, path_now = _served(fleet)
     assert path_now == path_a and pid_now != pid_a
-    ok, msg = _answers_equal_reference(run_module, fleet["a_dest"])
+    ok, msg = _answers_equal_reference(run_module, fleet, fleet["a_dest"])
     assert ok, msg
     with open(os.path.join(fleet["root"], "run", "engine.serving.json")) as f:
         assert json.load(f)["revision"] == fleet["a_rev"]
@@ -128,7 +130,7 @@ def test_good_b_serves_with_its_own_reference_answers_then_changes_nothing(fleet
     assert "upgraded tiny-llama@%s -> tiny-llama@%s" % (fleet["a_rev"], b["revision"]) in out
     b_dest = os.path.join(fleet["root"], "nvme", "models", "tiny-llama", b["revision"])
     assert _served(fleet)[1] == b_dest
-    ok, msg = _answers_equal_reference(run_module, b_dest)
+    ok, msg = _answers_equal_reference(run_module, fleet, b_dest)
     assert ok, msg
     # A was pinned while B was staged: still on disk, left to retention
     assert os.path.isdir(fleet["a_dest"])
