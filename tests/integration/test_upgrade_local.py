@@ -219,3 +219,20 @@ def test_nothing_serving_is_refused_before_anything_changes(tmp_path):
     assert rc != 0
     assert "there is no serving revision to fall back to" in out, out[-3000:]
     assert not os.path.exists(tmp_path / "nvme" / "models" / "tiny-llama")
+
+
+@pytest.mark.parametrize("slo,words", [
+    ({"requests": 8, "ttft_ratio": 1.5}, "upgrade_slo.ttft_ratio. Supported parameters include"),
+    ({"rate": "fast"}, "argument 'rate' is of type str found in 'upgrade_slo'"),
+], ids=["unknown key", "wrong type"])
+def test_a_bad_slo_gate_is_named_by_the_argument_spec_before_any_task(tmp_path, slo, words):
+    # tests/integration/test_argument_specs.py's pattern: the role's argument spec, before any task runs
+    rc, out = run_playbook("tests/integration/playbooks/argspec_role.yml", tmp_path, PORT + 8,
+                           "-e", json.dumps({"upgrade_slo": slo, "role_name": "llmops.serving.upgrade",
+                                             "upgrade_model": {"name": "tiny-llama", "revision": "b"},
+                                             "engine_platform": "local", "ansible_python_interpreter": sys.executable}),
+                           "-c", "local", timeout=300, inventory="localhost,")
+    assert rc != 0
+    assert "Validating arguments against arg spec" in out
+    assert words in " ".join(out.split()), out[-2000:]
+    assert "changed=0" in out and "Check the SLO gate" not in out
