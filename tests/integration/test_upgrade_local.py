@@ -150,10 +150,13 @@ def test_good_b_that_breaches_the_slo_gate_restores_a_naming_the_limit(fleet, ru
     assert "Serve and wait for one correct answer from %s" % b["revision"] in out
     line = _slo_line(out)
     fleet["slo"]["breach"] = line
-    assert line.endswith("breach of ttft_p95_ratio"), line
+    # ttft_p95_ratio is breached; on a loaded 2-core host other limits may be too (a starved client reads all tokens
+    # at once: a p95 TPOT near 0 on one side)
+    assert re.search(r": breach of (?:[a-z0-9_]+, )*ttft_p95_ratio(?:, [a-z0-9_]+)*$", line), line
+    flat = _flat(out)
     assert re.search(r"upgrade to tiny-llama@%s failed: upgrade_slo\.ttft_p95_ratio: B's p95 TTFT [0-9.]+ ms is "
-                     r"[0-9.]+x A's [0-9.]+ ms, limit 0\.01x\. Rolled back: tiny-llama@%s serves again"
-                     % (b["revision"], fleet["a_rev"]), _flat(out)), out[-4000:]
+                     r"[0-9.e+]+x A's [0-9.]+ ms, limit 0\.01x[.;]" % b["revision"], flat), out[-4000:]
+    assert "Rolled back: tiny-llama@%s serves again" % fleet["a_rev"] in flat, out[-4000:]
     pid_now, path_now = _served(fleet)
     assert path_now == path_a and pid_now != pid_a
     ok, msg = _answers_equal_reference(run_module, fleet["a_dest"])
@@ -172,7 +175,10 @@ def test_good_b_that_breaches_the_slo_gate_restores_a_naming_the_limit(fleet, ru
 def test_good_b_serves_with_its_own_reference_answers_then_changes_nothing(fleet, run_module):
     b = run_module(demo_model, {"models_root": os.path.dirname(fleet["shared"]), "seed": 1})
     assert b["revision"] != fleet["a_rev"]
-    lenient = dict(SLO_ROUND, ttft_p95_ratio=20, tpot_p95_ratio=20, goodput=["e2el:60000"], goodput_min_ratio=0.5)
+    # lenient: on this shared 2-core machine one round's p95s differ by 10x between A and B and a starved client can
+    # see a TPOT near 0 (the point here is the gate's path with the real client, not the figures); the goodput SLO
+    # (every request within 60 s) holds for both
+    lenient = dict(SLO_ROUND, ttft_p95_ratio=1e6, tpot_p95_ratio=1e6, goodput=["e2el:60000"], goodput_min_ratio=0.5)
     rc, out, seconds = _upgrade(fleet, b["revision"], "-e", json.dumps({"upgrade_slo": lenient}))
     fleet["times"]["good B"] = seconds
     assert rc == 0, out[-4000:]
