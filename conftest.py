@@ -119,6 +119,7 @@ SESSION_ENGINE_MODULES = (
 )
 LONGEST_FIRST = (
     "tests/integration/test_upgrade_local.py",  # about 600 s under load: its own engine, started four times
+    "tests/integration/test_awx_upgrade_netns.py",  # 550 s (load 4-10), 737 s (10-28): six engine starts, 10 jobs
     "tests/integration/test_benchmark_local.py",  # 182 s, with the session engine's start
     "tests/integration/test_pd_local.py",  # 259 s: two vLLM engines and the proxy
     "tests/integration/test_awx_runner.py",  # 66 s

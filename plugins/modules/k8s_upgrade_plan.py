@@ -36,6 +36,12 @@ options:
   served_model_name:
     description: The served model name whose workload O(live) holds (without O(rendered)).
     type: str
+  pd_model_name:
+    description:
+      - Without O(rendered), the model name of a P/D pair (C(pd_disagg_model_name)) looked for in O(live) when no
+        engine workload serves O(served_model_name) - its prefill, decode and front Deployments (C(form) V(P/D)), or
+        its StormService (C(form) V(StormService)), which is refused there with RV(reason=pd_stormservice).
+    type: str
   nodes:
     description: The Nodes as listed (C(status.allocatable), C(spec.unschedulable), taints). Required with O(rendered).
     type: list
@@ -66,6 +72,14 @@ options:
     type: list
     elements: str
     default: []
+  kernel_cache:
+    description:
+      - B's kernel cache as each node that staged B found it, stated in the plan before any pod changes - C(reports)
+        (per node, the kernel_cache role's facts - C(node), C(status), C(fingerprint), C(dir), C(capturing)),
+        C(enabled) (false - B compiles at its start everywhere, for C(off_reason)) and C(compile_minutes) (the cold
+        start a miss adds).
+      - Unset, the plan says nothing of the kernel cache.
+    type: dict
   a_ref:
     description: A as C(model@revision), for the plan's text.
     type: str
@@ -102,12 +116,15 @@ plan:
     C(form) (Deployment, LeaderWorkerSet, P/D), C(unit), C(units), C(room) (pods that fit per node that staged B),
     C(surge), C(waves) (units per wave), C(outage), C(canary), C(generations) (P/D), C(steps) (each C(name),
     C(apply) objects, C(delete) C({kind, name}), C(wait) C({kind, name, replicas, selector})), C(order),
-    C(record) (A's objects to re-apply), C(rollback) (C(delete), C(apply)), C(retire), C(pinned).
+    C(record) (A's objects to re-apply), C(rollback) (C(delete), C(apply), C(wait) - A's workloads to wait for),
+    C(retire), C(pinned), C(kernel_cache) (per node that staged B - C(node), C(state) V(hit), V(miss), V(unknown) or
+    V(off), C(fingerprint), C(dir), C(line)). A wait may name its C(container) and C(service) (a P/D role's own).
   returned: with O(rendered)
   type: dict
 serving:
-  description: Without O(rendered), the workload of O(live) that serves O(served_model_name) (C(kind), C(name),
-    C(model_path), C(model), C(revision)); null when none does.
+  description: Without O(rendered), the workload of O(live) that serves O(served_model_name) or the P/D pair of
+    O(pd_model_name) (C(kind), C(name), C(form) - V(Deployment), V(LeaderWorkerSet), V(P/D) or V(StormService) -,
+    C(model_path), C(model), C(revision); a P/D pair also C(prefill), C(decode), C(front)); null when none does.
   returned: when O(rendered) is not given
   type: dict
 lines:
@@ -132,6 +149,7 @@ def main():
             live=dict(type="list", elements="dict", required=True),
             rendered=dict(type="list", elements="dict"),
             served_model_name=dict(type="str"),
+            pd_model_name=dict(type="str"),
             nodes=dict(type="list", elements="dict"),
             pods=dict(type="list", elements="dict"),
             staged_nodes=dict(type="raw"),
@@ -139,6 +157,7 @@ def main():
             gpu_resource=dict(type="str", default="nvidia.com/gpu"),
             namespace=dict(type="str"),
             pinned=dict(type="list", elements="str", default=[]),
+            kernel_cache=dict(type="dict"),
             a_ref=dict(type="str"),
             b_ref=dict(type="str"),
         ),
@@ -148,14 +167,17 @@ def main():
     )
     p = module.params
     if p["rendered"] is None:
-        module.exit_json(changed=False, serving=_k8s_upgrade.serving(p["live"], p["served_model_name"]))
+        found = _k8s_upgrade.serving(p["live"], p["served_model_name"], p["pd_model_name"])
+        if found and found["form"] == "StormService":
+            module.fail_json(msg=str(_k8s_upgrade.storm_service_refusal()), reason="pd_stormservice", serving=found)
+        module.exit_json(changed=False, serving=found)
     if not isinstance(p["staged_nodes"], (list, dict)):
         module.fail_json(msg="staged_nodes: a list of node names, or {prefill: [...], decode: [...]} for a P/D pair",
                          reason="staged_nodes")
     try:
         plan = _k8s_upgrade.plan(p["live"], p["rendered"], p["nodes"], p["staged_nodes"], allow_outage=p["allow_outage"],
                                  gpu_resource=p["gpu_resource"], pods=p["pods"], namespace=p["namespace"],
-                                 pinned=p["pinned"], a_ref=p["a_ref"], b_ref=p["b_ref"])
+                                 pinned=p["pinned"], a_ref=p["a_ref"], b_ref=p["b_ref"], kernel_cache=p["kernel_cache"])
     except _k8s_upgrade.UpgradeError as e:
         module.fail_json(msg=str(e), reason=e.reason)
     module.exit_json(changed=False, plan=plan, lines=_k8s_upgrade.summary(plan))

@@ -25,7 +25,8 @@ ROOT = awx.ROOT
 OBJECTS = awx.load_controller()
 TOKEN = "tok-" + os.urandom(6).hex()
 SECRETS = {"llmops_awx_scm_token": "scm-" + os.urandom(6).hex(), "llmops_awx_ssh_private_key": "key-" + os.urandom(6).hex(),
-           "llmops_awx_k8s_token": "k8s-" + os.urandom(6).hex(), "llmops_awx_registry_password": "reg-" + os.urandom(6).hex(),
+           "llmops_awx_k8s_token": "k8s-" + os.urandom(6).hex(), "llmops_awx_k8s_read_token": "k8r-" + os.urandom(6).hex(),
+           "llmops_awx_registry_password": "reg-" + os.urandom(6).hex(),
            "llmops_awx_hf_token": "hf-" + os.urandom(6).hex(), "llmops_awx_gateway_token": "gw-" + os.urandom(6).hex()}
 INPUTS = dict(SECRETS, llmops_awx_scm_url="https://git.example/llmops/serving.git", llmops_awx_scm_username="deploy",
               llmops_awx_k8s_host="https://k8s.example:6443", llmops_awx_k8s_ca_cert="-----BEGIN CERTIFICATE-----\n",
@@ -168,6 +169,24 @@ def test_a_run_sends_every_key_of_every_object(api, applied):
     assert api.created("inventory_sources")["llmops fleet from project"]["source_path"] == "inventories/example-h20"
 
 
+def test_the_diagnose_template_holds_the_read_only_cluster_credential_and_only_appliers_the_write_one(api, applied):
+    """The read-only token (llmops_awx_k8s_read_token, the llmops-read identity) is its own credential on the
+    controller, attached to the diagnose template instead of the write one; the write one is only on the templates
+    that apply (deploy, deploy P/D pair)."""
+    rc, out, dummy_requests = applied
+    assert rc == 0, out[-4000:]
+    creds = api.created("credentials")
+    assert creds["llmops Kubernetes read-only"]["inputs"]["bearer_token"] == SECRETS["llmops_awx_k8s_read_token"]
+    assert creds["llmops Kubernetes"]["inputs"]["bearer_token"] != SECRETS["llmops_awx_k8s_read_token"]
+    assert creds["llmops Kubernetes read-only"]["inputs"]["host"] == INPUTS["llmops_awx_k8s_host"]
+    assert sorted(api.associated("job_templates", "llmops diagnose", "credentials")) == [
+        "llmops GPU nodes", "llmops Kubernetes read-only", "llmops gateway token"]
+    holders = {name for name in api.created("job_templates")
+               if "llmops Kubernetes" in api.associated("job_templates", name, "credentials")}
+    assert holders == {"llmops deploy", "llmops deploy P/D pair"}
+    assert SECRETS["llmops_awx_k8s_read_token"] not in out
+
+
 def test_the_custom_credential_types_arrive_with_awx_s_own_templates_unevaluated(api, applied):
     types = api.created("credential_types")
     assert types["llmops gateway token"]["injectors"] == {"env": {"LLMOPS_GATEWAY_TOKEN": "{{ gateway_token }}"},
@@ -260,20 +279,19 @@ def test_a_second_run_changes_nothing(rerun):
     assert "skipping: [localhost] => (item=llmops fleet from project)" in out
 
 
-def test_secrets_are_rotated_on_request():
+def test_secrets_are_rotated_on_request(api, rerun, checked_after):
     """A new secret reaches the controller with llmops_awx_update_secrets=true. Without it, awx.awx sends secrets
     only when another field of the credential changed (update_secrets: false; AWX never returns a secret, so a
-    changed one cannot be told from an unchanged one), and the run changes nothing."""
+    changed one cannot be told from an unchanged one), and the run changes nothing. On the controller the runs
+    above configured (after the check that compares it with the original inputs)."""
+    assert rerun[0] == 0 and checked_after[0] == 0
     rotated = dict(INPUTS, llmops_awx_k8s_token="k8s-" + os.urandom(6).hex())
-    with StandInAWX() as server:
-        server.handle("POST", "/api/v2/instance_groups/", {}, {"name": "gpu-runners"})
-        assert _configure(server)[0] == 0
-        rc, out, requests = _configure(server, inputs=rotated)
-        assert rc == 0 and [r for r in requests if r["method"] != "GET"] == [], out[-3000:]
-        rc, out, requests = _configure(server, "-e", "llmops_awx_update_secrets=true", inputs=rotated)
+    rc, out, requests = _configure(api, inputs=rotated)
+    assert rc == 0 and [r for r in requests if r["method"] != "GET"] == [], out[-3000:]
+    rc, out, requests = _configure(api, "-e", "llmops_awx_update_secrets=true", inputs=rotated)
     assert rc == 0, out[-3000:]
     patched = {r["path"]: r["body"] for r in requests if r["method"] == "PATCH"}
-    k8s = server.find("credentials", "llmops Kubernetes")
+    k8s = api.find("credentials", "llmops Kubernetes")
     assert patched[k8s["url"]]["inputs"]["bearer_token"] == rotated["llmops_awx_k8s_token"]
     assert len(patched) == len(OBJECTS["controller_credentials"])
     assert rotated["llmops_awx_k8s_token"] not in out

@@ -573,7 +573,10 @@ def _sglang_router(cluster, pod, hops):
                    disaggregated=True)
 
 
-def _pd(cluster, labelled):
+def _rolesets(labelled):
+    """``{roleset: (prefill pods, decode pods)}`` the ``pd`` router may pair: a prefill and a decode pod are paired
+    only within one RoleSet (``filterPrefillDecodePods``: prefill and decode scores keyed by ``roleset-name``, a
+    prefill's roleset looked up among the decode scores), among every labelled pod of the model it was given."""
     rolesets = {}
     for pod in labelled:
         if "roleset-name" not in pod.labels or "role-name" not in pod.labels:
@@ -581,7 +584,23 @@ def _pd(cluster, labelled):
         if pod.labels.get("stormservice.orchestration.aibrix.ai/pod-group-index", "0") != "0":
             continue
         rolesets.setdefault(pod.labels["roleset-name"], {}).setdefault(pod.labels["role-name"], []).append(pod)
-    pairs = [(rs["prefill"], rs["decode"]) for rs in rolesets.values() if rs.get("prefill") and rs.get("decode")]
+    return dict((name, (rs["prefill"], rs["decode"])) for name, rs in sorted(rolesets.items())
+                if rs.get("prefill") and rs.get("decode"))
+
+
+def pd_candidates(objects, model):
+    """``{roleset: {"prefill": [pod], "decode": [pod], "storm_service": name}}``: every pair the gateway's ``pd``
+    router may send a request of ``model`` to (pods labelled ``model.aibrix.ai/name`` = ``model``, in any
+    StormService: the router is given every pod of the model, ``readyPodList.All()``)."""
+    cluster = objects if isinstance(objects, Cluster) else Cluster(objects)
+    labelled = [p for p in cluster.pods if p.labels.get(NAME) == model and p.labels.get("ray.io/node-type") != "worker"]
+    return dict((rs, {"prefill": [p.name for p in pre], "decode": [p.name for p in dec],
+                      "storm_service": pre[0].labels.get("storm-service-name")})
+                for rs, (pre, dec) in _rolesets(labelled).items())
+
+
+def _pd(cluster, labelled):
+    pairs = list(_rolesets(labelled).values())
     if not pairs:
         return Verdict(503, "pd: no roleset with both prefill and decode pods (labels roleset-name/role-name)")
     engines = {p.labels.get(ENGINE, "vllm") for p in labelled if "role-name" in p.labels}

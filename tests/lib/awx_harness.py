@@ -51,6 +51,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import yaml
 
@@ -557,6 +558,7 @@ class Job:
         self.status = None
         self.rc = None
         self.ignored = {}
+        self.elapsed = None  # seconds ansible-runner ran (AWX's UnifiedJob.elapsed: started to finished)
 
     @property
     def failed_events(self):
@@ -747,10 +749,12 @@ class Controller:
         def status_handler(status, runner_config=None):  # pylint: disable=unused-argument
             result.statuses.append(status.get("status"))
 
+        started = time.monotonic()
         runner = ansible_runner.run(private_data_dir=pdd, ident=str(job_id), playbook=job["playbook"],
                                     inventory=inventory, envvars=env, suppress_env_files=True, fact_cache_type="",
                                     event_handler=event_handler, status_handler=status_handler, quiet=True)
         result.status, result.rc = runner.status, runner.rc
+        result.elapsed = time.monotonic() - started
         return result
 
     # -- workflows -----------------------------------------------------------------------------------------------
@@ -758,8 +762,11 @@ class Controller:
         """Run workflow ``name`` as AWX's workflow manager does (``drive_workflow``); returns its WorkflowJob.
 
         node_prompts: {identifier: prompts} (e.g. job_type check); node_run_kw: {identifier: launch keywords};
-        approvals: {identifier: approve | deny | timeout} for the approval nodes; limit: the workflow's limit on
-        launch (the workflow must ask for it).
+        approvals: {identifier: decision} for the approval nodes, a decision being approve, deny or timeout, or a
+        callable ``decide(identifier, jobs)`` that answers when the node starts waiting (its parent finished), given
+        the jobs that ran so far in their order ({identifier: job}), so that a test answers as a release manager
+        does, after looking at what the earlier nodes left; limit: the workflow's limit on launch (the workflow must
+        ask for it).
 
         Each node's job (``WorkflowJobNode.get_job_kwargs``): the node's prompts, then the workflow job's (a limit
         only where the template asks for one), pass the template's ``_accept_or_ignore_job_kwargs`` (the node's
@@ -784,7 +791,8 @@ class Controller:
             if ujt.get("type") == "workflow_approval":
                 if ident not in (approvals or {}):
                     raise KeyError("approval node %r needs a decision (approvals={%r: 'approve'})" % (ident, ident))
-                jobs[ident] = Approval(approvals[ident])
+                decision = approvals[ident]
+                jobs[ident] = Approval(decision(ident, dict(jobs)) if callable(decision) else decision)
                 return jobs[ident]
             template = self.template(ujt["name"])
             node_vars = node_runtime_vars(template, node, aa, wj_vars)

@@ -194,6 +194,7 @@ class Cluster(object):
         self._answers = 0
         self.services, self.endpointslices = {}, {}
         self.endpoints_delay, self.gateway_delay = 0, 0
+        self.gateway_rng = None  # a random.Random: the gateway picks as AIBrix's random strategy (gateway_completion)
         self._history = []  # (t, pods as the API showed them), for the views that trail it
         self._ips = 0
         self.pod_security = None  # the namespace's enforced Pod Security level ("baseline"), None: privileged
@@ -937,7 +938,9 @@ class Cluster(object):
                                and self._ready(p)), key=lambda p: p["metadata"]["name"])
             if not routable:
                 return None
-            pod = routable[self._answers % len(routable)]
+            # with gateway_rng, AIBrix's random strategy: a uniform pick (pkg/plugins/gateway/algorithms/random.go,
+            # rand.Intn over the model's routable pods); without, each pod in turn
+            pod = routable[self.gateway_rng.randrange(len(routable)) if self.gateway_rng else self._answers % len(routable)]
             return 200, aibrix_oracle.response_headers(strategy, pod["metadata"]["name"], pod["status"]["podIP"],
                                                        request_id="req-%d" % self._answers)
         eps = [e for sl in self.endpointslices.values() for e in sl["endpoints"] if e["conditions"]["ready"]]

@@ -169,4 +169,6 @@ def test_a_deployment_canary_goes_beside_a_exactly_when_there_is_room(replicas, 
     assert sum(plan["waves"]) == replicas and max(plan["waves"]) <= max(1, free)
     rolling = plan["steps"][-1]["apply"][-1]["spec"]["strategy"]["rollingUpdate"]
     assert rolling["maxSurge"] <= free and (rolling["maxSurge"] > 0 or rolling["maxUnavailable"] == 1)
-    assert plan["rollback"] == {"delete": [{"kind": "Deployment", "name": "e-canary", "apiVersion": "apps/v1"}], "apply": [dep("/m/a", replicas)]}
+    assert plan["rollback"] == {"delete": [{"kind": "Deployment", "name": "e-canary", "apiVersion": "apps/v1"}], "apply": [dep("/m/a", replicas)],
+                                "wait": [{"kind": "Deployment", "name": "e", "replicas": replicas,
+                                          "selector": dep("/m/a", replicas)["spec"]["selector"]["matchLabels"]}]}

@@ -74,7 +74,9 @@ def test_an_engine_change_shares_the_session_engine_and_leaves_the_upgrade_out()
     for changed in ("roles/upgrade/tasks/main.yml", "playbooks/upgrade.yml", "plugins/modules/serving_record.py"):
         sel = areas.select([changed])
         assert sel["areas"] == ["upgrade"], changed
-        assert sel["integration"] == ["tests/integration/test_upgrade_local.py"], changed
+        # the upgrade's own engine, and its AWX workflow on a fleet of two engines (network namespaces)
+        assert sel["integration"] == ["tests/integration/test_awx_upgrade_netns.py",
+                                      "tests/integration/test_upgrade_local.py"], changed
         assert "tests/unit/plugins/modules/test_serving_record.py" in sel["tests"]
     # the serving record's logic lives under the engine's directory: both areas run
     assert areas.select(["plugins/module_utils/engine/_serving.py"])["areas"] == ["upgrade", "engine"]

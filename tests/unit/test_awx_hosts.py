@@ -32,18 +32,20 @@ EXPECTED = {
     "llmops deploy": [("Preflight", GPU), ("Demo model on the shared filesystem", GPU),
                       ("Stage the model to node-local NVMe", GPU), ("Kernel caches keyed by a version fingerprint", GPU),
                       ("Engine", ["h20-gpu-01"]), ("Export the engine endpoint", ["h20-gpu-01"])],
+    "llmops deploy P/D pair": [("Deploy the prefill/decode pair", ["h20-gpu-02", "h20-gpu-03"])],
     "llmops verify transport": [("Start the local P/D pair", ["h20-gpu-02", "h20-gpu-03"]),
                                 ("Prove which transport carried the KV cache", ["h20-gpu-02", "h20-gpu-03"]),
                                 ("Export the transport verdict", ["h20-gpu-02", "h20-gpu-03"])],
     "llmops diagnose": [("Diagnose the Kubernetes engine", ["k8s-api-01"]),
                         ("Diagnose the local engine of each colocated node", ["h20-gpu-01"])],
     "llmops benchmark": [("Serving benchmark", ["bench-01"]), ("Export the benchmark report", ["bench-01"])],
-    "llmops upgrade phase": [("Upgrade the serving revision", ["h20-gpu-01"])],
+    "llmops upgrade phase": [("Upgrade the serving revision", ["h20-gpu-01"]),
+                             ("Publish B's kernel cache compiled at its first start", ["h20-gpu-01"])],
 }
 
 
 PLAYBOOKS = ("playbooks/site.yml", "playbooks/stage.yml", "playbooks/verify_transport.yml", "playbooks/diagnose.yml",
-             "playbooks/benchmark.yml", "playbooks/upgrade.yml")
+             "playbooks/benchmark.yml", "playbooks/upgrade.yml", "playbooks/pd_deploy.yml")
 
 
 @functools.lru_cache(maxsize=None)
@@ -188,6 +190,12 @@ def test_kubernetes_calls_follow_the_one_switch():
     assert awx_like["k8s-api-01"][:2] == ("localhost", False)
     # with no cluster to read, the failure names the credential the EE would have had
     assert "K8S_AUTH_HOST" in awx_like["k8s-api-01"][2]
+    # a site's own diagnose_delegate_to (a bastion) does not take the read out of the EE under AWX: the bastion has
+    # no credential there
+    site_bastion = _diagnose_delegation("-e", "diagnose_delegate_to=bench-01")
+    assert site_bastion["k8s-api-01"][:2] == ("10.0.0.20", False)  # outside AWX the site decides
+    awx_over_site = _diagnose_delegation("-e", "diagnose_delegate_to=bench-01", "-e", "llmops_k8s_delegate_to=localhost")
+    assert awx_over_site["k8s-api-01"][:2] == ("localhost", False)
 
 
 @functools.lru_cache(maxsize=None)
@@ -281,7 +289,8 @@ def test_verify_refuses_a_kubernetes_pair_without_its_urls(tmp_path):
                           capture_output=True, text=True, timeout=300, check=False)
     out = " ".join((proc.stdout + proc.stderr).split())
     assert proc.returncode != 0, out[-3000:]
-    assert "pd_disagg_platform is kubernetes: set pd_verify_decode_metrics_url, pd_verify_prefill_metrics_url" in out
+    assert ("pd_disagg_platform is kubernetes: not set: pd_verify_decode_metrics_url (or the artifact "
+            "llmops_pd_decode_metrics_url), pd_verify_prefill_metrics_url (or the artifact llmops_pd_prefill_metrics_url).") in out
     assert "Snapshot every RDMA port" not in out
     tpl = awx.by_name(TEMPLATES, "llmops verify transport")
     assert tpl["credentials"] == ["llmops GPU nodes"] and "llmops_k8s_delegate_to" not in (tpl.get("extra_vars") or {})

@@ -45,7 +45,7 @@ def test_the_data_model_holds_every_kind_the_controller_needs():
             "controller_workflows"} <= set(OBJECTS)
     assert {"controller_credential_types", "controller_notifications"} <= set(OBJECTS)
     assert sorted(t["playbook"] for t in TEMPLATES) == ["playbooks/benchmark.yml", "playbooks/diagnose.yml",
-                                                        "playbooks/site.yml", "playbooks/stage.yml",
+                                                        "playbooks/pd_deploy.yml", "playbooks/site.yml", "playbooks/stage.yml",
                                                         "playbooks/upgrade.yml", "playbooks/verify_transport.yml"]
 
 
@@ -155,10 +155,11 @@ def test_templates_and_workflow_reference_objects_that_exist():
             if n["unified_job_template"]["type"] == "job_template"} <= names["controller_templates"]
     approvals = [n for n in nodes.values() if n["unified_job_template"]["type"] == "workflow_approval"]
     assert all(n["unified_job_template"].get("timeout", 0) > 0 for n in approvals)  # never waits forever
-    # stage -> approval -> deploy -> verify on success, a failed deploy is diagnosed
+    # stage -> approval -> deploy -> deploy P/D pair -> verify on success, a failed deploy is diagnosed
     assert [c["identifier"] for c in nodes["stage"]["related"]["success_nodes"]] == ["approve deploy"]
     assert [c["identifier"] for c in nodes["approve deploy"]["related"]["success_nodes"]] == ["deploy"]
-    assert [c["identifier"] for c in nodes["deploy"]["related"]["success_nodes"]] == ["verify"]
+    assert [c["identifier"] for c in nodes["deploy"]["related"]["success_nodes"]] == ["deploy P/D pair"]
+    assert [c["identifier"] for c in nodes["deploy P/D pair"]["related"]["success_nodes"]] == ["verify"]
     assert [c["identifier"] for c in nodes["deploy"]["related"]["failure_nodes"]] == ["diagnose"]
     roots = set(nodes) - {c for cs in edges.values() for c in cs}
     assert roots == {"stage"}
@@ -405,7 +406,8 @@ def test_awx_configure_names_missing_inputs_before_it_touches_the_controller(tmp
 def test_awx_configure_names_a_missing_awx_directory(tmp_path):
     args = ["-e", "llmops_awx_config_dir=%s" % tmp_path]
     for var in ("llmops_awx_scm_url", "llmops_awx_scm_username", "llmops_awx_scm_token", "llmops_awx_ssh_username",
-                "llmops_awx_ssh_private_key", "llmops_awx_k8s_host", "llmops_awx_k8s_token", "llmops_awx_k8s_ca_cert",
+                "llmops_awx_ssh_private_key", "llmops_awx_k8s_host", "llmops_awx_k8s_token", "llmops_awx_k8s_read_token",
+                "llmops_awx_k8s_ca_cert",
                 "llmops_awx_ee_image", "llmops_awx_registry_host", "llmops_awx_registry_username",
                 "llmops_awx_registry_password"):
         args += ["-e", "%s=x" % var]

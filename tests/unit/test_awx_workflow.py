@@ -253,16 +253,39 @@ def test_a_node_extra_data_reaches_its_job_only_through_the_template_prompts():
 
 def test_artifacts_pass_through_an_approval_to_the_next_node():
     """AWX keeps ancestor artifacts on every node it spawns, an approval's too: the stage node's site_models reach
-    the deploy behind the approval (and the verify after it)."""
+    the deploy behind the approval (and the P/D deploy and the verify after it, with the P/D deploy's endpoints)."""
     dag = awx.WorkflowDAG(configured(awx.by_name(WORKFLOWS, "llmops stage, deploy, verify"))["workflow_nodes"])
     stage = Finished("successful")
     stage.artifacts = {"site_models": [{"name": "m", "revision": "r"}]}
-    jobs, kept = {"stage": stage}, {}
-    for ident in ("stage", "approve deploy", "deploy"):
+    pd = Finished("successful")
+    pd.artifacts = {"llmops_pd_decode_metrics_url": "http://10.244.2.7:8000/metrics"}
+    jobs, kept = {"stage": stage, "deploy P/D pair": pd}, {}
+    for ident in ("stage", "approve deploy", "deploy", "deploy P/D pair"):
         awx.node_ancestor_artifacts(dag, ident, jobs, kept)
         jobs.setdefault(ident, awx.Approval("approve") if ident == "approve deploy" else Finished("successful"))
     assert kept["deploy"] == {"site_models": [{"name": "m", "revision": "r"}]}
-    assert awx.node_ancestor_artifacts(dag, "verify", jobs, kept) == kept["deploy"]
+    assert kept["deploy P/D pair"] == kept["deploy"]
+    assert awx.node_ancestor_artifacts(dag, "verify", jobs, kept) == dict(kept["deploy"], **pd.artifacts)
+
+
+def test_the_pair_verify_measures_is_deployed_by_the_workflow_and_its_failure_ends_the_workflow_failed(tmp_path):
+    """On a Kubernetes fleet nothing else deploys the P/D pair: a node of the llmops deploy P/D pair template
+    (playbooks/pd_deploy.yml, the write credential) runs after the engine's deploy and before verify. It has no
+    failure edge (its own failed wait already diagnosed the role that is not serving), so by AWX's rule its failure
+    ends the workflow failed with the error notifications, and verify never runs."""
+    (wf,) = [w for w in WORKFLOWS if w["name"] == "llmops stage, deploy, verify"]
+    dag = awx.WorkflowDAG(configured(wf)["workflow_nodes"])
+    assert dag.parents["deploy P/D pair"] == [("deploy", "success_nodes")]
+    assert dag.parents["verify"] == [("deploy P/D pair", "success_nodes")]
+    (node,) = [n for n in wf["workflow_nodes"] if n["identifier"] == "deploy P/D pair"]
+    template = awx.by_name(OBJECTS["controller_templates"], node["unified_job_template"]["name"])
+    assert template["playbook"] == "playbooks/pd_deploy.yml" and "llmops Kubernetes" in template["credentials"]
+    assert template["extra_vars"]["pd_disagg_k8s_mode"] == "apply"
+    run = drive(tmp_path, wf, {"deploy P/D pair": "failed"})
+    assert list(run) == ["stage", "approve deploy", "deploy", "deploy P/D pair"]
+    assert run.status == "failed" and run.notified == tuple(ERROR)
+    assert run.reason == "No error handling path for workflow job node(s) [(deploy P/D pair,failed)]."
+    assert sorted(run.not_run) == ["diagnose", "verify"]
 
 
 # ---- the upgrade workflow: one phase of playbooks/upgrade.yml per node ----------------------------------------------

@@ -9,15 +9,23 @@ serves, the pods by revision, and A's objects compared with what the plan record
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import json
 import os
+import random
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_engine, _k8s_upgrade as up
-from ansible_collections.llmops.serving.plugins.modules import engine_manifests, k8s_engine_wait, k8s_upgrade_plan, pd_manifests
+from ansible_collections.llmops.serving.plugins.modules import (engine_manifests, k8s_canary_answer, k8s_engine_wait,
+                                                                k8s_upgrade_plan, pd_manifests)
+from ansible_collections.llmops.serving.tests.lib import aibrix_oracle
 from ansible_collections.llmops.serving.tests.lib import kube_controllers as kc
 from ansible_collections.llmops.serving.tests.lib import kube_scheduler as ks
+from ansible_collections.llmops.serving.tests.lib import refusals
 from ansible_collections.llmops.serving.tests.lib import role_tasks as rt
 from ansible_collections.llmops.serving.tests.unit.plugins.module_utils.conftest import PROFILES
 
@@ -136,6 +144,8 @@ def pods_by_revision(cluster):
 
 
 def judge(run_module, cluster, w, kind):
+    """``k8s_engine_wait`` as kubernetes_step.yml calls it for one wait of a step (its container and Service when the
+    plan names them)."""
     objects = cluster.objects()
     pods = [o for o in objects if o["kind"] == "Pod" and not o["metadata"].get("deletionTimestamp")
             and all((o["metadata"].get("labels") or {}).get(k) == v for k, v in w["selector"].items())]
@@ -143,16 +153,23 @@ def judge(run_module, cluster, w, kind):
     models = {"object": "list", "data": [{"id": "tiny", "root": cluster.root(ready[0])}]} if ready else None
     args = dict(namespace=NS, selector=w["selector"], replicas=w["replicas"], workload_kind=kind,
                 workload_name=w["name"], objects={"apiVersion": "v1", "kind": "List", "items": objects})
+    if w.get("container"):
+        args["container"] = w["container"]
+    if w.get("service"):
+        args["service_name"] = w["service"]
     if models:
         args["models"] = models
     return run_module(k8s_engine_wait, args)
 
 
-def wait(run_module, cluster, waits, limit=900, step=10, soak=0):
-    """Poll until every wait is ready (then ``soak`` more seconds, judged again) or one fails or ``limit`` passes."""
+def wait(run_module, cluster, waits, limit=900, step=10, soak=0, observe=None):
+    """Poll until every wait is ready (then ``soak`` more seconds, judged again) or one fails or ``limit`` passes;
+    ``observe(cluster)`` at every poll."""
     results = {}
     for _i in range(limit // step):
         cluster.advance(step)
+        if observe:
+            observe(cluster)
         results = dict((w["name"], judge(run_module, cluster, w, w["kind"])) for w in waits)
         states = [r["state"] for r in results.values()]
         if any(s in ("failed", "timeout") for s in states):
@@ -166,8 +183,10 @@ def wait(run_module, cluster, waits, limit=900, step=10, soak=0):
     return not bad, "; ".join("%s: %s" % (n, r["msg"]) for n, r in sorted(bad.items()))
 
 
-def execute(run_module, cluster, plan, during=None, soak=60, limit=900):
+def execute(run_module, cluster, plan, during=None, soak=60, limit=900, observe=None, canary_check=None, poll=10):
     """The plan's steps in order, each: delete, apply, wait (+ soak for the canary); on a failure the rollback.
+    ``observe(cluster)`` at every poll and after every step; ``canary_check(cluster, step)`` after the canary's
+    wait, as kubernetes_step.yml's checks after it (the pinned answer, the SLO gate): a message fails the step.
     Returns ``(outcome, failure, sequence)``; ``sequence`` is ``[(step, pods by revision)]``."""
     seq = [("A serves", pods_by_revision(cluster))]
     for i, step in enumerate(plan["steps"]):
@@ -177,17 +196,26 @@ def execute(run_module, cluster, plan, during=None, soak=60, limit=900):
             cluster.apply(copy.deepcopy(obj))
         if during:
             during(i, step, cluster)
-        ok, why = wait(run_module, cluster, step["wait"], limit=limit, soak=soak if step.get("canary") else 0) \
-            if step["wait"] else (True, "")
+        ok, why = wait(run_module, cluster, step["wait"], limit=limit, soak=soak if step.get("canary") else 0,
+                       observe=observe, step=poll) if step["wait"] else (True, "")
         if not step["wait"]:
             cluster.advance(10)
+        if ok and step.get("canary") and canary_check:
+            why = canary_check(cluster, step) or ""
+            ok = not why
+        if observe:
+            observe(cluster)
         seq.append((step["name"], pods_by_revision(cluster)))
         if not ok:
             for r in plan["rollback"]["delete"]:
                 cluster.delete(r["kind"], r["name"])
             for obj in plan["rollback"]["apply"]:
                 cluster.apply(copy.deepcopy(obj))
-            cluster.advance(300)
+            cluster.advance(10)
+            # kubernetes_roll.yml's rescue: wait until each of A's recorded workloads is Ready again
+            back, why_back = wait(run_module, cluster, plan["rollback"]["wait"], limit=900, observe=observe, step=poll)
+            assert back, why_back
+            cluster.advance(60)
             seq.append(("rollback: re-applied A's recorded objects", pods_by_revision(cluster)))
             return "rolled back", why, seq
     cluster.advance(60)
@@ -412,9 +440,9 @@ def test_deployment_without_room_gives_one_replica_for_the_canary_then_rolls_one
 
 
 def pd_render(run_module, tmp_path, path, sub, prefill=("gpu-01", "gpu-03"), decode=("gpu-02", "gpu-04"), replicas=1,
-              engine_image=None):
+              engine_image=None, workload="deployments"):
     variables = rt.RoleVars("pd_disagg", dict(
-        pd_disagg_k8s_mode="apply", pd_disagg_k8s_workload="deployments", pd_disagg_transport="tcp",
+        pd_disagg_k8s_mode="apply", pd_disagg_k8s_workload=workload, pd_disagg_transport="tcp",
         pd_disagg_proxy_image="registry.example/python:3.11-slim@sha256:" + "a" * 64, pd_disagg_model_path=path,
         pd_disagg_model_host_path=path, pd_disagg_prefill_replicas=replicas, pd_disagg_decode_replicas=replicas,
         pd_disagg_prefill_staged=list(prefill), engine_staged_nodes=list(decode),
@@ -464,77 +492,6 @@ def pd_reach(cluster):
                     roles.add(flag)
         out[pod["metadata"]["name"]] = ("B" if labels.get(up.GENERATION_LABEL) else "A", revs, roles)
     return out
-
-
-PD_CASES = {
-    # name: (GPU nodes, A's replicas, B staged {prefill, decode}, nodes missing B's directory, B's engine image,
-    #        what happens during a step, the outcome)
-    "good": (4, 1, (["gpu-01", "gpu-03"], ["gpu-02", "gpu-04"]), (), None, None, "upgraded"),
-    "canary image not found": (4, 1, (["gpu-01", "gpu-03"], ["gpu-02", "gpu-04"]), (), MISSING, None, "rolled back"),
-    "no room: A gives a pair first": (4, 2, (["gpu-01", "gpu-03"], ["gpu-02", "gpu-04"]), (), None, None, "upgraded"),
-    "wave fails after the canary": (8, 2, (["gpu-01", "gpu-03", "gpu-05", "gpu-07"], ["gpu-02", "gpu-04", "gpu-06", "gpu-08"]),
-                                    ("gpu-08",), None, None, "rolled back"),
-    # A's prefill node is drained while the route moves: A serves on what it has left, B never needed that node
-    "A's node drained mid-roll": (8, 2, (["gpu-01", "gpu-03", "gpu-05", "gpu-07"], ["gpu-02", "gpu-04", "gpu-06", "gpu-08"]),
-                                  (), None, ("gpu-01", "route"), "upgraded"),
-    # B's canary decode node is drained during the wave and there is no other room: the wave fails, A comes back whole
-    "B's node drained mid-roll": (6, 2, (["gpu-01", "gpu-03", "gpu-05"], ["gpu-02", "gpu-04", "gpu-06"]), (), None,
-                                  ("gpu-06", "wave"), "rolled back"),
-}
-
-
-@pytest.mark.parametrize("case", sorted(PD_CASES))
-def test_pd_generations_never_mix_at_any_step_and_each_case_ends_right(run_module, tmp_path, case):
-    gpu_nodes, replicas, (pre, dec), missing, image, drain, expect = PD_CASES[case]
-    a_pre, a_dec = ["gpu-01", "gpu-03"][:replicas], ["gpu-02", "gpu-04"][:replicas]
-    a = pd_render(run_module, tmp_path, A_PATH, "a", a_pre, a_dec, replicas)
-    b = pd_render(run_module, tmp_path, B_PATH, "b", pre, dec, replicas, engine_image=image)
-    cluster = pd_cluster(gpu_nodes, b_missing=missing)
-    if image:
-        cluster.missing_images.add(image)
-    for obj in a["objects"]:
-        cluster.apply(copy.deepcopy(obj))
-    cluster.advance(200)
-    r = make_plan(run_module, cluster, a["objects"], b, {"prefill": pre, "decode": dec})
-    assert not r.get("failed"), r.get("msg")
-    p = r["plan"]
-    assert p["form"] == "P/D" and p["generations"]["a"] != p["generations"]["b"]
-    reach_log = []
-
-    def during(i, step, c):
-        c.advance(1)
-        reach_log.append(pd_reach(c))
-        if drain and step["name"].startswith(drain[1]) and not any(n["name"] == drain[0] and n["taints"] for n in c.fleet):
-            c.drain(drain[0])
-
-    outcome, why, seq = execute(run_module, cluster, p, during=during, limit=600)
-    show(seq)
-    for reach in reach_log + [pd_reach(cluster)]:
-        for front, (gen, revs, _roles) in reach.items():
-            assert revs <= {gen}, (front, gen, revs)  # a front reaches its own generation's pods only
-    # and not vacuously: at the end every front reaches a Ready prefill and a Ready decode pod
-    assert pd_reach(cluster) and all(r == {"--prefill", "--decode"} for _g, _v, r in pd_reach(cluster).values())
-    assert any(v[1] == {"B"} for reach in reach_log for v in reach.values()) or expect == "rolled back"
-    byrev = pods_by_revision(cluster)
-    assert outcome == expect, why
-    if expect == "rolled back":
-        assert set(byrev) == {"A", "front"} and all(x.endswith(":ready") for x in byrev["A"]), byrev
-        assert len(byrev["A"]) == 2 * replicas
-        assert not any(p["generations"]["b"] in x for x in byrev["front"]), byrev  # B's front is gone too
-        assert_pd_a(cluster, p)
-    else:
-        assert set(byrev) == {"B", "front"} and all(x.endswith(":ready") for x in byrev["B"]), byrev
-        assert len(byrev["B"]) == 2 * replicas
-        assert all(p["generations"]["b"] in x for x in byrev["front"]), byrev  # only B's front is left
-        assert not [o for o in cluster.deployments if o in [r["name"] for r in p["retire"]]]
-        if drain:
-            assert not any("@%s:" % drain[0] in x for x in byrev["B"]), byrev
-    if case == "wave fails after the canary":
-        assert "mount" in why and p["wave_surge"] == 1, why
-    if case == "canary image not found":
-        assert "image_pull" in why, why
-    if case == "no room: A gives a pair first":
-        assert p["surge"] == 0 and p["steps"][0]["name"].startswith("make room")
 
 
 def test_a_router_that_selects_pods_without_the_generation_would_mix_and_is_refused(run_module, tmp_path):
@@ -611,6 +568,8 @@ def test_the_role_s_render_plan_and_roll_replayed_on_the_cluster(run_module):
                      upgrade_model={"name": "tiny", "revision": "rev-b"}, model_stage_dest_root="/mnt/nvme/models",
                      upgrade_engine_image=MISSING, upgrade_engine_args=[], engine_allow_outage=False,
                      engine_staged_nodes=["gpu-01", "gpu-02", "gpu-03"], upgrade_pinned=["rev-a"],
+                     upgrade_k8s_staged=["gpu-01", "gpu-02", "gpu-03"], upgrade_k8s_a={"serving": {"form": "Deployment"}},
+                     upgrade_k8s_compile_minutes=15, ansible_play_hosts_all=["h1"], hostvars={"h1": {}},
                      upgrade_a_ref="tiny@rev-a", upgrade_b_ref="tiny@rev-b", kernel_cache_env={})
     variables = rt.RoleVars("engine", dict(overrides, upgrade_k8s_b_path=B_PATH),
                             extra_vars_files=["roles/engine/vars/profiles.yml"])
@@ -622,6 +581,7 @@ def test_the_role_s_render_plan_and_roll_replayed_on_the_cluster(run_module):
         return out
 
     variables.env.filters["flatten"] = flatten
+    variables.env.filters["extract"] = lambda host, hv, key: hv[host].get(key, variables.env.undefined(key))
 
     def args_of(task, **given):
         # env is built with Ansible's dict2items (not in tests/lib/role_tasks.py): the inventory here sets none
@@ -665,7 +625,7 @@ def test_the_role_routes_kubernetes_to_its_plan_and_keeps_the_local_path(platfor
     import jinja2
 
     env = jinja2.Environment()
-    scope = dict(engine_platform=platform, upgrade_engine_image=image, upgrade_phase=phase)
+    scope = dict(engine_platform=platform, upgrade_engine_image=image, upgrade_phase=phase, group_names=["colocated"])
     check = rt.task("upgrade", "ansible.builtin.assert", "main.yml")["ansible.builtin.assert"]
     assert all(env.compile_expression(t)(**scope) for t in check["that"]) is allowed
     if not allowed:
@@ -683,3 +643,475 @@ def test_the_role_routes_kubernetes_to_its_plan_and_keeps_the_local_path(platfor
                 break  # end_role: nothing after it runs
             ran.append(t["ansible.builtin.include_tasks"])
     assert ran[:1] == [goes_to] and (platform == "local" or ran == ["kubernetes.yml"])
+    if platform == "local":  # a P/D pair's host (the playbook's prefill and decode groups) runs no local upgrade
+        scope["group_names"] = ["prefill"]
+        assert not [t for t in included if "ansible.builtin.include_tasks" in t and all(
+            env.compile_expression(w)(**scope) for w in (t.get("when") if isinstance(t.get("when"), list) else [t.get("when")]))]
+
+
+# ---- the role on a P/D pair (roles/upgrade/tasks/kubernetes.yml, kubernetes_pd.yml, kubernetes_roll.yml) --------
+
+
+PD_OVERRIDES = {"model_path", "model_host_path", "image", "extra_args", "prefill_nodes", "decode_nodes", "proxy_source",
+                "render_dir", "gateway_policies"}
+
+
+def test_the_role_renders_b_s_pair_with_the_pd_role_s_own_arguments_but_b_s():
+    """B's pair comes from roles/pd_disagg's pd_manifests arguments, the same keys and templates, except B's
+    revision (inside the pod and on the node), image, engine arguments, the nodes that staged B, and no render_dir."""
+    pd = rt.task("pd_disagg", "llmops.serving.pd_manifests", "kubernetes.yml")["llmops.serving.pd_manifests"]
+    mine = rt.task("upgrade", "llmops.serving.pd_manifests", "kubernetes_pd.yml")["llmops.serving.pd_manifests"]
+    assert set(mine) == set(pd) - {"render_dir"}
+    assert dict((k, v) for k, v in mine.items() if k not in PD_OVERRIDES) == \
+        dict((k, v) for k, v in pd.items() if k not in PD_OVERRIDES)
+    assert "upgrade_k8s_b_path" in mine["model_path"] and "upgrade_k8s_b_path" in mine["model_host_path"]
+    assert "upgrade_engine_image" in mine["image"] and "upgrade_engine_args" in mine["extra_args"]
+    assert "pd_proxy.py" in mine["proxy_source"] and "upgrade_k8s_pd_policies" in mine["gateway_policies"]
+    assert pd["gateway_policies"].replace("pd_disagg_gateway_policies", "upgrade_k8s_pd_policies").replace(
+        "pd_disagg_gateway_extension_policies", "upgrade_k8s_pd_extension_policies") == mine["gateway_policies"]
+
+
+PD_ROLE_CASES = {
+    # name: (GPU nodes, replicas per role, B staged {prefill, decode}, nodes missing B's directory, B's engine image,
+    #        (node drained, when the step's name starts so), the outcome)
+    "good": (4, 1, (["gpu-01", "gpu-03"], ["gpu-02", "gpu-04"]), (), "", None, "upgraded"),
+    "canary image not found": (4, 1, (["gpu-01", "gpu-03"], ["gpu-02", "gpu-04"]), (), MISSING, None, "rolled back"),
+    "no room: A gives a pair first": (4, 2, (["gpu-01", "gpu-03"], ["gpu-02", "gpu-04"]), (), "", None, "upgraded"),
+    # gpu-08 lost B's directory: the canary passes, the wave's decode pod there never mounts
+    "wave fails after the canary": (8, 2, (["gpu-01", "gpu-03", "gpu-05", "gpu-07"], ["gpu-02", "gpu-04", "gpu-06", "gpu-08"]),
+                                    ("gpu-08",), "", None, "rolled back"),
+    # A's prefill node is drained while the route moves: A serves on what it has left, B never needed that node
+    "node drained mid-roll": (8, 2, (["gpu-01", "gpu-03", "gpu-05", "gpu-07"], ["gpu-02", "gpu-04", "gpu-06", "gpu-08"]),
+                              (), "", ("gpu-01", "route"), "upgraded"),
+    # B's canary decode node is drained during the wave and there is no other room: the wave fails, A comes back whole
+    "B's node drained mid-roll": (6, 2, (["gpu-01", "gpu-03", "gpu-05"], ["gpu-02", "gpu-04", "gpu-06"]), (), "",
+                                  ("gpu-06", "wave"), "rolled back"),
+}
+
+
+def pd_roles_ready(cluster):
+    """``{(generation A/B, role): Ready pods}`` of the engine roles."""
+    out = {}
+    for pod in cluster.pods.values():
+        labels = pod["metadata"].get("labels") or {}
+        if labels.get(up.ROLE_LABEL) in ("prefill", "decode") and cluster._ready(pod) \
+                and not pod["metadata"].get("deletionTimestamp"):  # pylint: disable=protected-access
+            key = (revision(pod), labels[up.ROLE_LABEL])
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
+def role_pd_upgrade(run_module, tmp_path, case):
+    """The role's tasks on a P/D pair: A deployed by roles/pd_disagg's own task; A named by kubernetes.yml's
+    k8s_upgrade_plan task (form P/D), B rendered by kubernetes_pd.yml's pd_manifests task, the nodes that staged B
+    kept by its set_fact, the plan by kubernetes_roll.yml's plan task, each templated from the roles' defaults with
+    the inventory's values given here; then the plan's steps and the rollback as kubernetes_step.yml and the
+    rescue run them, every front pod's reach observed at every poll."""
+    gpu_nodes, replicas, (pre, dec), missing, image, drain, _expect = PD_ROLE_CASES[case]
+    a = pd_render(run_module, tmp_path, A_PATH, "a", ["gpu-01", "gpu-03"][:replicas], ["gpu-02", "gpu-04"][:replicas], replicas)
+    cluster = pd_cluster(gpu_nodes, b_missing=missing)
+    if image:
+        cluster.missing_images.add(image)
+    for obj in a["objects"]:
+        cluster.apply(copy.deepcopy(obj))
+    cluster.advance(200)
+    inventory = dict(
+        pd_disagg_k8s_mode="apply", pd_disagg_k8s_workload="deployments", pd_disagg_transport="tcp",
+        pd_disagg_proxy_image="registry.example/python:3.11-slim@sha256:" + "a" * 64, pd_disagg_model_path=A_PATH,
+        pd_disagg_model_host_path=A_PATH, pd_disagg_prefill_replicas=replicas, pd_disagg_decode_replicas=replicas,
+        engine_served_model_name="tiny", engine_k8s_gpu_resource="nvidia.com/gpu", engine_allow_outage=False,
+        upgrade_engine_image=image, upgrade_engine_args=[], upgrade_pinned=["rev-a"], upgrade_a_ref="tiny-llama@rev-a",
+        upgrade_b_ref="tiny-llama@rev-b", upgrade_k8s_b_path=B_PATH,
+        upgrade_k8s_pd_policies={"resources": []}, upgrade_k8s_pd_extension_policies={"resources": []},
+        # what the role's "Find the prefill/decode nodes that staged B" includes leave behind
+        upgrade_k8s_pd_prefill_staged=list(pre), engine_staged_nodes=list(dec),
+        upgrade_k8s_a={"serving": {"form": "P/D"}}, upgrade_k8s_compile_minutes=15, ansible_play_hosts_all=["h1"],
+        hostvars={"h1": {}},
+        # what kubernetes.yml names for a P/D pair
+        upgrade_k8s_served_name="tiny-llama", upgrade_k8s_probe_headers={},
+        upgrade_k8s_probe_checks=[{"type": "chat", "prompt": "Reply with exactly FP8_OK.", "expect": "FP8_OK"}])
+    variables = rt.RoleVars("pd_disagg", inventory, extra_vars_files=["roles/engine/vars/profiles.yml"])
+    variables.env.filters["flatten"] = lambda items: [x for i in items for x in (i if isinstance(i, list) else [i])]
+    variables.env.filters["extract"] = lambda host, hv, key: hv[host].get(key, variables.env.undefined(key))
+    workloads = [o for o in cluster.objects() if o["kind"] == "Deployment"]
+    name_task = rt.task("upgrade", "llmops.serving.k8s_upgrade_plan", "kubernetes.yml")
+    r = run_module(k8s_upgrade_plan, variables.template(name_task["llmops.serving.k8s_upgrade_plan"], dict(
+        upgrade_k8s_workloads={"results": [{"resources": workloads}, {"resources": []}]})))
+    serving = r["serving"]
+    assert serving["form"] == "P/D" and serving["revision"] == "rev-a" and serving["prefill"] == "tiny-llama-prefill", serving
+    render_task = rt.task("upgrade", "llmops.serving.pd_manifests", "kubernetes_pd.yml")
+    b = run_module(pd_manifests, variables.template(render_task["llmops.serving.pd_manifests"]))
+    assert not b.get("failed"), b.get("msg")
+    staged_task = rt.task("upgrade", "ansible.builtin.set_fact", "kubernetes_pd.yml", name="Keep the nodes that staged B, per role")
+    staged = variables.template(staged_task["ansible.builtin.set_fact"])["upgrade_k8s_staged"]
+    assert staged == {"prefill": list(pre), "decode": list(dec)}
+    plan_task = rt.task("upgrade", "llmops.serving.k8s_upgrade_plan", "kubernetes_roll.yml")
+    live = live_of(cluster, a["objects"])
+    r = run_module(k8s_upgrade_plan, variables.template(plan_task["llmops.serving.k8s_upgrade_plan"], dict(
+        upgrade_k8s_b=b, upgrade_k8s_staged=staged,
+        upgrade_k8s_fleet={"results": [{"resources": node_objects(cluster)},
+                                       {"resources": [o for o in cluster.objects() if o["kind"] == "Pod"]}]},
+        upgrade_k8s_live={"results": [{"resources": [o]} for o in live]})))
+    assert not r.get("failed"), r.get("msg")
+    p = r["plan"]
+    assert all(k["state"] == "off" for k in p["kernel_cache"]) and len(p["kernel_cache"]) == len(set(pre) | set(dec))
+    reach_log, together = [], []
+
+    def observe(c):
+        reach_log.append(pd_reach(c))
+
+    def during(i, step, c):
+        if drain and step["name"].startswith(drain[1]) and not any(n["name"] == drain[0] and n["taints"] for n in c.fleet):
+            c.advance(5)
+            c.drain(drain[0])
+
+    def after_wait(c, step):
+        together.append((step["name"], pd_roles_ready(c)))
+        with gateway(c) as url:  # the answer must come from B's front (which reaches B's pair only)
+            answer = canary_answer(run_module, variables, c, step, url)
+        answers.append(answer)
+        return answer.get("msg") if answer.get("failed") else None
+
+    answers = []
+    cluster.gateway_rng = random.Random(3)
+    outcome, why, seq = execute(run_module, cluster, p, during=during, observe=observe, limit=600, poll=30,
+                                canary_check=after_wait)
+    for answer in answers:
+        assert not answer.get("failed") and p["generations"]["b"] in answer["pod"], answer
+        assert "-pd-proxy-" in answer["pod"] and len(answer["canary"]) == 3  # B's front answered, of B's three
+        assert answer["others"] and all(p["generations"]["b"] not in o for o in answer["others"]), answer
+    assert bool(answers) == (case != "canary image not found")
+    return cluster, p, outcome, why, seq, reach_log, together
+
+
+@pytest.mark.parametrize("case", sorted(PD_ROLE_CASES))
+def test_the_role_upgrades_a_pd_pair_generations_apart_replayed_on_the_cluster(run_module, tmp_path, capsys, case):
+    cluster, p, outcome, why, seq, reach_log, together = role_pd_upgrade(run_module, tmp_path, case)
+    expect, replicas = PD_ROLE_CASES[case][-1], PD_ROLE_CASES[case][1]
+    if case == "canary image not found":
+        with capsys.disabled():  # the failing P/D canary's pod-level sequence, in the test output even without -s
+            show(seq)
+    assert outcome == expect, why
+    gen_b = p["generations"]["b"]
+    assert p["form"] == "P/D" and p["canary"]["names"][:2] == ["tiny-llama-prefill-" + gen_b, "tiny-llama-decode-" + gen_b]
+    # at no poll of any step does a front pod reach pods of two generations (or of the other one)
+    assert len(reach_log) > (2 if case == "canary image not found" else len(p["steps"])), len(reach_log)
+    for reach in reach_log:
+        for front, (gen, revs, _roles) in reach.items():
+            assert revs <= {gen}, (front, gen, revs)
+    # and not vacuously: B's front reached B's pods at some poll (unless B never came up), and at the end every front
+    # reaches a Ready prefill and a Ready decode pod
+    assert any(v[1] == {"B"} for reach in reach_log for v in reach.values()) or case == "canary image not found"
+    assert pd_reach(cluster) and all(r == {"--prefill", "--decode"} for _g, _v, r in pd_reach(cluster).values())
+    # one P/D group moves together: the canary is one prefill and one decode of B, Ready together
+    for step, ready in together:
+        assert ready.get(("B", "prefill")) == ready.get(("B", "decode")) == 1, (step, ready)
+    # each wave that became Ready holds as many of B's prefill as decode pods (the one that failed did not)
+    passed = seq[1:-2] if outcome == "rolled back" else seq[1:]
+    for step, pods in passed:
+        if step.startswith("wave"):
+            b = [x for x in pods.get("B", []) if x.endswith(":ready")]
+            assert len([x for x in b if "-prefill-" in x]) == len([x for x in b if "-decode-" in x]), (step, pods)
+    byrev = pods_by_revision(cluster)
+    if expect == "rolled back":
+        assert set(byrev) == {"A", "front"} and len(byrev["A"]) == 2 * replicas and all(x.endswith(":ready") for x in byrev["A"]), byrev
+        assert not any(p["generations"]["b"] in x for x in byrev["front"]), byrev
+        assert_pd_a(cluster, p)
+        if case == "canary image not found":
+            assert "image_pull" in why, why
+        if case == "wave fails after the canary":
+            assert together and "mount" in why and p["wave_surge"] == 1, why  # the canary passed before the wave failed
+    else:
+        assert set(byrev) == {"B", "front"} and len(byrev["B"]) == 2 * replicas and all(x.endswith(":ready") for x in byrev["B"]), byrev
+        assert all(p["generations"]["b"] in x for x in byrev["front"]), byrev
+        assert not [o for o in cluster.deployments if o in [r["name"] for r in p["retire"]]]  # A's pair retired
+        if case == "node drained mid-roll":
+            assert not any("@gpu-01:" in x for x in byrev["B"]), byrev
+        if case == "no room: A gives a pair first":
+            assert p["surge"] == 0 and p["steps"][0]["name"].startswith("make room")
+
+
+# ---- a StormService pair: refused, for AIBrix's own reasons -----------------------------------------------------
+
+
+def _storm_pod(storm, role, roleset, name):
+    """A pod of ``storm``'s ``role`` as the RoleSet controller makes it (pkg/controller/constants/stormservice.go:
+    the role template's labels plus role-name, roleset-name and storm-service-name)."""
+    t = next(r["template"] for r in storm["spec"]["template"]["spec"]["roles"] if r["name"] == role)
+    labels = dict(t["metadata"]["labels"], **{"role-name": role, "roleset-name": roleset,
+                                              "storm-service-name": storm["metadata"]["name"]})
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS, "labels": labels,
+                                                            "annotations": dict(t["metadata"].get("annotations") or {})},
+            "spec": copy.deepcopy(t["spec"])}
+
+
+def test_a_stormservice_pair_is_refused_with_aibrix_s_reasons_shown_on_the_gateway_oracle(run_module, tmp_path):
+    a = pd_render(run_module, tmp_path, A_PATH, "a", workload="stormservice")
+    b = pd_render(run_module, tmp_path, B_PATH, "b", workload="stormservice")
+    storm_a, storm_b = a["objects"][0], b["objects"][0]
+    assert storm_a["kind"] == storm_b["kind"] == "StormService"
+    # the plan and the role's first read refuse before anything changes, naming the upstream behaviours
+    words = ("RollingManagerSequential", "roleset-name", "#1321", "pd_disagg_k8s_workload: deployments")
+    refusals.assert_refused(run_module(k8s_upgrade_plan, dict(live=a["objects"], rendered=b["objects"], nodes=[],
+                                                              staged_nodes=[])), reason="pd_stormservice", words=words)
+    r = run_module(k8s_upgrade_plan, dict(live=a["objects"], served_model_name="tiny", pd_model_name="tiny-llama"))
+    refusals.assert_refused(r, reason="pd_stormservice", words=words)
+    assert r["serving"]["form"] == "StormService" and r["serving"]["revision"] == "rev-a"
+    model = storm_a["spec"]["template"]["spec"]["roles"][0]["template"]["metadata"]["labels"][aibrix_oracle.NAME]
+    # 1. B in A's StormService: midway through RollingManagerSequential the RoleSet's prefill runs B's template and
+    # its decode A's; the pd router pairs them (one RoleSet)
+    b_in_a = copy.deepcopy(storm_b)
+    b_in_a["metadata"]["name"] = storm_a["metadata"]["name"]
+    midway = [_storm_pod(b_in_a, "prefill", "rs-0", "rs-0-prefill-0"), _storm_pod(storm_a, "decode", "rs-0", "rs-0-decode-0")]
+    pairs = aibrix_oracle.pd_candidates(midway, model)
+    assert pairs == {"rs-0": {"prefill": ["rs-0-prefill-0"], "decode": ["rs-0-decode-0"],
+                              "storm_service": storm_a["metadata"]["name"]}}
+    assert kc.model_path(midway[0]) == B_PATH and kc.model_path(midway[1]) == A_PATH  # one request, two generations
+    # 2. B in a StormService of its own: never paired with A's pods, but a candidate of every request from the moment
+    # its pods exist, with no route object that could hold it back (AIBrix makes none for a StormService)
+    storm_b["metadata"]["name"] = storm_a["metadata"]["name"] + "-b"
+    both = aibrix_oracle.pd_candidates([storm_a, storm_b], model)
+    assert sorted(c["storm_service"] for c in both.values()) == sorted([storm_a["metadata"]["name"], storm_b["metadata"]["name"]])
+    assert all(c["prefill"][0].rsplit("-prefill-", 1)[0] == c["decode"][0].rsplit("-decode-", 1)[0] for c in both.values())
+    assert aibrix_oracle.controller_objects(storm_a) == [] and aibrix_oracle.controller_objects(storm_b) == []
+
+
+# ---- the canary's answer, pinned to a canary pod (kubernetes_step.yml, k8s_canary_answer) -------------------------
+
+
+@contextlib.contextmanager
+def gateway(cluster, wrong=()):
+    """AIBrix's gateway in front of the cluster model: a completion with a routing strategy goes to the pod the
+    gateway picks (``Cluster.gateway_completion``: its cache of Ready pods labelled with the model), whose engine
+    answers ``FP8_OK`` unless its revision is in ``wrong``; the answer carries the gateway's response headers
+    (``target-pod`` ...). A P/D front answers as its generation's pair."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            got = cluster.gateway_completion(model=body.get("model"), strategy=self.headers.get("routing-strategy"))
+            status, headers, text = 503, {}, "no pod"
+            if got is not None:
+                status, headers = got
+                pod = cluster.pods.get(headers.get("target-pod"), {})
+                labels = (pod.get("metadata") or {}).get("labels") or {}
+                rev = ("B" if labels.get(up.GENERATION_LABEL) else "A") if labels.get(up.ROLE_LABEL) == "front" else revision(pod)
+                text = "WRONG" if rev in wrong else "FP8_OK"
+            doc = {"choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}
+            data = json.dumps(doc if status == 200 else {"error": {"message": text}}).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield "http://127.0.0.1:%d" % srv.server_address[1]
+    finally:
+        srv.shutdown()
+
+
+def canary_answer(run_module, variables, cluster, step, url):
+    """kubernetes_step.yml's pod listing and k8s_canary_answer task, templated from the role's task."""
+    task = rt.task("upgrade", "llmops.serving.k8s_canary_answer", "kubernetes_step.yml")
+    args = variables.template(task["llmops.serving.k8s_canary_answer"], dict(
+        upgrade_k8s_probe_url=url, upgrade_k8s_step=step, engine_startup_timeout=5,
+        upgrade_k8s_pods={"resources": [o for o in cluster.objects() if o["kind"] == "Pod"]}))
+    return run_module(k8s_canary_answer, args)
+
+
+def engine_role_vars(**extra):
+    overrides = dict(engine_platform="kubernetes", engine_name="vllm", engine_served_model_name="tiny",
+                     engine_namespace=NS, engine_image=IMAGE, upgrade_k8s_served_name="tiny", upgrade_k8s_probe_headers={},
+                     upgrade_k8s_probe_checks=[{"type": "models"}, {"type": "chat", "prompt": "Reply with exactly FP8_OK.",
+                                                                    "expect": "FP8_OK", "model_header": True}])
+    overrides.update(extra)
+    return rt.RoleVars("engine", overrides, extra_vars_files=["roles/engine/vars/profiles.yml"])
+
+
+CANARY_CASES = {
+    # name: (the gateway's pod cache lag in seconds, revisions that answer wrongly, the outcome, the reason)
+    "the canary answers": (0, (), "upgraded", None),
+    "the gateway never picks the canary": (10 ** 6, (), "rolled back", "canary_not_reached"),
+    "the canary answers wrongly": (0, ("B",), "rolled back", "canary_wrong"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CANARY_CASES))
+def test_the_canary_s_answer_must_come_from_a_canary_pod(run_module, case):
+    lag, wrong, expect, reason = CANARY_CASES[case]
+    a = render(A_PATH, ["gpu-01", "gpu-02"])
+    b = render(B_PATH, ["gpu-01", "gpu-02", "gpu-03"])
+    cluster = deployed(a, fleet())
+    cluster.gateway_rng = random.Random(7)
+    cluster.gateway_delay = lag
+    p = make_plan(run_module, cluster, a["objects"], b, ["gpu-01", "gpu-02", "gpu-03"])["plan"]
+    variables = engine_role_vars()
+    results = []
+
+    def check(c, step):
+        with gateway(c, wrong) as url:
+            r = canary_answer(run_module, variables, c, step, url)
+        results.append(r)
+        return r.get("msg") if r.get("failed") else None
+
+    outcome, why, seq = execute(run_module, cluster, p, canary_check=check)
+    r = results[0]
+    assert outcome == expect, why
+    canary_pods = [x.split("@")[0] for x in dict(seq)[p["steps"][0]["name"]]["B"]]
+    assert r["canary"] == canary_pods and len(r["others"]) == 2  # the canary's pod and A's two, by name
+    if reason is None:
+        assert r["pod"] in canary_pods and r["answers"][-1]["pods"] == [r["pod"]] and r["answers"][-1]["ok"]
+        # the pick is the gateway's: A's pods answered first, and were not counted
+        assert all(not x["canary"] for x in r["answers"][:-1]) and len(r["answers"]) <= 20
+        assert r["canary_address"]["url"].endswith(":8000") and r["a_address"]["name"] in r["others"]
+        assert set(pods_by_revision(cluster)) == {"B"}
+    else:
+        refusals.assert_refused(r, reason=reason, words=canary_pods)
+        if reason == "canary_not_reached":  # bounded, and the failure names the pods that answered
+            assert len(r["answers"]) == up_attempts(1, 3) and all(o in r["msg"] for o in r["others"]), r["msg"]
+            assert "not B's" in r["msg"]
+        assert_a_restored(cluster, p)
+
+
+def up_attempts(canary, routable):
+    from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_canary
+    return _k8s_canary.attempts_for(canary, routable)
+
+
+# ---- B's kernel cache, stated before any pod changes (kubernetes.yml, kubernetes_roll.yml) -----------------------
+
+
+def test_the_plan_states_b_s_kernel_cache_on_each_staged_node_before_anything_changes(run_module):
+    """Each host that staged B runs the kernel_cache role for B's fingerprint (B's revision, image, arguments) and
+    reports hit or miss; the plan, made before the first change, states it per staged node, and B's pods mount the
+    directory the role gave (the published checkout on a hit, the capture directory on a miss: the same path)."""
+    include = next(t for t in rt._walk(rt._tasks(os.path.join(rt.ROOT, "roles", "upgrade", "tasks", "kubernetes.yml")))  # pylint: disable=protected-access
+                   if (t.get("ansible.builtin.include_role") or {}).get("name") == "llmops.serving.kernel_cache")
+    assert include["vars"]["kernel_cache_model_path"] == "{{ upgrade_k8s_b_path }}"
+    assert include["vars"]["kernel_cache_model_revision"] == "{{ upgrade_model.revision }}"
+    assert include["vars"]["engine_image"] == "{{ upgrade_k8s_b_image }}"
+    kdir = "/var/cache/llmops/kernels/vllm/.run/0123abcd-0"
+    staged = ["gpu-01", "gpu-02", "gpu-03"]
+    hostvars = {
+        "h1": {"upgrade_k8s_kcache": {"node": "gpu-01", "status": "hit", "fingerprint": "0123abcd", "dir": kdir, "capturing": False}},
+        "h2": {"upgrade_k8s_kcache": {"node": "gpu-02", "status": "miss", "fingerprint": "0123abcd", "dir": kdir, "capturing": True}},
+        "h3": {},  # gpu-03 staged B but its host reported nothing
+    }
+    variables = engine_role_vars(
+        engine_tp_size=8, engine_replicas=2, engine_model_source="staged_nvme", engine_model_path=A_PATH,
+        upgrade_model={"name": "tiny", "revision": "rev-b"}, upgrade_engine_image="", upgrade_engine_args=[],
+        engine_allow_outage=False, engine_staged_nodes=staged, upgrade_k8s_staged=staged, upgrade_pinned=["rev-a"],
+        upgrade_a_ref="tiny@rev-a", upgrade_b_ref="tiny@rev-b", upgrade_k8s_b_path=B_PATH, kernel_cache_env={},
+        kernel_cache_engine_dir=kdir, upgrade_k8s_a={"serving": {"form": "Deployment"}}, upgrade_k8s_compile_minutes=15,
+        ansible_play_hosts_all=sorted(hostvars), hostvars=hostvars)
+    variables.env.filters["flatten"] = lambda items: [x for i in items for x in (i if isinstance(i, list) else [i])]
+    variables.env.filters["extract"] = lambda host, hv, key: hv[host].get(key, variables.env.undefined(key))
+    render_task = rt.task("upgrade", "llmops.serving.engine_manifests", "kubernetes_roll.yml")
+    raw = dict((k, v) for k, v in render_task["llmops.serving.engine_manifests"].items() if k != "env")
+    b = run_module(engine_manifests, dict(variables.template(raw), env=[]))
+    assert not b.get("failed"), b.get("msg")
+    b_dep = next(o for o in b["objects"] if o["kind"] == "Deployment")
+    assert any((v.get("hostPath") or {}).get("path") == kdir for v in b_dep["spec"]["template"]["spec"]["volumes"])
+    a = render(A_PATH, ["gpu-01", "gpu-02"])
+    cluster = deployed(a, fleet())
+    before = cluster.objects()
+    plan_task = rt.task("upgrade", "llmops.serving.k8s_upgrade_plan", "kubernetes_roll.yml")
+    r = run_module(k8s_upgrade_plan, variables.template(plan_task["llmops.serving.k8s_upgrade_plan"], dict(
+        upgrade_k8s_b=b, upgrade_k8s_fleet={"results": [{"resources": node_objects(cluster)},
+                                                        {"resources": [o for o in cluster.objects() if o["kind"] == "Pod"]}]},
+        upgrade_k8s_live={"results": [{"resources": [o]} for o in live_of(cluster, b["objects"])]})))
+    assert not r.get("failed"), r.get("msg")
+    assert [(k["node"], k["state"]) for k in r["plan"]["kernel_cache"]] == [("gpu-01", "hit"), ("gpu-02", "miss"), ("gpu-03", "unknown")]
+    text = "\n".join(r["lines"])
+    assert "B's kernel cache (fingerprint 0123abcd), before any pod changes:" in text
+    assert "gpu-01: hit: B's published cache is mounted (%s)" % kdir in text
+    assert ("gpu-02: miss: B compiles at its start, +15 min cold start; captured into %s after its first correct "
+            "answer, published when the upgrade ends" % kdir) in text
+    assert "gpu-03: not checked" in text
+    assert cluster.objects() == before  # stated before anything changed
+    # kernel caches off, or a P/D pair (its pods mount pd_disagg_kernel_cache_dir): said so for every staged node
+    off = up.kernel_cache_state({"prefill": ["gpu-01"], "decode": ["gpu-02"]}, [], enabled=False, compile_minutes=15,
+                                off_reason="a P/D pair mounts pd_disagg_kernel_cache_dir")
+    assert [(k["node"], k["state"]) for k in off] == [("gpu-01", "off"), ("gpu-02", "off")]
+    assert "B compiles at its start, +15 min cold start" in off[0]["line"] and "pd_disagg_kernel_cache_dir" in off[0]["line"]
+
+
+# ---- the SLO gate on the canary (kubernetes_step.yml includes slo.yml) -------------------------------------------
+
+
+def test_an_slo_breach_on_the_canary_rolls_back_to_a_and_a_serves(run_module, capsys):
+    """After the canary's correct answer, kubernetes_step.yml includes slo.yml when upgrade_slo is set, with the
+    URLs of one A pod alone and the canary alone (pod IPs from the listing) and the client host; slo.yml failing
+    (a breached limit, simulated here: the gate itself is tested with its own file) rolls back to A."""
+    include = next(t for t in rt._walk(rt._tasks(os.path.join(rt.ROOT, "roles", "upgrade", "tasks", "kubernetes_step.yml")))  # pylint: disable=protected-access
+                   if str(t.get("ansible.builtin.include_tasks", "")).endswith("slo.yml"))
+    a = render(A_PATH, ["gpu-01", "gpu-02"])
+    b = render(B_PATH, ["gpu-01", "gpu-02", "gpu-03"])
+    cluster = deployed(a, fleet())
+    cluster.gateway_rng = random.Random(11)
+    p = make_plan(run_module, cluster, a["objects"], b, ["gpu-01", "gpu-02", "gpu-03"])["plan"]
+    groups = {"bench_clients": ["bench-01"], "k8s_api": ["api-01"]}
+    variables = engine_role_vars(upgrade_slo={"ttft_p95_ms": 500}, groups=groups, engine_k8s_delegate_to="")
+    gate = []
+
+    def check(c, step):
+        with gateway(c) as url:
+            answer = canary_answer(run_module, variables, c, step, url)
+        if answer.get("failed"):
+            return answer["msg"]
+        extra = dict(upgrade_k8s_canary_answer=answer)
+        if not variables.template("{{ %s }}" % include["when"], extra):
+            return None
+        ips = dict((n, pod["status"].get("podIP")) for n, pod in c.pods.items())  # the pods as listed then
+        gate.append((answer, variables.template(include["vars"], extra), ips))
+        return "upgrade_slo: ttft_p95_ms 912 ms > 500 ms on the canary (A: 410 ms)"  # what slo.yml fails with
+
+    outcome, why, seq = execute(run_module, cluster, p, canary_check=check)
+    with capsys.disabled():
+        show(seq)
+    assert outcome == "rolled back" and "ttft_p95_ms" in why, why
+    (answer, slo, ips), = gate
+    canary_step = dict(seq)[p["steps"][0]["name"]]
+    a_pods = [x.split("@")[0] for x in canary_step["A"]]
+    assert slo["upgrade_slo_b_url"] == "http://%s:8000" % ips[answer["pod"]] and answer["pod"] in answer["canary"]
+    assert any(slo["upgrade_slo_a_url"] == "http://%s:8000" % ips[n] for n in a_pods), (slo, a_pods)
+    assert slo["upgrade_slo_delegate"] == "bench-01"
+    assert_a_restored(cluster, p)
+    # no bench_clients group: the client runs on the Kubernetes API delegate; no upgrade_slo: no gate
+    assert variables.template(include["vars"]["upgrade_slo_delegate"], dict(groups={"k8s_api": ["api-01"]})) == "api-01"
+    assert variables.template("{{ %s }}" % include["when"], dict(upgrade_slo={})) is False
+
+
+@pytest.mark.parametrize("slo,url,allowed", [({"ttft_p95_ms": 500}, "", False), ({"ttft_p95_ms": 500}, "http://gw", True),
+                                             ({}, "", True)])
+def test_an_slo_gate_without_the_gateway_is_refused_before_anything_changes(slo, url, allowed):
+    check = rt.task("upgrade", "ansible.builtin.assert", "kubernetes.yml",
+                    name="Refuse an SLO gate without the gateway that names the canary's pods")["ansible.builtin.assert"]
+    variables = engine_role_vars(upgrade_slo=slo, upgrade_k8s_probe_url=url, upgrade_k8s_a={"serving": {"form": "P/D"}})
+    assert variables.template("{{ %s }}" % check["that"]) is allowed
+    if not allowed:
+        msg = variables.template(check["fail_msg"])
+        assert msg.startswith("upgrade_slo:") and "pd_disagg_k8s_probe_url is empty" in msg and "AIBrix gateway's URL" in msg
+
+
+def test_the_attempts_are_enough_uniform_picks_of_the_gateway_s_pods_and_bounded():
+    from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_canary
+    # one canary pod among 3 routable: (2/3)^18 < 1/1000 <= (2/3)^17
+    assert _k8s_canary.attempts_for(1, 3) == 18
+    assert _k8s_canary.attempts_for(1, 2) == 10  # a P/D canary: B's front beside A's
+    assert _k8s_canary.attempts_for(1, 10 ** 4) == _k8s_canary.MAX_ATTEMPTS and _k8s_canary.attempts_for(0, 5) == 3
+    pods = [{"metadata": {"name": n, "labels": dict({"app": n.split("-", maxsplit=1)[0]}, **({_k8s_canary.MODEL_LABEL: "m"} if l else {}))}}
+            for n, l in (("front-b", True), ("prefill-b", False), ("front-a", True))]
+    canary, others = _k8s_canary.canary_pods(pods, [{"app": "front"}, {"app": "prefill"}], "m")
+    assert canary == ["front-a", "front-b", "prefill-b"] and others == []
+    canary, others = _k8s_canary.canary_pods(pods, [{"app": "prefill"}], "m")
+    assert canary == ["prefill-b"] and others == ["front-a", "front-b"]
+    assert _k8s_canary.routable(pods, ["front-b", "prefill-b"], "m") == ["front-b"]

@@ -268,8 +268,17 @@ def _check_completion(http, check, model, warnings):
     out = {"text": choice.get("text"), "finish_reason": choice.get("finish_reason"),
            "token_ids": choice.get("token_ids"), "latency_ms": round((time.monotonic() - t0) * 1000, 1),
            "headers": _route_headers(headers)}
-    _match(check, out["text"], out["token_ids"])
+    _match_from(check, out, out["token_ids"])
     return out
+
+
+def _match_from(check, out, token_ids=None):
+    """:func:`_match` on an answer; a wrong one's failure keeps the headers that name the pod that gave it."""
+    try:
+        _match(check, out["text"], token_ids)
+    except CheckFailed as e:
+        e.details.setdefault("headers", out["headers"])
+        raise
 
 
 def _reasoning_warn(check, warnings):
@@ -302,7 +311,7 @@ def _check_chat(http, check, model, warnings):
     msg, choice, headers, ms = _chat(http, check, model)
     out = {"text": msg.get("content"), "reasoning_content": msg.get("reasoning_content") or msg.get("reasoning"),
            "finish_reason": choice.get("finish_reason"), "latency_ms": ms, "headers": _route_headers(headers)}
-    _match(check, out["text"])
+    _match_from(check, out)
     return out
 
 

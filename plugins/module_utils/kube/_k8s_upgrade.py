@@ -161,10 +161,18 @@ def pair_room(nodes, staged, gpus, allocated=None, gpu_resource="nvidia.com/gpu"
         pairs += 1
 
 
-def serving(workloads, served_model_name):
+def serving(workloads, served_model_name, pd_model_name=None):
     """Which of the live engine ``workloads`` serves ``served_model_name`` (the engine objects' annotation
     ``llmops.serving/served-model-name``), and the revision directory it loads (its ``model`` hostPath volume):
-    ``{kind, name, model_path, model, revision}``, or None. What an upgrade pins before it stages B."""
+    ``{kind, name, model_path, model, revision, kernel_cache_dir, form}``, or None (``kernel_cache_dir``: the
+    ``kernel-cache`` hostPath of A's pods, None without one). What an upgrade pins before it stages B.
+
+    A P/D pair of Deployments (``pd_manifests``, workload ``deployments``) carries no served-name annotation: its
+    prefill and decode Deployments' pods carry :data:`MODEL_LABEL` = the model name, :data:`ROLE_LABEL` the role;
+    it is ``form: P/D``, named by its front, the revision the one its prefill loads (``prefill``, ``decode``,
+    ``front``: the Deployments' names), looked for under ``pd_model_name`` when no engine workload serves
+    ``served_model_name``. A StormService pair of ``pd_model_name`` is ``form: StormService`` (refused by
+    :func:`plan`)."""
     for w in workloads or []:
         if ((w.get("metadata") or {}).get("annotations") or {}).get(SERVED_NAME_ANNOTATION) != served_model_name:
             continue
@@ -174,12 +182,45 @@ def serving(workloads, served_model_name):
             template, _size = _lws_template(w)
         else:
             continue
-        path = next(((v.get("hostPath") or {}).get("path") for v in (template.get("spec") or {}).get("volumes") or []
-                     if v.get("name") == "model" and v.get("hostPath")), None)
-        parts = (path or "").rstrip("/").rsplit("/", 2)
-        return dict(kind=w["kind"], name=w["metadata"]["name"], model_path=path,
-                    model=parts[-2] if len(parts) >= 2 else None, revision=parts[-1] if path else None)
+        return dict(_revision_of(template), kind=w["kind"], name=w["metadata"]["name"], form=w["kind"])
+    if pd_model_name:
+        pd = pd_serving(workloads, pd_model_name)
+        if pd is not None:
+            return pd
+        for w in workloads or []:
+            roles = (((w.get("spec") or {}).get("template") or {}).get("spec") or {}).get("roles") or []
+            if w.get("kind") == "StormService" and any(
+                    (((r.get("template") or {}).get("metadata") or {}).get("labels") or {}).get(MODEL_LABEL) == pd_model_name
+                    for r in roles):
+                template = next((r["template"] for r in roles if r.get("name") == "prefill"), roles[0]["template"])
+                return dict(_revision_of(template), kind="StormService", name=w["metadata"]["name"], form="StormService")
     return None
+
+
+def _revision_of(template):
+    path = next(((v.get("hostPath") or {}).get("path") for v in (template.get("spec") or {}).get("volumes") or []
+                 if v.get("name") == "model" and v.get("hostPath")), None)
+    parts = (path or "").rstrip("/").rsplit("/", 2)
+    # the kernel cache A's pods compile into or load (kube/_k8s_engine.py: volume kernel-cache, hostPath = the
+    # engine's cache directory on the node): kept from kernel-cache gc while B is staged and prebuilt beside A
+    kcache = next(((v.get("hostPath") or {}).get("path") for v in (template.get("spec") or {}).get("volumes") or []
+                   if v.get("name") == "kernel-cache" and v.get("hostPath")), None)
+    return dict(model_path=path, model=parts[-2] if len(parts) >= 2 else None, revision=parts[-1] if path else None,
+                kernel_cache_dir=kcache)
+
+
+def pd_serving(workloads, model_name):
+    """The P/D pair of Deployments of ``model_name`` among ``workloads`` (see :func:`serving`), or None; a pair
+    with more than one generation live (an upgrade that ended half way) is named by its prefill of the first."""
+    mine = [w for w in workloads or [] if w.get("kind") == "Deployment" and _role(w)
+            and ((w["spec"]["template"].get("metadata") or {}).get("labels") or {}).get(MODEL_LABEL) == model_name]
+    roles = pd_roles(mine)
+    if not (roles.get("prefill") and roles.get("decode") and roles.get("front")):
+        return None
+    return dict(_revision_of(roles["prefill"]["spec"]["template"]), kind="Deployment",
+                name=roles["front"]["metadata"]["name"], form="P/D",
+                prefill=roles["prefill"]["metadata"]["name"], decode=roles["decode"]["metadata"]["name"],
+                front=roles["front"]["metadata"]["name"])
 
 
 # --------------------------------------------------------------------------------------------- #
@@ -348,6 +389,25 @@ def mixed_fronts(objects, generations):
 # --------------------------------------------------------------------------------------------- #
 
 
+#: Why a StormService pair is not upgraded (AIBrix v0.7.0, vllm-project/aibrix).
+STORMSERVICE_REFUSAL = (
+    "a StormService P/D pair is not upgraded: B's revision in A's StormService would mix generations, because "
+    "AIBrix's RoleSet controller rolls one role of a RoleSet at a time (updateStrategy Sequential, the CRD's default; "
+    "pkg/controller/roleset/rolling.go RollingManagerSequential.Next: 'each time we only update one role') while the "
+    "gateway's pd router pairs the prefill and decode pods of one RoleSet (pkg/plugins/gateway/algorithms/"
+    "pd_disaggregation.go filterPrefillDecodePods, scores keyed by roleset-name): B's prefill beside A's decode. "
+    "B in a StormService of its own cannot be held back until its canary answered: the pd router picks among every "
+    "Ready RoleSet of the model (readyPodList.All()) and AIBrix makes no route for a StormService "
+    "(modelrouter_controller.go watches none, issue #1321), so there is no route to switch. Deploy the pair as "
+    "Deployments (pd_disagg_k8s_workload: deployments), which playbooks/upgrade.yml upgrades generation by "
+    "generation, or replace the pair with the pd_disagg role (an outage)")
+
+
+def storm_service_refusal():
+    """The refusal of a StormService pair (:data:`STORMSERVICE_REFUSAL`, ``reason: pd_stormservice``)."""
+    return UpgradeError(STORMSERVICE_REFUSAL, "pd_stormservice")
+
+
 def _with_replicas(obj, replicas):
     out = copy.deepcopy(obj)
     out["spec"]["replicas"] = replicas
@@ -412,7 +472,7 @@ def _outage(what, unit, room_hint):
 
 
 def plan(live, rendered, nodes, staged, allow_outage=False, gpu_resource="nvidia.com/gpu", pods=None,
-         namespace=None, pinned=(), a_ref=None, b_ref=None):
+         namespace=None, pinned=(), a_ref=None, b_ref=None, kernel_cache=None):
     """The plan of the upgrade from ``live`` (A's objects as read from the API) to ``rendered`` (B's objects).
 
     ``nodes``: Node objects (or ``{name, allocatable, allocated, unschedulable}``); ``pods``: the pods as listed
@@ -423,11 +483,7 @@ def plan(live, rendered, nodes, staged, allow_outage=False, gpu_resource="nvidia
     b_work = _workload(rendered, "B")
     allocated = allocated_gpus(pods, gpu_resource) if pods is not None else None
     if any(o["kind"] == "StormService" for o in a_work + b_work):
-        raise UpgradeError(
-            "a StormService P/D pair is not upgraded by this release: AIBrix's gateway pairs prefill and decode pods "
-            "among all pods of the model, so a canary of B could be paired with A's pods (generations would mix). "
-            "Deploy the pair as Deployments (pd_disagg_k8s_workload: deployments) or roll it with playbooks/site.yml",
-            "pd_stormservice")
+        raise storm_service_refusal()
     roles = pd_roles(b_work)
     if roles.get("prefill") and roles.get("decode"):
         out = _plan_pd(live, rendered, nodes, staged, allow_outage, gpu_resource, allocated, namespace, pods)
@@ -437,9 +493,13 @@ def plan(live, rendered, nodes, staged, allow_outage=False, gpu_resource="nvidia
         raise UpgradeError("B: %s is not one Deployment, one LeaderWorkerSet or a P/D pair of Deployments"
                            % ", ".join("%s %s" % (o["kind"], o["metadata"]["name"]) for o in b_work), "shape")
     out["record"] = [recorded(o) for o in live]
-    out["rollback"] = {"delete": out.pop("added"), "apply": out["record"]}
+    out["rollback"] = {"delete": out.pop("added"), "apply": out["record"], "wait": out.pop("rollback_wait", [])}
     out["pinned"] = list(pinned)
     out["a"], out["b"] = a_ref, b_ref
+    kc = kernel_cache or {}
+    out["kernel_cache"] = [] if out["noop"] or kernel_cache is None else kernel_cache_state(
+        staged, kc.get("reports"), kc.get("enabled", True), kc.get("compile_minutes"),
+        kc.get("off_reason") or "kernel_cache_enabled: false")
     return out
 
 
@@ -504,7 +564,8 @@ def _plan_single(live, rendered, b, nodes, staged, allow_outage, gpu_resource, a
         kind, name, max(1, wave_surge), unit, "surge beside A" if wave_surge else "one replaced at a time"),
         apply=others + [wave_b], delete=[ref(canary)],
         wait=[dict(kind=kind, name=name, replicas=units, selector=_pod_selector(b))]))
-    return dict(form=kind, unit=unit, units=units, gpus_per_pod=gpus, pods_per_unit=size, room=room, surge=surge,
+    return dict(rollback_wait=[dict(kind=kind, name=name, replicas=units, selector=_pod_selector(a))],
+                form=kind, unit=unit, units=units, gpus_per_pod=gpus, pods_per_unit=size, room=room, surge=surge,
                 wave_surge=wave_surge,
                 outage=outage, waves=waves,
                 canary=dict(kind=kind, name=canary["metadata"]["name"], selector=_pod_selector(canary)),
@@ -594,8 +655,7 @@ def _plan_pd(live, rendered, nodes, staged, allow_outage, gpu_resource, allocate
         steps.append(dict(name="make room: A's %s one replica fewer" % " and ".join(_role(o) for o in shrink),
                           apply=shrink, delete=[], wait=[]))
     canary = [_with_replicas(o, 1) if o["kind"] == "Deployment" else o for o in stack]
-    waits = [dict(kind="Deployment", name=s_roles[r]["metadata"]["name"], replicas=1,
-                  selector=dict(s_roles[r]["spec"]["selector"]["matchLabels"])) for r in ("prefill", "decode", "front")]
+    waits = [_pd_wait(stack, s_roles[r], 1) for r in ("prefill", "decode", "front")]
     steps.append(dict(name="canary: generation %s, one prefill, one decode and one front (not yet on the route)" % gen_b,
                       apply=canary, delete=[], canary=True, wait=waits))
     common = copy.deepcopy(front_service)
@@ -638,8 +698,7 @@ def _plan_pd(live, rendered, nodes, staged, allow_outage, gpu_resource, allocate
         b_next = dict((r, min(b_units[r], b_now[r] + width)) for r in roles2)
         b_apply = [_with_replicas(s_roles[r], b_next[r]) for r in roles2]
         b_apply.append(_with_replicas(s_roles["front"], b_units["front"]))
-        b_wait = [dict(kind="Deployment", name=s_roles[r]["metadata"]["name"], replicas=b_next[r],
-                       selector=dict(s_roles[r]["spec"]["selector"]["matchLabels"])) for r in roles2]
+        b_wait = [_pd_wait(stack, s_roles[r], b_next[r]) for r in roles2]
         name = "wave: generation %s to %d prefill / %d decode" % (gen_b, b_next["prefill"], b_next["decode"])
         waves.append(max(b_next[r] - b_now[r] for r in roles2))
         if retired:
@@ -672,12 +731,24 @@ def _plan_pd(live, rendered, nodes, staged, allow_outage, gpu_resource, allocate
                 % (step["name"], "; ".join("front %s reaches %s" % (f, r) for f, r in sorted(bad.items())),
                    GENERATION_LABEL), "pd_generations_mix")
     added = [ref(o) for o in stack]
-    return dict(form="P/D", unit="P/D group", units=max(b_units["prefill"], b_units["decode"]), room=room, surge=pair_surge,
+    rollback_wait = [_pd_wait(live, a_roles[r], a_units[r]) for r in ("prefill", "decode", "front")]
+    return dict(rollback_wait=rollback_wait, form="P/D", unit="P/D group", units=max(b_units["prefill"], b_units["decode"]), room=room, surge=pair_surge,
                 wave_surge=max(waves or [0]), outage=outage,
                 waves=waves,
                 canary=dict(kind="Deployment", names=[s_roles[r]["metadata"]["name"] for r in ("prefill", "decode", "front")]),
                 generations={"a": gen_a, "b": gen_b}, order=[s["name"] for s in steps], steps=steps, added=added,
                 retire=[ref(o) for o in a_only], gpus_per_pod=None, pods_per_unit=2, noop=False)
+
+
+def _pd_wait(objects, dep, replicas):
+    """What ``k8s_engine_wait`` waits for of one P/D Deployment: its pods (its selector, its first container) and
+    the engine Service among ``objects`` that selects exactly them (a front's Service is the model's, which moves
+    between generations in its own steps: none)."""
+    sel = dict(dep["spec"]["selector"]["matchLabels"])
+    service = next((o["metadata"]["name"] for o in objects if o["kind"] == "Service" and _role(dep) != "front"
+                    and (o["spec"].get("selector") or {}) == sel), None)
+    return dict(kind="Deployment", name=dep["metadata"]["name"], replicas=replicas, selector=sel,
+                container=dep["spec"]["template"]["spec"]["containers"][0]["name"], service=service)
 
 
 def _state_after(live, steps):
@@ -689,6 +760,36 @@ def _state_after(live, steps):
         for o in step.get("apply") or []:
             state[(o["kind"], o["metadata"]["name"])] = o
     return list(state.values())
+
+
+def kernel_cache_state(staged, reports, enabled=True, compile_minutes=None, off_reason="kernel_cache_enabled: false"):
+    """Per node that staged B (``staged``: a list, or ``{prefill, decode}``), whether B's kernel-cache fingerprint
+    hits a published cache there, from each node's ``reports`` (the kernel_cache role's facts: ``node``,
+    ``status``, ``fingerprint``, ``dir``, ``capturing``): ``[{node, state, fingerprint, dir, line}]``, ``state``
+    ``hit`` (the published cache is mounted), ``miss`` (B compiles at its first start into ``dir``, captured after
+    its first correct answer), ``unknown`` (no report) or ``off`` (kernel caches disabled)."""
+    nodes = sorted(set(staged.get("prefill") or []) | set(staged.get("decode") or [])) if isinstance(staged, dict) \
+        else sorted(set(staged or []))
+    by_node = dict((r.get("node"), r) for r in reports or [] if isinstance(r, dict))
+    cold = ("+%d min cold start" % compile_minutes) if compile_minutes else "a longer cold start"
+    out = []
+    for node in nodes:
+        r = by_node.get(node)
+        if not enabled:
+            state, line = "off", "no kernel cache (%s): B compiles at its start, %s" % (off_reason, cold)
+        elif r is None:
+            state, line = "unknown", "not checked (no host of the play is this node): B may compile at its start"
+        elif r.get("status") == "hit":
+            state, line = "hit", "hit: B's published cache is mounted (%s)" % (r.get("dir") or "?")
+        else:
+            state = "miss"
+            line = "miss: B compiles at its start, %s; %s" % (cold, (
+                "captured into %s after its first correct answer, published when the upgrade ends" % r["dir"])
+                if r.get("capturing")
+                and r.get("dir") else "nothing is captured (kernel_cache_capture: false)")
+        out.append(dict(node=node, state=state, fingerprint=(r or {}).get("fingerprint"), dir=(r or {}).get("dir"),
+                        line=line))
+    return out
 
 
 def summary(p):
@@ -706,4 +807,8 @@ def summary(p):
         ", ".join("%s %s" % (o["kind"], o["metadata"]["name"]) for o in p["record"])))
     if p["pinned"]:
         lines.append("pinned until the upgrade ends: %s" % ", ".join(p["pinned"]))
+    fps = sorted(set(k["fingerprint"] for k in p.get("kernel_cache") or [] if k.get("fingerprint")))
+    if p.get("kernel_cache"):
+        lines.append("B's kernel cache%s, before any pod changes:" % (" (fingerprint %s)" % ", ".join(fps) if fps else ""))
+        lines += ["  %s: %s" % (k["node"], k["line"]) for k in p["kernel_cache"]]
     return lines

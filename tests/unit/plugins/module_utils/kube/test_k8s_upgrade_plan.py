@@ -103,7 +103,9 @@ def test_the_plan_of_a_deployment_with_room_for_two(run_module):
     wave = p["steps"][1]
     assert wave["delete"] == [{"kind": "Deployment", "name": "tiny-canary", "apiVersion": "apps/v1"}]
     assert wave["apply"][-1]["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 2, "maxUnavailable": 0}
-    assert p["rollback"] == {"delete": [{"kind": "Deployment", "name": "tiny-canary", "apiVersion": "apps/v1"}], "apply": p["record"]}
+    assert p["rollback"] == {"delete": [{"kind": "Deployment", "name": "tiny-canary", "apiVersion": "apps/v1"}], "apply": p["record"],
+                             "wait": [{"kind": "Deployment", "name": "tiny", "replicas": 3,  # A's pods, all of them again
+                                       "selector": next(o for o in p["record"] if o["kind"] == "Deployment")["spec"]["selector"]["matchLabels"]}]}
     assert [o["kind"] for o in p["record"]] == [o["kind"] for o in a["objects"]]
     assert any(line.startswith("rollback: delete Deployment tiny-canary") for line in r["lines"])
     assert r["changed"] is False
@@ -124,7 +126,7 @@ def test_a_storm_service_pair_is_refused_naming_why(run_module):
     storm = {"apiVersion": "orchestration.aibrix.ai/v1alpha1", "kind": "StormService", "metadata": {"name": "m"},
              "spec": {"replicas": 1}}
     r = run_module(k8s_upgrade_plan, dict(live=[storm], rendered=[storm], nodes=[], staged_nodes=[]))
-    assert r["failed"] and r["reason"] == "pd_stormservice" and "generations would mix" in r["msg"]
+    assert r["failed"] and r["reason"] == "pd_stormservice" and "would mix generations" in r["msg"]
 
 
 def test_no_a_is_refused(run_module):
@@ -151,3 +153,16 @@ def test_b_already_serving_is_a_plan_without_steps_even_with_the_api_server_s_de
     r = run_module(k8s_upgrade_plan, dict(live=live, rendered=changed["objects"], nodes=nodes,
                                           staged_nodes=["gpu-01", "gpu-02"], allow_outage=True))
     assert r["plan"]["noop"] is False and r["plan"]["steps"]
+
+
+def test_a_s_kernel_cache_directory_is_read_from_its_pods_so_gc_keeps_it_during_the_upgrade():
+    """The upgrade passes A's kernel-cache hostPath to the kernel_cache role's gc as in use (roles/upgrade/tasks/
+    kubernetes.yml), so B's prebuild on a node never removes the cache A's pods load; none mounted: None."""
+    cached = _k8s_engine.build(dict(engine="vllm", served_model_name="tiny", namespace="llm-lab",
+                                    model_path="/mnt/nvme/models/tiny/a", image="vllm/vllm-openai:v0.26.0" + DIGEST,
+                                    replicas=2, staged_nodes=["gpu-01", "gpu-02"], model_source="staged_nvme",
+                                    profiles=PROFILES, tp_size=8,
+                                    kernel_cache_dir="/mnt/nvme/kernel-cache/vllm/0123abcd/engine"))
+    a = up.serving(cached["objects"], "tiny")
+    assert (a["revision"], a["kernel_cache_dir"]) == ("a", "/mnt/nvme/kernel-cache/vllm/0123abcd/engine")
+    assert up.serving(build()["objects"], "tiny")["kernel_cache_dir"] is None
