@@ -78,8 +78,10 @@ AREAS = {
     # ``_serving.py`` is under the engine's directory too: a change there selects both areas.
     "upgrade": {
         "paths": ("roles/upgrade/", "playbooks/upgrade.yml", "playbooks/demo_upgrade.yml", "plugins/modules/serving_record.py",
-                  "plugins/module_utils/engine/_serving.py"),
-        "unit": ("tests/unit/plugins/modules/test_serving_record.py",),
+                  "plugins/module_utils/engine/_serving.py", "plugins/modules/upgrade_slo_check.py",
+                  "plugins/module_utils/bench/_bench_slo"),
+        "unit": ("tests/unit/plugins/modules/test_serving_record.py", "tests/unit/plugins/modules/test_upgrade_slo_check.py",
+                 "tests/unit/plugins/module_utils/bench/test_bench_slo.py", "tests/property/test_slo_judge_properties.py"),
         "integration": ("test_upgrade_local.py", "test_awx_upgrade_netns.py"),
         "molecule": (),
     },

@@ -188,9 +188,9 @@ def check_rates(value):
     return out
 
 
-def check_goodput(value):
-    """``benchmark_goodput``: the client's ``--goodput`` SLO pairs, ``["ttft:500", "e2el:2000"]``."""
-    var = "benchmark_goodput"
+def check_goodput(value, var="benchmark_goodput"):
+    """``benchmark_goodput`` (or the variable ``var``): the client's ``--goodput`` SLO pairs, ``["ttft:500",
+    "e2el:2000"]``."""
     fix = "give SLO pairs metric:milliseconds, metric one of %s, for example [\"ttft:500\", \"tpot:50\"]" % (
         ", ".join(GOODPUT_METRICS))
     if value is None or value == "":
