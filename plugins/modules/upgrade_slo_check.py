@@ -158,13 +158,17 @@ def main():
         for side, key in (("A", "a_dir"), ("B", "b_dir")):
             rec, problem = _bench_slo_judge.read_side(p[key], side)
             if problem:
-                module.fail_json(**dict(out, msg="upgrade_slo: %s" % problem, reason="round_not_measured", option=key))
+                failure = dict(out)
+                failure.update(msg="upgrade_slo: %s" % problem, reason="round_not_measured", option=key)
+                module.fail_json(**failure)
             sides[side] = rec
         verdict = _bench_slo_judge.judge(sides["A"], sides["B"], settings)
     except _bench_inputs.BenchError as e:
         module.fail_json(**dict(out, **_bench_inputs.failure(e)))
     except ValueError as e:
-        module.fail_json(**dict(out, msg="upgrade_slo: a round cannot be judged: %s" % e, reason="bad_file"))
+        failure = dict(out)
+        failure.update(msg="upgrade_slo: a round cannot be judged: %s" % e, reason="bad_file")
+        module.fail_json(**failure)
     out.update(verdict)
     module.exit_json(**out)
 
