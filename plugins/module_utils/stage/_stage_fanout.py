@@ -85,6 +85,8 @@ from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_progre
 PEER_STREAMS = 2
 #: A peer whose piece list did not change is asked again after twice the wait before, up to this many ``poll``.
 POLL_BACKOFF = 4
+#: An idle pulling worker other than the first waits at most this many ``poll`` before it looks again unwoken.
+IDLE_WAIT = 8
 
 
 class _FileState(object):
@@ -154,6 +156,7 @@ class Receiver(object):
         self._errors = []
         self._files = []
         self._by_rel = {}
+        self._idle = 0   # pulling workers waiting in _pick
         self._t0 = None
         self.wire = PeerClient(token, timeout)
         self._piece_secs = deque(maxlen=16)  # the last peer transfers (s): how long a handed-out piece may take
@@ -303,7 +306,7 @@ class Receiver(object):
             if link.seed:
                 fetch = [fs for fs in self._files if fs.rel in link.undigested]
             if changed:
-                self._cond.notify_all()
+                self._cond.notify()  # one idle worker looks; each that takes a piece wakes the next (_pick)
         for fs in fetch:
             if link.alive:
                 self._fetch_digests(link, fs)  # a failure leaves it undigested: asked again with the next list
@@ -354,7 +357,7 @@ class Receiver(object):
             sha = e.get("sha256")
             if isinstance(sha, str) and fs.seed_sha256 is None:
                 fs.seed_sha256 = sha
-            self._cond.notify_all()
+            self._cond.notify()  # new digests: one idle worker looks, and wakes the next if it took a piece
         if lies:
             self._drop(link, "lied: " + lies[0], lied=True)
         for i in disputes:
@@ -470,6 +473,7 @@ class Receiver(object):
                                 continue
                         if not best and (fs.source_only or not seeds_on):
                             fs.inflight.add(i)
+                            self._cond.notify()  # there may be more: the next idle worker looks
                             return fs, i, None
                         waiting = True
                 if best:
@@ -477,10 +481,18 @@ class Receiver(object):
                     link = random.choice(cands)
                     link.inflight += 1
                     fs.inflight.add(i)
+                    self._cond.notify()  # there may be more: the next idle worker looks
                     return fs, i, link
                 if not waiting:
                     return None  # everything left is in flight
-                self._cond.wait(self.poll)
+                # one idle worker looks again every ``poll`` (what time alone changes: a seed gone stale, a piece
+                # a seed sent long enough ago); the others wait to be woken, by a new piece list or a finished
+                # piece, or at the latest IDLE_WAIT polls
+                self._idle += 1
+                try:
+                    self._cond.wait(self.poll if self._idle == 1 else self.poll * IDLE_WAIT)
+                finally:
+                    self._idle -= 1
 
     @staticmethod
     def _usable(fs, i, holders, seed_cap, dup_after, now):
@@ -709,7 +721,11 @@ class Receiver(object):
             fs.digests[i] = digest
             fs.held[i] = True
             fs.inflight.discard(i)
-            self._cond.notify_all()
+            # a piece held frees no other piece; a file complete may end the run: then every worker looks
+            if all(fs.held):
+                self._cond.notify_all()
+            else:
+                self._cond.notify()
         if self.board:
             self.board.held(fs.rel, i, digest)
         if isinstance(self.progress, SourcedProgress):
