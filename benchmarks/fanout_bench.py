@@ -599,6 +599,14 @@ def _peer_throughput(doc):
                    "copy end: every node's piece server, hashing, O_DIRECT writes and piece-list polling share the "
                    "machine's %d CPUs, which bounds the fleet time here before the links do."
                    % (100 * statistics.median(cpu), 100 * min(cpu), 100 * max(cpu), os.cpu_count()))
+    split = [(r["fleet_cpu_seconds"]["total"], r["fleet_cpu_seconds"].get("system"), r.get("softirq_seconds"))
+             for r in runs if r.get("fleet_cpu_seconds") and r["fleet_cpu_seconds"].get("system") is not None]
+    if split:
+        out.append("Of the fleet's CPU (median %.1f s), %.1f s (median) was system time, the kernel sending, receiving "
+                   "and writing on the processes' behalf, and the machine spent %s s in softirq besides (the veth "
+                   "links' and the bridge's packets, charged to no process, so in no fleet CPU figure)."
+                   % (statistics.median(t for t, _s, _q in split), statistics.median(s_ for _t, s_, _q in split),
+                      _fmt(median([q for _t, _s, q in split if q is not None]))))
     seed_names = seed_hosts(seeds)
     sent = [sum(r["sent_by_host"].get(name, 0) for name in seed_names) / size
             for r in runs if r.get("sent_by_host")]

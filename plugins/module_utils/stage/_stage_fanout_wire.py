@@ -77,6 +77,9 @@ PEER_STATES = ("idle", "copying", "failed", "done", "complete")
 STATE_RANK = {None: 0, "idle": 0, "copying": 1, "failed": 2, "done": 2, "complete": 2}
 #: Largest piece: a piece is one buffer per pulling worker.
 MAX_PIECE_SIZE = 1024 * 1024 * 1024
+#: A piece's bytes are taken from the socket this many at a time: the receiving thread is woken once per chunk
+#: (``SO_RCVLOWAT``), not once per packet, and hashes each chunk as it is in.
+RECV_CHUNK = 512 * 1024
 #: The piece-list protocol this side speaks. 1: every ``/pieces`` answer is the whole list (no ``seq``). 2: an
 #: answer carries ``epoch`` (the server's list history: a restarted server starts another one) and ``seq`` (its
 #: list's version in that epoch, never going down); a request with ``since=<seq>&epoch=<epoch>`` gets only the
@@ -546,6 +549,41 @@ class PeerClient(object):
             raise PeerLie("the answer is over the %d-byte limit for it" % limit)
         return body
 
+    @staticmethod
+    def _read_body(resp, sock, mv, n, h, throttle):
+        """Read a piece's body (``n`` bytes, the answer's ``Content-Length``) into ``mv`` from the socket itself, in
+        chunks of ``RECV_CHUNK``: the socket wakes this thread only once a whole chunk is there (``SO_RCVLOWAT``,
+        never more than is still to come), not at every packet. What the header read buffered comes first. Returns
+        the bytes read; the rest, if the peer broke off, is the caller's to read or report."""
+        got = len(resp.fp.peek())  # what the response's buffer holds (or one read of what came first)
+        got = resp.readinto(mv[:min(got, n)]) if got else 0
+        with mv[:got] as chunk:
+            h.update(chunk)
+        throttle.consume(got)
+        low = 1
+        try:
+            while got < n:
+                want = min(RECV_CHUNK, n - got)
+                if want != low:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
+                    low = want
+                with mv[got:got + want] as target:
+                    k = sock.recv_into(target)
+                if not k:
+                    break
+                with mv[got:got + k] as chunk:
+                    h.update(chunk)
+                got += k
+                resp.length -= k
+                throttle.consume(k)
+        finally:
+            if low != 1:
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)  # the next answer's head: any byte
+                except OSError:
+                    pass
+        return got
+
     def get_range(self, link, rel, off, n, buf, throttle, rate_limit=0):
         """Bytes ``off`` to ``off + n - 1`` of ``rel`` from ``link`` into ``buf``, hashed as they come in, at most
         ``rate_limit`` bytes/s (``throttle``; 0: no limit); returns their sha256. All of it within ``timeout +
@@ -567,6 +605,9 @@ class PeerClient(object):
                                       status=resp.status)
             try:
                 with memoryview(buf) as mv:
+                    sock = getattr(self._local.__dict__.get("conns", {}).get(link.url), "sock", None)
+                    if sock is not None and resp.length == n and n > RECV_CHUNK:
+                        got = self._read_body(resp, sock, mv, n, h, throttle)
                     while got < n:
                         with mv[got:n] as target:
                             k = resp.readinto(target)
