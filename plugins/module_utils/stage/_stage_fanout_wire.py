@@ -14,8 +14,12 @@ have stalled. ``MAX_PEER_TRIES`` failed tries in a row drop a peer (the receiver
 :class:`PeerLink`).
 
 Peers are spoken to over one persistent ``http.client`` connection per stream and peer (:class:`PeerClient`: a
-64 MiB piece per request, and a piece list four times a second per peer, are the data plane: a new connection and
-TLS context per request, as ``_http.open_response`` makes, costs more than the transfer on a loaded host).
+64 MiB piece per request, and piece lists, are the data plane: a new connection and TLS context per request, as
+``_http.open_response`` makes, costs more than the transfer on a loaded host). Every request's whole-answer deadline
+is kept by the process's one deadline thread (:class:`_Watchdog`), a piece's bytes are read from the socket in
+``RECV_CHUNK`` chunks (the thread woken once per chunk, not per packet) and hashed in place. Piece lists are
+versioned (:data:`PROTO`): a receiver asks for the changes since the version it holds, and the peer holds the request
+until there is one; a version that goes back, or changes under the version asked from, is a lie like any other.
 Failures are ``_http.HttpError``, whose messages name the URL without credentials; the token is only ever a header.
 
 A file name is a path's bytes, not necessarily UTF-8: on this side of the kernel it is the ``str`` Python decodes it

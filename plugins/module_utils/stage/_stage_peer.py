@@ -20,7 +20,13 @@ given (``/r/<name>/<revision>``):
   file ``size``, ``src`` (the source file's ino, mtime_ns, ctime_ns), ``header_sha256``, ``sha256``, ``have``
   (one ``0``/``1`` per piece) and, once this server has sent any of its pieces, ``sent`` (per piece, how many
   transfers of it this server started, ``0``-``9``): a receiver asks a seed first for the pieces nobody got from it
-  yet, so a seed's uplink carries each piece about once and the receivers trade the rest;
+  yet, so a seed's uplink carries each piece about once and the receivers trade the rest. With a query
+  (``_stage_fanout_wire.PROTO`` 2) the answer also carries ``epoch``, ``seq`` and ``full``: ``since=<seq>&epoch=<e>``
+  gets only the entries changed after that version (the whole list when that cannot say it: a piece or file no
+  longer held, another epoch), ``wait=<s>`` holds the request until there is a change (at most ``MAX_LIST_WAIT``;
+  one watcher thread per revision looks at the board every ``WATCH_INTERVAL`` while requests wait), ``sent=0``
+  leaves the counters out. A bad value gets 400 naming the field; a request without a query gets the list as
+  protocol 1 had it;
 * ``GET R/digests?file=<path>``: the digests of that file's held pieces (``null`` for the others);
 * ``GET R/files/<path>`` with one ``Range: bytes=a-b``: those bytes (206), only when every piece they touch is
   held; otherwise 404 (not held) or 416 (bad range).
@@ -56,6 +62,7 @@ import select
 import signal
 import socket
 import stat
+import struct
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -790,24 +797,37 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Range", "bytes %d-%d/%d" % (first, last, os.fstat(fd).st_size))
             self.end_headers()
             self.wfile.flush()
-            offset, end = first, last + 1
-            while offset < end:
-                try:
-                    sent = os.sendfile(self.connection.fileno(), fd, offset, min(SEND_CHUNK, end - offset))
-                except BlockingIOError:
-                    # the handler's timeout makes the socket non-blocking underneath: a full send buffer (a
-                    # receiver on a slower link) means wait until it drains, not that the receiver went away
-                    if not select.select([], [self.connection], [], self.timeout)[1]:
-                        raise socket.timeout("send timed out")
-                    continue
-                if sent <= 0:
-                    break
-                offset += sent
+            self._sendfile(fd, first, last + 1)
         except OSError:
             self.close_connection = True  # the receiver went away
         finally:
             os.close(fd)
             self.server.count(-1)
+
+    def _sendfile(self, fd, offset, end):
+        """Bytes ``offset`` to ``end - 1`` of ``fd`` to the receiver with ``os.sendfile`` (no copy in Python). The
+        socket is blocking meanwhile, so the kernel waits for the receiver's window itself (this thread is not woken
+        each time the send buffer drains a little); ``SO_SNDTIMEO`` bounds each wait to the handler's ``timeout``
+        (a receiver that stops reading costs that, then the connection)."""
+        sock = self.connection
+        before = sock.gettimeout()
+        sock.settimeout(None)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(self.timeout), 0))
+        try:
+            while offset < end:
+                try:
+                    sent = os.sendfile(sock.fileno(), fd, offset, min(SEND_CHUNK, end - offset))
+                except BlockingIOError:  # nothing went out within SO_SNDTIMEO
+                    raise socket.timeout("send timed out")
+                if sent <= 0:
+                    break
+                offset += sent
+        finally:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", 0, 0))
+                sock.settimeout(before)
+            except OSError:
+                pass
 
 
 # ---- the daemon -------------------------------------------------------------------------------------
