@@ -189,6 +189,7 @@ def one_run(fleet, args, mode, n, caps, sums, tag):
     entry["cpu_busy_copy"] = sampler.busy(*window) if window else None
     entry["fleet_cpu_seconds"] = sampler.fleet_cpu(*window) if window else None
     entry["softirq_seconds"] = sampler.softirq(*window) if window else None
+    entry["load_1min"] = sampler.load(*window) if window else None
     entry["timeline"] = sampler.timeline(window[0]) if window else None
     entry["problems"] = check_copies(nodes, os.path.join(fleet.shared, MODEL, REVISION), sums) if play["rc"] == 0 else [
         "ansible-playbook rc %s: %s" % (play["rc"], play["output"][-3000:])]
@@ -238,6 +239,7 @@ class RunSampler(object):
     def __init__(self, interval=0.5, progress=None, namespaces=None):
         self.interval = interval
         self.namespaces = namespaces
+        self.loads = []   # [(time, 1-minute load average)]
         self.samples = []
         self.procs = []   # [(time, {pid: (kind, cpu seconds so far)})] of the fleet's processes
         self.progress = progress or {}
@@ -253,6 +255,7 @@ class RunSampler(object):
         while True:
             self.samples.append((time.time(),) + cpu_times())
             self.procs.append((time.time(), fleet_process_cpu(self.namespaces)))
+            self.loads.append((time.time(), load_1min()))
             for name, path in self.progress.items():
                 try:
                     with open(path) as f:
@@ -298,6 +301,11 @@ class RunSampler(object):
         out["total"] = round(sum(kinds.values()), 2)
         out["system"] = round(system, 2)  # of the total, in the kernel on the processes' behalf (syscalls)
         return out
+
+    def load(self, t0, t1):
+        """The machine's 1-minute load average while the copies ran: ``[lowest, median, highest]`` of the samples."""
+        vals = sorted(v for t, v in self.loads if t0 <= t <= t1 and v is not None)
+        return [vals[0], round(statistics.median(vals), 2), vals[-1]] if vals else None
 
     def softirq(self, t0, t1):
         """CPU seconds the whole machine spent in softirq from ``t0`` to ``t1`` (packets, mostly)."""
@@ -360,6 +368,14 @@ def fleet_process_cpu(namespaces=None):
             continue
         out[int(pid)] = (_process_kind(cmdline), (int(fields[11]) + int(fields[12])) / hz, int(fields[12]) / hz)
     return out
+
+
+def load_1min():
+    try:
+        with open("/proc/loadavg") as f:
+            return float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def cpu_times():
@@ -524,9 +540,9 @@ def write_markdown(path, doc):
         "beside it; on this loaded machine it is dominated by Ansible's per-task cost over SSH (tens of seconds "
         "for the role's ~20 tasks), which does not grow with the revision size.",
         "- Machine: %s; kernel %s; Python %s; load average (1 min) %s at the start and %s at the end (a 1-minute "
-        "average also carries what ran just before). Runs alternate the modes (off, on, on, off, ...)." % (
+        "average also carries what ran just before)%s. Runs alternate the modes (off, on, on, off, ...)." % (
             doc["machine"]["host"], doc["machine"]["kernel"], doc["machine"]["python"],
-            doc["machine"]["load_start"], doc["machine"]["load_end"]), ""]
+            doc["machine"]["load_start"], doc["machine"]["load_end"], _load_during(doc)), ""]
     if not caps["fanout"]:
         lines += ["This tree's `model_stage` role has no `model_stage_fanout` yet: only the `off` curve is measured.", ""]
     lines += ["| mode | nodes | staging, runs (s) | staging, median (s) | × single node | playbook wall, median (s) | "
@@ -558,6 +574,15 @@ def write_markdown(path, doc):
               "than on a real fleet." % (os.cpu_count(), size / MIB, a["rate_mbit"]), ""]
     with open(path, "w") as f:
         f.write("\n".join(lines))
+
+
+def _load_during(doc):
+    """``; while the copies ran: median 9.1 (2.0-15.3)`` from the runs' load samples, or nothing."""
+    vals = [r["load_1min"] for r in doc["runs"] if r.get("load_1min")]
+    if not vals:
+        return ""
+    return "; while the copies ran, sampled twice a second: median of the runs' medians %.1f, lowest %.1f, highest %.1f" % (
+        statistics.median(v[1] for v in vals), min(v[0] for v in vals), max(v[2] for v in vals))
 
 
 def _largest_on_runs(doc):
