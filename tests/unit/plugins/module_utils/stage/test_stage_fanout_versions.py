@@ -245,3 +245,63 @@ def test_a_protocol_1_receiver_gets_the_whole_list_it_knows(fleet):
     assert status == 200 and "seq" not in doc and "full" not in doc and doc["files"]
     parsed = parse_piece_list(body, BIG)
     assert parsed["proto"] == 1 and all(e["sent"] is None for e in parsed["files"].values())
+
+
+# ---- a piece's bytes, read from the socket in chunks ------------------------------------------------------
+class _NoThrottle(object):
+    def consume(self, n):
+        pass
+
+
+@pytest.fixture
+def large(tmp_path):
+    """A peer serving one file of 2 pieces of 3 MiB (larger than ``RECV_CHUNK``, so read in chunks), the last one
+    short and of an odd size."""
+    piece = 3 * 1024 * 1024
+    assert piece > 2 * _stage_fanout_wire.RECV_CHUNK
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(piece + piece // 2 + 7)
+    (src / "w.bin").write_bytes(data)
+    st = os.stat(str(src / "w.bin"))
+    f = {"path": "w.bin", "size": len(data), "ino": st.st_ino, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
+         "mode": 0o644}
+    where = fake_peers.board_copy(str(src), [f], str(tmp_path / "p" / "m" / "r1"), piece)
+    made = []
+
+    def peer(behaviour="honest"):
+        p = fake_peers.FakePeer(where, piece, behaviour)
+        made.append(p)
+        return p
+    yield piece, data, peer
+    for p in made:
+        p.close()
+
+
+def test_a_large_piece_comes_whole_hashed_and_the_connection_serves_the_next_request(large):
+    piece, data, peer = large
+    p = peer()
+    client = _stage_fanout_wire.PeerClient(fake_peers.TOKEN, 5.0)
+    link = _stage_fanout_wire.PeerLink(p.url, True)
+    buf = bytearray(piece)
+    for i, n in ((0, piece), (1, len(data) - piece), (0, piece)):
+        digest = client.get_range(link, "w.bin", i * piece, n, buf, _NoThrottle())
+        assert bytes(buf[:n]) == data[i * piece:i * piece + n]
+        assert digest == hashlib.sha256(data[i * piece:i * piece + n]).hexdigest()
+    # the same kept-alive connection answered all three and then a piece list: the chunked read left it clean
+    body = client.get_body(link, "/pieces?sent=1", _stage_fanout_wire.PIECES_MAX_BYTES)
+    assert parse_piece_list(body, piece)["files"]["w.bin"]["have"] == "11"
+    conns = client._local.conns  # pylint: disable=protected-access
+    assert list(conns) == [link.url] and p.server.requests == 4
+
+
+@pytest.mark.parametrize("behaviour, why", [("truncated", "sent 1572864 bytes for a 3145728-byte piece"),
+                                            ("stall", "stalled")])
+def test_a_large_piece_that_breaks_off_or_stalls_is_a_failed_transfer(large, behaviour, why):
+    piece, _data, peer = large
+    p = peer(behaviour)
+    client = _stage_fanout_wire.PeerClient(fake_peers.TOKEN, 1.0)
+    link = _stage_fanout_wire.PeerLink(p.url, False)
+    with pytest.raises(_stage_fanout_wire._http.HttpError) as e:  # pylint: disable=protected-access
+        client.get_range(link, "w.bin", 0, piece, bytearray(piece), _NoThrottle())
+    assert why in str(e.value) and e.value.timed_out == (behaviour == "stall")
