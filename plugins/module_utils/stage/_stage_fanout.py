@@ -87,6 +87,10 @@ PEER_STREAMS = 2
 POLL_BACKOFF = 4
 #: An idle pulling worker other than the first waits at most this many ``poll`` before it looks again unwoken.
 IDLE_WAIT = 8
+#: Piece lists of a peer that is not a seed (protocol 2) are at least this many ``poll`` apart: every receiver asks
+#: every peer, so these lists grow with the square of the fleet, and the pieces they announce are mostly held by
+#: other peers as well.
+LIST_GAP = 2
 
 
 class _FileState(object):
@@ -200,10 +204,10 @@ class Receiver(object):
         changes since the version taken in last, and holds the request until there is one (up to
         :meth:`_list_hold`): a list is sent when something changed, and it says only what did. An answer that
         brought nothing new is followed by ``poll`` seconds before the next request, and two requests are always
-        ``poll`` apart, so a peer that answers at once with nothing (or with noise) costs at most one list per
-        ``poll``. A version 1 peer (no ``seq`` in its answers) is asked for its whole list every ``poll`` seconds
-        while the list changes, and after a list that did not, twice as long as before, up to ``POLL_BACKOFF``
-        times ``poll``."""
+        ``poll`` apart (``LIST_GAP`` polls for a peer that is not a seed), so a peer that answers at once with
+        nothing (or with noise) costs at most one list per ``poll``. A version 1 peer (no ``seq`` in its answers)
+        is asked for its whole list every ``poll`` seconds while the list changes, and after a list that did not,
+        twice as long as before, up to ``POLL_BACKOFF`` times ``poll``."""
         wait = self.poll
         while not self._stop.is_set() and link.alive:
             started = time.monotonic()
@@ -223,8 +227,11 @@ class Receiver(object):
                 link.proto = doc["proto"]
                 if doc["proto"] == 2 and not (link.relist and not doc["full"]):
                     link.epoch, link.seq = doc["epoch"], doc["seq"]
-                    # a change comes at once from a held request; nothing new is asked for again after ``poll``
-                    wait = max(0.0, started + self.poll - time.monotonic()) if new else self.poll
+                    # a change comes at once from a held request, but lists are at least ``poll`` apart (a
+                    # non-seed's ``LIST_GAP`` polls: its news are pieces other peers mostly have too); nothing new is
+                    # asked for again after ``poll``
+                    gap = self.poll if link.seed else self.poll * LIST_GAP
+                    wait = max(0.0, started + gap - time.monotonic()) if new else self.poll
                 else:
                     # nothing new (same state, same pieces held): ask again later, up to POLL_BACKOFF times poll
                     wait = self.poll if new else min(wait * 2, self.poll * POLL_BACKOFF)
