@@ -437,7 +437,7 @@ class Offer(object):
             time.sleep(self.watch_interval)
             try:
                 self.refresh()
-            except Exception:  # a board that cannot be read now is read again next time; held requests time out
+            except Exception:  # pylint: disable=broad-except  # a board unreadable now is read again next time
                 pass
 
     def list_body(self, load, since=None, epoch=None, want_sent=True, wait=0.0):
