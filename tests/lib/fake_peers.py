@@ -17,6 +17,11 @@ Behaviours (``BEHAVIOURS``):
 * ``oscillate``: (as a seed) a copy that never ends: its lists say ``copying`` and hold the first two pieces of
   each file, then only the first, then two again, forever (it serves what it lists): a list that shrinks and grows
   back, which is no progress.
+* ``version:<kind>``: its whole list is honest (protocol 2), every list of changes asked of it lies one way
+  (``VERSION_LIES``): a version that goes back (an old list replayed), changes under the version asked from, an
+  epoch not asked about, a list of changes over the size cap;
+* ``v1``: a protocol 1 server (before lists of changes): it ignores the query and answers its whole list without
+  ``seq``, as a peer not upgraded yet does.
 
 :func:`board_copy` makes a peer's partial build of given source files under any names (a name that is not UTF-8
 included), for tests that hand a receiver files directly.
@@ -28,6 +33,7 @@ import json
 import os
 import shutil
 import threading
+from urllib.parse import parse_qs
 
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_marker as _marker
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_peer
@@ -62,8 +68,16 @@ RAW = {
     "big_int": b'{"piece_size": %(ps)d, "load": 1' + b"0" * 500 + b', "files": {}}',
     "oversized": b'{"piece_size": %(ps)d, "pad": "' + b"x" * (9 * 1024 * 1024) + b'", "files": {}}',
 }
-BEHAVIOURS = (["honest", "unserved", "errors", "stall", "truncated", "stall_list", "lie_bytes", "lie_seed", "oscillate"]
-              + ["malformed:" + k for k in sorted(MALFORMED)] + ["malformed:" + k for k in sorted(RAW)])
+#: a list of changes (protocol 2) that lies, from the honest one and the request's ``since``
+VERSION_LIES = {
+    "backwards": lambda d, since: dict(d, seq=max(0, since - 1)),
+    "same_seq": lambda d, since: dict(d, seq=since, files=d["full_files"]),
+    "other_epoch": lambda d, since: dict(d, epoch="ab" * 8),
+    "oversized": lambda d, since: dict(d, pad="x" * (9 * 1024 * 1024)),
+}
+BEHAVIOURS = (["honest", "unserved", "errors", "stall", "truncated", "stall_list", "lie_bytes", "lie_seed", "oscillate",
+               "v1"] + ["malformed:" + k for k in sorted(MALFORMED)] + ["malformed:" + k for k in sorted(RAW)]
+              + ["version:" + k for k in sorted(VERSION_LIES)])
 #: behaviours of a peer that sends bytes or digests the authority contradicts (reported ``lied``)
 LYING = ("lie_bytes", "lie_seed")
 
@@ -91,6 +105,19 @@ class _Handler(_stage_peer._Handler):
             return self._stall(b"{")
         if b == "oscillate" and path.endswith("/pieces") and self._authorized():
             return self._send_raw(200, self._oscillating())
+        if path.endswith("/pieces") and self._authorized():
+            with self.server._count_lock:  # pylint: disable=protected-access
+                self.server.lists += 1
+            offer = list(self.server.offers.values())[0]
+            if b == "v1":
+                return self._send_raw(200, offer.public_body(0))
+            since = parse_qs(self.path.partition("?")[2]).get("since")
+            if b.startswith("version:") and since:
+                doc = json.loads(offer.list_body(0, int(since[0]), offer.epoch, True, 0.0))
+                doc["full_files"] = json.loads(offer.list_body(0))["files"]
+                doc = VERSION_LIES[b.split(":", 1)[1]](dict(doc, full=False), int(since[0]))
+                doc.pop("full_files")
+                return self._send_raw(200, json.dumps(doc).encode("utf-8"))
         if "/files/" in path and b in ("unserved", "errors", "stall", "truncated"):
             self.server.transfers += 1
             if b == "unserved":

@@ -39,8 +39,10 @@ PHASES = [Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if os.e
 PIECE = 256 * 1024
 TIMEOUT = 1.5        # the receiver's per-request timeout here (30 s in a real run)
 TOKEN = fake_peers.TOKEN
-# peers whose bytes can be verified at all (the others never get a piece list in, or never deliver)
-DELIVERING = ("honest", "lie_bytes", "lie_seed", "oscillate")
+# peers whose bytes can be verified at all (the others never get a piece list in, or never deliver); a peer whose
+# lists of changes lie gave an honest whole list first, and a protocol 1 peer is an honest one before the upgrade
+DELIVERING = ("honest", "lie_bytes", "lie_seed", "oscillate", "v1") + tuple(
+    "version:" + k for k in fake_peers.VERSION_LIES)
 
 _TREE = {}
 
@@ -259,3 +261,65 @@ def _copying_list(haves):
                        "files": dict((rel, {"size": FILE["size"], "src": [7, 8, 9], "header_sha256": None,
                                             "sha256": None, "have": have}) for rel, have in haves.items())})
     return _stage_fanout_wire.parse_piece_list(body.encode(), 4096)
+
+
+# ---- a piece list's history: the changes since any version, applied to that version, are the list of now -----
+board_steps = st.lists(st.tuples(st.sampled_from(["hold", "hold", "hold", "lose", "drop", "sent"]),
+                                 st.sampled_from(["f", "g"]), st.integers(0, N_PIECES - 1)), min_size=1, max_size=12)
+
+
+@_settings(EXAMPLES * 2)
+@given(steps=board_steps)
+def test_changes_since_any_version_rebuild_the_whole_list(steps):
+    """Whatever a board does (pieces held, a piece lost, a file dropped and back, transfers served), a receiver that
+    took in the list at any earlier version and applies the answer to ``since=<that version>`` (whole or changes)
+    holds exactly the whole list of now; a change that cannot be said as one (a piece lost, a file gone) is always
+    answered with the whole list; and versions never go back."""
+    root = tempfile.mkdtemp(prefix="history-", dir=_tree()["root"])
+    try:
+        partial = os.path.join(root, "m", "r1.partial")
+        os.makedirs(partial)
+        board = _stage_peer.Board(partial, 4096)
+        files = {}
+        for k, rel in enumerate(("f", "g")):
+            with open(os.path.join(partial, rel + ".llmops-part"), "wb") as f:
+                f.write(b"x" * (N_PIECES * 4096))
+            files[rel] = dict(FILE, ino=k)
+            board.add(rel, files[rel], None, None)
+        board.write()
+        offer = _stage_peer.Offer(os.path.join(root, "m", "r1"), 4096, ttl=0)
+        taken = []  # (version, whole list as the receiver holds it at that version)
+        first = json.loads(offer.list_body(0))
+        taken.append((first["seq"], first["files"]))
+        last_seq = first["seq"]
+        for op, rel, i in steps:
+            lost = False
+            with board._lock:  # pylint: disable=protected-access
+                e = board.files.get(rel)
+                if op == "hold" and e is not None:
+                    e["have"][i], e["digests"][i] = True, "%064x" % (i + 1)
+                elif op == "lose" and e is not None:
+                    lost = e["have"][i]
+                    e["have"][i] = False
+                elif op == "drop":
+                    lost = board.files.pop(rel, None) is not None
+                    if not lost:
+                        board.files[rel] = {"size": files[rel]["size"], "src": [rel == "g", 8, 9], "header_sha256": None,
+                                            "sha256": None, "digests": [None] * N_PIECES, "have": [False] * N_PIECES,
+                                            "done": False}
+            if op == "sent" and e is not None and e["have"][i]:
+                os.close(offer.open_range(rel, i * 4096, i * 4096 + 1))
+            board.write()
+            now = json.loads(offer.list_body(0))
+            assert now["full"] and now["seq"] >= last_seq
+            last_seq = now["seq"]
+            for seq, view in taken:
+                answer = json.loads(offer.list_body(0, seq, now["epoch"]))
+                assert answer["seq"] == now["seq"]
+                if lost and seq < now["seq"]:
+                    assert answer["full"], "a lost piece or file said as a change"
+                rebuilt = answer["files"] if answer["full"] else dict(view, **answer["files"])
+                assert rebuilt == now["files"]
+            taken.append((now["seq"], now["files"]))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

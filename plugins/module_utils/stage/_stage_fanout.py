@@ -74,8 +74,8 @@ from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_verify as _verify
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_copy import RawFile
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_fanout_wire import (
-    DIGESTS_MAX_BYTES, MAX_PEER_TRIES, MIN_PEER_RATE, PIECES_BYTES_PER_PIECE, PIECES_MAX_BYTES, PeerClient, PeerLie,
-    PeerLink, name_to_url, parse_digests, parse_piece_list)
+    DIGESTS_MAX_BYTES, MAX_LIST_WAIT, MAX_PEER_TRIES, MIN_PEER_RATE, PIECES_BYTES_PER_PIECE, PIECES_MAX_BYTES,
+    PeerClient, PeerLie, PeerLink, name_to_url, parse_digests, parse_piece_list)
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_marker import StageError
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_progress import SourcedProgress, Throttle
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_progress import human_bytes
@@ -85,6 +85,12 @@ from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_progre
 PEER_STREAMS = 2
 #: A peer whose piece list did not change is asked again after twice the wait before, up to this many ``poll``.
 POLL_BACKOFF = 4
+#: An idle pulling worker other than the first waits at most this many ``poll`` before it looks again unwoken.
+IDLE_WAIT = 8
+#: Piece lists of a peer that is not a seed (protocol 2) are at least this many ``poll`` apart: every receiver asks
+#: every peer, so these lists grow with the square of the fleet, and the pieces they announce are mostly held by
+#: other peers as well.
+LIST_GAP = 2
 
 
 class _FileState(object):
@@ -153,6 +159,8 @@ class Receiver(object):
         self._stop = threading.Event()
         self._errors = []
         self._files = []
+        self._by_rel = {}
+        self._idle = 0   # pulling workers waiting in _pick
         self._t0 = None
         self.wire = PeerClient(token, timeout)
         self._piece_secs = deque(maxlen=16)  # the last peer transfers (s): how long a handed-out piece may take
@@ -192,19 +200,45 @@ class Receiver(object):
             self._cond.notify_all()
 
     def _poll_loop(self, link):
-        """Ask ``link`` for its piece list every ``poll`` seconds while the list changes; after a list that did not,
-        wait twice as long as before, up to ``POLL_BACKOFF`` times ``poll`` (a peer that gains nothing is asked
-        less often; its next change is seen within that)."""
+        """Keep ``link``'s piece list up to date. A peer speaking ``_stage_fanout_wire.PROTO`` 2 is asked for the
+        changes since the version taken in last, and holds the request until there is one (up to
+        :meth:`_list_hold`): a list is sent when something changed, and it says only what did. An answer that
+        brought nothing new is followed by ``poll`` seconds before the next request, and two requests are always
+        ``poll`` apart (``LIST_GAP`` polls for a peer that is not a seed), so a peer that answers at once with
+        nothing (or with noise) costs at most one list per ``poll``. A version 1 peer (no ``seq`` in its answers)
+        is asked for its whole list every ``poll`` seconds while the list changes, and after a list that did not,
+        twice as long as before, up to ``POLL_BACKOFF`` times ``poll``."""
         wait = self.poll
         while not self._stop.is_set() and link.alive:
+            started = time.monotonic()
+            hold = 0.0
             try:
-                body = self.wire.get_body(link, "/pieces", self._pieces_limit)
-                before = (link.state, dict(link.have))
-                self._absorb(link, parse_piece_list(body, self.piece_size, self._pieces_limit))
-                # nothing new (same state, same pieces held): ask again later, up to POLL_BACKOFF times poll
-                wait = min(wait * 2, self.poll * POLL_BACKOFF) if (link.state, link.have) == before else self.poll
+                query = "sent=%d" % (1 if link.seed else 0)  # a seed's sent counters spare its uplink; no other's
+                asked = None
+                relist, link.relist = link.relist, False
+                if link.proto == 2 and link.seq is not None and not relist:
+                    hold = self._list_hold()
+                    asked = (link.epoch, link.seq)
+                    query += "&since=%d&epoch=%s&wait=%g" % (link.seq, link.epoch, hold)
+                body = self.wire.get_body(link, "/pieces?" + query, self._pieces_limit, hold)
+                doc = parse_piece_list(body, self.piece_size, self._pieces_limit, asked)
+                new = self._absorb(link, doc)
                 link.failures = 0
+                link.proto = doc["proto"]
+                if doc["proto"] == 2 and not (link.relist and not doc["full"]):
+                    link.epoch, link.seq = doc["epoch"], doc["seq"]
+                    # a change comes at once from a held request, but lists are at least ``poll`` apart (a
+                    # non-seed's ``LIST_GAP`` polls: its news are pieces other peers mostly have too); nothing new is
+                    # asked for again after ``poll``
+                    gap = self.poll if link.seed else self.poll * LIST_GAP
+                    wait = max(0.0, started + gap - time.monotonic()) if new else self.poll
+                else:
+                    # nothing new (same state, same pieces held): ask again later, up to POLL_BACKOFF times poll
+                    wait = self.poll if new else min(wait * 2, self.poll * POLL_BACKOFF)
             except _http.HttpError as e:
+                wait = self.poll
+                if self._stop.is_set():
+                    return  # the run ended under a held request
                 if e.status == 403:
                     self._drop(link, "refused this run's token (HTTP 403)")
                     return
@@ -214,16 +248,26 @@ class Receiver(object):
                         link.failures, e.status or ("stalled" if e.timed_out else "no answer")))
                     return
             except PeerLie as e:
+                wait = self.poll
                 link.failures += 1
                 if link.failures >= self.max_failures:
                     self._drop(link, "answered %d times with something that is not a piece list (%s)"
                                % (link.failures, e))
                     return
-            self._stop.wait(wait)
+            if wait:
+                self._stop.wait(wait)
+
+    def _list_hold(self):
+        """Seconds a peer may hold a request for its piece list until something changed: well within the answer's
+        own deadline (``timeout``), at most ``MAX_LIST_WAIT``."""
+        return min(MAX_LIST_WAIT, max(0.0, self.timeout / 4.0))
 
     def _absorb(self, link, doc):
-        """Take in a piece list (:func:`parse_piece_list`'s form) from ``link``."""
+        """Take in a piece list (:func:`parse_piece_list`'s form) from ``link``: the whole list, or (``full``
+        false) the entries that changed, the others as they were. Returns whether it listed something it did not
+        before (state, or an entry of this run's files)."""
         files = doc["files"]
+        full = doc.get("full", True)
         fetch = []
         haves = {}  # the pieces it lists of this run's files, as they are today: its progress, once their digests are in
         with self._cond:
@@ -235,12 +279,18 @@ class Receiver(object):
             link.load = doc["load"]
             link.seen_at = time.monotonic()
             link.lists += 1
-            for fs in self._files:
+            if full:
+                states = self._files
+            else:
+                states = [fs for fs in (self._by_rel.get(rel) for rel in files) if fs is not None]
+            for fs in states:
                 e = files.get(fs.rel)
                 if e is None:
+                    changed = changed or fs.rel in link.have
                     link.have.pop(fs.rel, None)
                     continue
                 if not self._matches(fs, e):
+                    changed = changed or fs.rel in link.have
                     link.have.pop(fs.rel, None)
                     link.mismatch.add(fs.rel)
                     continue
@@ -259,14 +309,18 @@ class Receiver(object):
                 if link.seed:
                     claimed = link.claimed.get(fs.rel, ())
                     if any(h == "1" and i not in claimed for i, h in enumerate(have)):
-                        fetch.append(fs)
+                        link.undigested.add(fs.rel)
+            if link.seed:
+                fetch = [fs for fs in self._files if fs.rel in link.undigested]
             if changed:
-                self._cond.notify_all()
+                self._cond.notify()  # one idle worker looks; each that takes a piece wakes the next (_pick)
         for fs in fetch:
             if link.alive:
-                self._fetch_digests(link, fs)
+                self._fetch_digests(link, fs)  # a failure leaves it undigested: asked again with the next list
+                link.undigested.discard(fs.rel)
         with self._cond:  # a seed's new pieces count once their digests are in (a silent one raised above)
             link.progress.note(state, haves, time.monotonic())
+        return changed
 
     def _matches(self, fs, e):
         """The peer's entry describes today's source file (size, inode, mtime, ctime, header digest)."""
@@ -310,7 +364,7 @@ class Receiver(object):
             sha = e.get("sha256")
             if isinstance(sha, str) and fs.seed_sha256 is None:
                 fs.seed_sha256 = sha
-            self._cond.notify_all()
+            self._cond.notify()  # new digests: one idle worker looks, and wakes the next if it took a piece
         if lies:
             self._drop(link, "lied: " + lies[0], lied=True)
         for i in disputes:
@@ -426,6 +480,7 @@ class Receiver(object):
                                 continue
                         if not best and (fs.source_only or not seeds_on):
                             fs.inflight.add(i)
+                            self._cond.notify()  # there may be more: the next idle worker looks
                             return fs, i, None
                         waiting = True
                 if best:
@@ -433,10 +488,18 @@ class Receiver(object):
                     link = random.choice(cands)
                     link.inflight += 1
                     fs.inflight.add(i)
+                    self._cond.notify()  # there may be more: the next idle worker looks
                     return fs, i, link
                 if not waiting:
                     return None  # everything left is in flight
-                self._cond.wait(self.poll)
+                # one idle worker looks again every ``poll`` (what time alone changes: a seed gone stale, a piece
+                # a seed sent long enough ago); the others wait to be woken, by a new piece list or a finished
+                # piece, or at the latest IDLE_WAIT polls
+                self._idle += 1
+                try:
+                    self._cond.wait(self.poll if self._idle == 1 else self.poll * IDLE_WAIT)
+                finally:
+                    self._idle -= 1
 
     @staticmethod
     def _usable(fs, i, holders, seed_cap, dup_after, now):
@@ -513,7 +576,8 @@ class Receiver(object):
                 link.inflight -= 1
                 fs.inflight.discard(i)
                 if status == 404:  # not held any more (published meanwhile, or a board race): nothing more is
-                    link.have.clear()  # asked of it until its next piece list
+                    link.have.clear()  # asked of it until its next piece list, a whole one
+                    link.relist = True
                     # one strike per piece list: the pulls a list started in parallel are one try, and a seed
                     # publishing for a moment is not a peer that lists what it does not serve
                     if link.unserved_at != link.lists:
@@ -664,7 +728,11 @@ class Receiver(object):
             fs.digests[i] = digest
             fs.held[i] = True
             fs.inflight.discard(i)
-            self._cond.notify_all()
+            # a piece held frees no other piece; a file complete may end the run: then every worker looks
+            if all(fs.held):
+                self._cond.notify_all()
+            else:
+                self._cond.notify()
         if self.board:
             self.board.held(fs.rel, i, digest)
         if isinstance(self.progress, SourcedProgress):
@@ -721,6 +789,7 @@ class Receiver(object):
     def run(self, files):
         self._t0 = time.monotonic()
         self._files = [_FileState(f, self.partial, self.piece_size) for f in sorted(files, key=lambda x: x["path"])]
+        self._by_rel = dict((fs.rel, fs) for fs in self._files)
         self._pieces_limit = PIECES_MAX_BYTES + PIECES_BYTES_PER_PIECE * sum(fs.n for fs in self._files)
         if self.board:
             for fs in self._files:
@@ -739,6 +808,7 @@ class Receiver(object):
             self._stop.set()
             with self._cond:
                 self._cond.notify_all()
+            self.wire.shutdown()  # a piece list a peer holds for a change returns now
             for t in pollers:
                 t.join(timeout=self.timeout + 1)
         if self._errors:

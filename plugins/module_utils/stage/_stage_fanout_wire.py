@@ -14,8 +14,12 @@ have stalled. ``MAX_PEER_TRIES`` failed tries in a row drop a peer (the receiver
 :class:`PeerLink`).
 
 Peers are spoken to over one persistent ``http.client`` connection per stream and peer (:class:`PeerClient`: a
-64 MiB piece per request, and a piece list four times a second per peer, are the data plane: a new connection and
-TLS context per request, as ``_http.open_response`` makes, costs more than the transfer on a loaded host).
+64 MiB piece per request, and piece lists, are the data plane: a new connection and TLS context per request, as
+``_http.open_response`` makes, costs more than the transfer on a loaded host). Every request's whole-answer deadline
+is kept by the process's one deadline thread (:class:`_Watchdog`), a piece's bytes are read from the socket in
+``RECV_CHUNK`` chunks (the thread woken once per chunk, not per packet) and hashed in place. Piece lists are
+versioned (:data:`PROTO`): a receiver asks for the changes since the version it holds, and the peer holds the request
+until there is one; a version that goes back, or changes under the version asked from, is a lie like any other.
 Failures are ``_http.HttpError``, whose messages name the URL without credentials; the token is only ever a header.
 
 A file name is a path's bytes, not necessarily UTF-8: on this side of the kernel it is the ``str`` Python decodes it
@@ -37,11 +41,14 @@ to (``os.fsdecode``, undecodable bytes as lone surrogates), in JSON that ``str``
 from __future__ import annotations
 
 import hashlib
+import heapq
 import http.client
+import itertools
 import math
 import os
 import socket
 import threading
+import time
 from urllib.parse import quote, unquote, urlsplit
 
 from ansible_collections.llmops.serving.plugins.module_utils.common import _http
@@ -74,6 +81,23 @@ PEER_STATES = ("idle", "copying", "failed", "done", "complete")
 STATE_RANK = {None: 0, "idle": 0, "copying": 1, "failed": 2, "done": 2, "complete": 2}
 #: Largest piece: a piece is one buffer per pulling worker.
 MAX_PIECE_SIZE = 1024 * 1024 * 1024
+#: A piece's bytes are taken from the socket this many at a time: the receiving thread is woken once per chunk
+#: (``SO_RCVLOWAT``), not once per packet, and hashes each chunk as it is in.
+RECV_CHUNK = 512 * 1024
+#: The piece-list protocol this side speaks. 1: every ``/pieces`` answer is the whole list (no ``seq``). 2: an
+#: answer carries ``epoch`` (the server's list history: a restarted server starts another one) and ``seq`` (its
+#: list's version in that epoch, never going down); a request with ``since=<seq>&epoch=<epoch>`` gets only the
+#: files whose entry changed after that version (``full: false``), or the whole list (``full: true``) when a
+#: change cannot be said that way (a piece or file no longer held, another source identity, another epoch); with
+#: ``wait=<s>`` the server holds it until something changed (at most ``MAX_LIST_WAIT``); ``sent=0`` leaves out the
+#: ``sent`` counters and their changes (a receiver reads them only from seeds). A version 1 server ignores the
+#: query and answers the whole list, which a receiver takes as such (a fleet mid-upgrade mixes both).
+PROTO = 2
+#: Longest a server holds a ``/pieces`` request for a change (seconds); a receiver asks for at most this.
+MAX_LIST_WAIT = 10.0
+#: ``seq`` is a JSON integer below this (exact in every JSON reader); ``epoch`` at most this many hex digits.
+MAX_SEQ = 2 ** 53
+MAX_EPOCH_CHARS = 32
 
 
 def name_to_url(rel):
@@ -105,14 +129,20 @@ def _hex64(v, what):
     return v
 
 
-def parse_piece_list(body, piece_size, max_bytes=PIECES_MAX_BYTES):
+def parse_piece_list(body, piece_size, max_bytes=PIECES_MAX_BYTES, asked=None):
     """The ``/pieces`` answer ``body`` (bytes) of a peer, checked field by field; raises :class:`PeerLie`.
 
     Parsed with ``_untrusted.loads_json`` (``max_bytes``, ``PIECES_MAX_DEPTH``, finite numbers). Returns
-    ``{"state", "board_age", "load", "files": {rel: {"size", "src", "header_sha256", "sha256", "have",
-    "sent"}}}``; ``have`` is ASCII ``0``/``1`` per piece, ``sent`` ASCII ``0``-``9`` per piece or None.
-    ``board_age`` is checked like every field but judges nothing: a seed is judged by the pieces it holds
-    (:class:`CopyProgress`).
+    ``{"state", "board_age", "load", "proto", "epoch", "seq", "full", "files": {rel: {"size", "src",
+    "header_sha256", "sha256", "have", "sent"}}}``; ``have`` is ASCII ``0``/``1`` per piece, ``sent`` ASCII
+    ``0``-``9`` per piece or None. ``board_age`` is checked like every field but judges nothing: a seed is judged by
+    the pieces it holds (:class:`CopyProgress`).
+
+    ``asked``: ``(epoch, since)`` when the request asked for the changes after ``since`` (:data:`PROTO` 2), else
+    None. An answer without ``seq`` is a version 1 peer's whole list (``proto`` 1, ``full``). A version 2 answer
+    is a lie when it is a list of changes nobody asked for, of another epoch than asked, or goes back: a ``seq``
+    below ``since`` in the same epoch (a replay of an older list), or changes under the very ``seq`` asked from
+    (nothing changes without a new version).
     """
     try:
         doc = loads_json(body, "the piece list", max_depth=PIECES_MAX_DEPTH, max_bytes=max_bytes)
@@ -155,7 +185,36 @@ def parse_piece_list(body, piece_size, max_bytes=PIECES_MAX_BYTES):
         out[rel] = {"size": size, "src": list(src), "have": have, "sent": sent,
                     "header_sha256": _hex64(e.get("header_sha256"), what + ".header_sha256"),
                     "sha256": _hex64(e.get("sha256"), what + ".sha256")}
-    return {"state": state, "board_age": age, "load": load, "files": out}
+    seq, epoch, full = _parse_version(doc, asked, bool(out))
+    return {"state": state, "board_age": age, "load": load, "files": out, "proto": 1 if seq is None else 2,
+            "epoch": epoch, "seq": seq, "full": full}
+
+
+def _parse_version(doc, asked, changes):
+    """``(seq, epoch, full)`` of a piece list (``(None, None, True)``: a version 1 peer's); :class:`PeerLie` when
+    the version fields are malformed or contradict the request (see :func:`parse_piece_list`)."""
+    if "seq" not in doc:
+        return None, None, True
+    seq, epoch, full = doc.get("seq"), doc.get("epoch"), doc.get("full")
+    if not _is_int(seq) or not 0 <= seq < MAX_SEQ:
+        raise PeerLie("seq is not a list version (an integer 0-%d)" % (MAX_SEQ - 1))
+    if not isinstance(epoch, str) or not 0 < len(epoch) <= MAX_EPOCH_CHARS or not set(epoch) <= _HEX:
+        raise PeerLie("epoch is not 1-%d lowercase hex digits" % MAX_EPOCH_CHARS)
+    if not isinstance(full, bool):
+        raise PeerLie("full is not true or false")
+    if asked is None:
+        if not full:
+            raise PeerLie("it answered a request for its whole list with a list of changes")
+        return seq, epoch, full
+    a_epoch, since = asked
+    if not full and epoch != a_epoch:
+        raise PeerLie("it answered with changes of another epoch than asked (a restarted server sends its whole "
+                      "list)")
+    if epoch == a_epoch and seq < since:
+        raise PeerLie("its list version went backwards (%d after %d)" % (seq, since))
+    if not full and seq == since and changes:
+        raise PeerLie("it sent changes under the version asked from (%d): a change comes with a new version" % seq)
+    return seq, epoch, full
 
 
 def parse_digests(body, n):
@@ -244,18 +303,59 @@ def check_options(piece_size=None, peers=None, peer_token=None, fleet_slots_dir=
                              % (least, v, _fleet_slots.HEARTBEAT))
 
 
+class _Deadlines(object):
+    """The one thread that fires every :class:`_Watchdog` of this process at its deadline: a request costs a heap
+    entry, not a thread of its own (a piece list or a piece is asked for many times a second per receiver)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._heap = []
+        self._order = itertools.count()
+        self._thread = None
+
+    def add(self, wd, at):
+        with self._cond:
+            heapq.heappush(self._heap, (at, next(self._order), wd))
+            if self._thread is None or not self._thread.is_alive():  # none yet, or this is a forked child
+                self._thread = threading.Thread(target=self._loop, name="fanout-deadlines", daemon=True)
+                self._thread.start()
+            elif self._heap[0][2] is wd:
+                self._cond.notify()
+
+    def _loop(self):
+        while True:
+            due = []
+            with self._cond:
+                now = time.monotonic()
+                while self._heap and (self._heap[0][2].cancelled or self._heap[0][0] <= now):
+                    wd = heapq.heappop(self._heap)[2]
+                    if not wd.cancelled:
+                        due.append(wd)
+                if not due:
+                    self._cond.wait(self._heap[0][0] - now if self._heap else None)
+            for wd in due:
+                try:
+                    wd.fire()
+                except Exception:  # pylint: disable=broad-except  # the next deadlines still fire
+                    pass
+
+
+_DEADLINES = _Deadlines()
+
+
 class _Watchdog(object):
     """Shuts ``conn``'s socket down ``seconds`` from now unless cancelled: a read blocked on a peer that
     trickles bytes then returns at once (``fired`` says why)."""
 
     def __init__(self, conn, seconds):
         self.fired = False
+        self.cancelled = False
         self._conn = conn
-        self._timer = threading.Timer(seconds, self._fire)
-        self._timer.daemon = True
-        self._timer.start()
+        _DEADLINES.add(self, time.monotonic() + seconds)
 
-    def _fire(self):
+    def fire(self):
+        if self.cancelled:
+            return
         self.fired = True
         sock = getattr(self._conn, "sock", None)
         if sock is not None:
@@ -265,7 +365,7 @@ class _Watchdog(object):
                 pass
 
     def cancel(self):
-        self._timer.cancel()
+        self.cancelled = True
 
 
 class CopyProgress(object):
@@ -341,6 +441,11 @@ class PeerLink(object):
         self.mismatch = set()      # files whose entry here is not today's source file
         self.claimed = {}          # rel -> indices of the pieces whose digest this (seed) peer gave
         self.progress = CopyProgress()  # whether its own copy moves (new pieces of the run)
+        self.proto = None          # the piece-list protocol it answered with (1 or 2; None before its first list)
+        self.epoch = None          # its list history and the version taken in last (protocol 2)
+        self.seq = None
+        self.undigested = set()    # files it lists pieces of whose digests are not in yet (a seed)
+        self.relist = False        # its next piece list is asked for whole (a piece it listed was not served)
 
     def holds(self, rel, i):
         h = self.have.get(rel)
@@ -360,6 +465,23 @@ class PeerClient(object):
         self.token = token
         self.timeout = timeout
         self._local = threading.local()
+        self._open = set()       # every connection open now, of every thread (for :meth:`shutdown`)
+        self._open_lock = threading.Lock()
+        self._shut = False
+
+    def shutdown(self):
+        """Shut every open connection down, and make no request any more: a request held by a peer (a piece list
+        waiting for a change) returns at once, so a run that ended does not wait for it."""
+        with self._open_lock:
+            self._shut = True
+            conns = list(self._open)
+        for conn in conns:
+            sock = getattr(conn, "sock", None)
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     def headers(self):
         return {"Authorization": "Bearer " + self.token}
@@ -374,14 +496,19 @@ class PeerClient(object):
         for attempt in (0, 1):
             conn = conns.get(link.url)
             if conn is None:
-                conn = conns[link.url] = http.client.HTTPConnection(link.host, link.port, timeout=self.timeout)
+                conn = http.client.HTTPConnection(link.host, link.port, timeout=self.timeout)
+                with self._open_lock:
+                    if self._shut:
+                        raise _http.HttpError("GET", url, "the run ended")
+                    self._open.add(conn)
+                conns[link.url] = conn
             wd = _Watchdog(conn, seconds)
             try:
                 conn.request("GET", link.base + path, headers=headers)
                 return conn.getresponse(), wd
             except (OSError, http.client.HTTPException) as e:
                 wd.cancel()
-                conn.close()
+                self._forget(conn)
                 conns.pop(link.url, None)
                 timed_out = wd.fired or isinstance(e, socket_timeout)
                 # a kept-alive connection the peer closed meanwhile is retried once on a new one
@@ -391,33 +518,75 @@ class PeerClient(object):
                                           refused=isinstance(e, ConnectionRefusedError))
         raise AssertionError("unreachable")
 
+    def _forget(self, conn):
+        conn.close()
+        with self._open_lock:
+            self._open.discard(conn)
+
     def close(self, link):
         conn = self._local.__dict__.get("conns", {}).pop(link.url, None)
         if conn is not None:
-            conn.close()
+            self._forget(conn)
 
-    def get_body(self, link, path, limit):
+    def get_body(self, link, path, limit, hold=0.0):
         """The body of a 200 answer to ``GET path``, at most ``limit`` bytes (else :class:`PeerLie`), all of it
-        within ``timeout`` seconds."""
-        resp, wd = self.request(link, path, self.headers(), self.timeout)
+        within ``timeout`` seconds (plus ``hold``, the seconds the request lets the peer wait for a change)."""
+        seconds = self.timeout + hold
+        resp, wd = self.request(link, path, self.headers(), seconds)
         try:
             body = resp.read(limit + 1)
         except (OSError, http.client.HTTPException) as e:
             self.close(link)
-            why = "no whole answer within %g s" % self.timeout if wd.fired else (str(e) or type(e).__name__)
-            raise _http.HttpError("GET", link.url + path, "the answer broke off: %s" % why, timed_out=wd.fired)
+            late = wd.fired or isinstance(e, socket_timeout)  # whichever of the two deadlines came first
+            why = "no whole answer within %g s" % seconds if late else (str(e) or type(e).__name__)
+            raise _http.HttpError("GET", link.url + path, "the answer broke off: %s" % why, timed_out=late)
         finally:
             wd.cancel()
         if wd.fired or not resp.isclosed():
             self.close(link)  # the rest of an answer not read is no start for the next request
         if wd.fired:
-            raise _http.HttpError("GET", link.url + path, "no whole answer within %g s" % self.timeout,
+            raise _http.HttpError("GET", link.url + path, "no whole answer within %g s" % seconds,
                                   timed_out=True)
         if resp.status != 200:
             raise _http.HttpError("GET", link.url + path, "HTTP %d" % resp.status, status=resp.status)
         if len(body) > limit:
             raise PeerLie("the answer is over the %d-byte limit for it" % limit)
         return body
+
+    @staticmethod
+    def _read_body(resp, sock, mv, n, h, throttle):
+        """Read a piece's body (``n`` bytes, the answer's ``Content-Length``) into ``mv`` from the socket itself, in
+        chunks of ``RECV_CHUNK``: the socket wakes this thread only once a whole chunk is there (``SO_RCVLOWAT``,
+        never more than is still to come), not at every packet. What the header read buffered comes first. Returns
+        the bytes read; the rest, if the peer broke off, is the caller's to read or report."""
+        got = len(resp.fp.peek())  # what the response's buffer holds (or one read of what came first)
+        got = resp.readinto(mv[:min(got, n)]) if got else 0
+        with mv[:got] as chunk:
+            h.update(chunk)
+        throttle.consume(got)
+        low = 1
+        try:
+            while got < n:
+                want = min(RECV_CHUNK, n - got)
+                if want != low:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
+                    low = want
+                with mv[got:got + want] as target:
+                    k = sock.recv_into(target)
+                if not k:
+                    break
+                with mv[got:got + k] as chunk:
+                    h.update(chunk)
+                got += k
+                resp.length -= k
+                throttle.consume(k)
+        finally:
+            if low != 1:
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)  # the next answer's head: any byte
+                except OSError:
+                    pass
+        return got
 
     def get_range(self, link, rel, off, n, buf, throttle, rate_limit=0):
         """Bytes ``off`` to ``off + n - 1`` of ``rel`` from ``link`` into ``buf``, hashed as they come in, at most
@@ -440,6 +609,9 @@ class PeerClient(object):
                                       status=resp.status)
             try:
                 with memoryview(buf) as mv:
+                    sock = getattr(self._local.__dict__.get("conns", {}).get(link.url), "sock", None)
+                    if sock is not None and resp.length == n and n > RECV_CHUNK:
+                        got = self._read_body(resp, sock, mv, n, h, throttle)
                     while got < n:
                         with mv[got:n] as target:
                             k = resp.readinto(target)
@@ -456,9 +628,10 @@ class PeerClient(object):
                         timed_out=wd.fired)
             except (OSError, http.client.HTTPException) as e:
                 self.close(link)
+                late = wd.fired or isinstance(e, socket_timeout)  # whichever of the two deadlines came first
                 raise _http.HttpError("GET", link.url + path, "the transfer broke off: %s" % (
-                    ("stalled within %g s" % seconds) if wd.fired else (e or type(e).__name__)),
-                    timed_out=wd.fired)
+                    ("stalled within %g s" % seconds) if late else (e or type(e).__name__)),
+                    timed_out=late)
         finally:
             wd.cancel()
         return h.hexdigest()

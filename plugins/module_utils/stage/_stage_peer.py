@@ -20,7 +20,13 @@ given (``/r/<name>/<revision>``):
   file ``size``, ``src`` (the source file's ino, mtime_ns, ctime_ns), ``header_sha256``, ``sha256``, ``have``
   (one ``0``/``1`` per piece) and, once this server has sent any of its pieces, ``sent`` (per piece, how many
   transfers of it this server started, ``0``-``9``): a receiver asks a seed first for the pieces nobody got from it
-  yet, so a seed's uplink carries each piece about once and the receivers trade the rest;
+  yet, so a seed's uplink carries each piece about once and the receivers trade the rest. With a query
+  (``_stage_fanout_wire.PROTO`` 2) the answer also carries ``epoch``, ``seq`` and ``full``: ``since=<seq>&epoch=<e>``
+  gets only the entries changed after that version (the whole list when that cannot say it: a piece or file no
+  longer held, another epoch), ``wait=<s>`` holds the request until there is a change (at most ``MAX_LIST_WAIT``;
+  one watcher thread per revision looks at the board every ``WATCH_INTERVAL`` while requests wait), ``sent=0``
+  leaves the counters out. A bad value gets 400 naming the field; a request without a query gets the list as
+  protocol 1 had it;
 * ``GET R/digests?file=<path>``: the digests of that file's held pieces (``null`` for the others);
 * ``GET R/files/<path>`` with one ``Range: bytes=a-b``: those bytes (206), only when every piece they touch is
   held; otherwise 404 (not held) or 416 (bad range).
@@ -56,6 +62,7 @@ import select
 import signal
 import socket
 import stat
+import struct
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -87,6 +94,9 @@ HEADER_DEADLINE = 10.0
 IDLE_TIMEOUT = 60.0
 #: How often the deadlines are checked (seconds).
 REAP_INTERVAL = 0.25
+#: While receivers wait for a change of a revision's piece list, how often its board is looked at (seconds).
+WATCH_INTERVAL = 0.1
+MAX_LIST_WAIT = _stage_fanout_wire.MAX_LIST_WAIT
 
 
 class PeerError(Exception):
@@ -269,6 +279,11 @@ def board_age(partial, mtime):
         return None
 
 
+def _lost(before, now):
+    """Some piece held in ``before`` (``"0110"``) is not in ``now`` (as long)."""
+    return any(a == "1" and b == "0" for a, b in zip(before, now))
+
+
 # ---- what one revision offers ----------------------------------------------------------------------
 class Offer(object):
     """The verified pieces one node holds of one revision (published marker and board), cached briefly."""
@@ -286,6 +301,22 @@ class Offer(object):
         self._sent_version = 0  # bumped with every change of _sent
         self._board_last = {}   # the board's bytes parsed last and their result (read_board)
         self._public = None     # (snapshot, sent version, load, encoded piece list) served last
+        # the list's history (protocol 2, see _stage_fanout_wire.PROTO): a version per change of what it lists
+        self.epoch = os.urandom(8).hex()
+        self.watch_interval = WATCH_INTERVAL
+        self._changed = threading.Condition(threading.Lock())  # notified at every new version
+        self._seq = 0
+        self._seen = (None, None)   # (snapshot, sent version) the versions were last brought up to date with
+        self._view = {}         # rel -> (identity, have, sent): the entries as of version _seq
+        self._state = None
+        self._have_at = {}      # rel -> version of its entry's last change but for ``sent``
+        self._sent_at = {}      # rel -> version of its ``sent``'s last change
+        self._have_seq = 0      # the last version that changed something but ``sent`` (state included)
+        self._sent_seq = 0      # the last version that changed a ``sent``
+        self._reset_seq = 0     # the last version that a list of changes cannot say (a piece or file gone)
+        self._waiters = 0       # requests held for a change
+        self._watcher = None
+        self._deltas = {}       # (version, since, sent) -> the encoded changes, for the receivers asking alike
 
     def snapshot(self):
         with self._lock:
@@ -338,6 +369,126 @@ class Offer(object):
         with self._lock:
             self._public = (snap, version, load, body)
         return body
+
+    # ---- the list's versions (protocol 2) ----------------------------------------------------------------
+    def refresh(self):
+        """Bring the versions up to date with what the snapshot and ``sent`` say now: one new version for
+        whatever changed since the last one (waking the requests held for a change). Cheap when nothing did."""
+        snap = self.snapshot()
+        with self._lock:
+            version = self._sent_version
+            if self._seen[0] is snap and self._seen[1] == version:
+                return
+            self._seen = (snap, version)
+            sent = dict((rel, bytes(c)) for rel, c in self._sent.items())
+        view = {}
+        for rel, e in snap["files"].items():
+            counts = sent.get(rel)
+            view[rel] = ((e["size"], tuple(e["src"] or ()), e["header_sha256"], e["sha256"]),
+                         "".join("1" if d else "0" for d in e["digests"]),
+                         "".join(str(c) for c in counts) if counts is not None and len(counts) == len(e["digests"])
+                         else None)
+        with self._changed:
+            seq = self._seq + 1
+            have = snap["state"] != self._state
+            moved = reset = False
+            for rel in self._view:
+                if rel not in view:
+                    reset = True
+            for rel, (ident, held, counts) in view.items():
+                old = self._view.get(rel)
+                if old is None or old[0] != ident or old[1] != held:
+                    if old is not None and (old[0] != ident or _lost(old[1], held)):
+                        reset = True  # a piece no longer held, or another source file: only a whole list says it
+                    self._have_at[rel] = seq
+                    have = True
+                if old is None or old[2] != counts:
+                    self._sent_at[rel] = seq
+                    moved = True
+            if not (have or moved or reset):
+                return
+            for rel in [r for r in self._have_at if r not in view]:
+                self._have_at.pop(rel, None)
+                self._sent_at.pop(rel, None)
+            self._seq = seq
+            self._view = view
+            self._state = snap["state"]
+            if have:
+                self._have_seq = seq
+            if moved:
+                self._sent_seq = seq
+            if reset:
+                self._reset_seq = seq
+            self._deltas = {}
+            self._changed.notify_all()
+
+    def _relevant(self, since, want_sent):
+        """A version after ``since`` changed something a receiver asking with ``want_sent`` reads (lock held)."""
+        return (self._have_seq > since or self._reset_seq > since) or (want_sent and self._sent_seq > since)
+
+    def _watch(self):
+        """While requests are held for a change, look for one every ``watch_interval`` (one thread per revision,
+        however many receivers wait)."""
+        while True:
+            with self._changed:
+                if not self._waiters:
+                    self._watcher = None
+                    return
+            time.sleep(self.watch_interval)
+            try:
+                self.refresh()
+            except Exception:  # pylint: disable=broad-except  # a board unreadable now is read again next time
+                pass
+
+    def list_body(self, load, since=None, epoch=None, want_sent=True, wait=0.0):
+        """The ``/pieces`` answer as JSON bytes: the whole list, or with ``since`` and this server's ``epoch`` the
+        entries changed after version ``since`` (see ``_stage_fanout_wire.PROTO``), held up to ``wait`` seconds
+        (at most ``MAX_LIST_WAIT``) until there is one. A ``since`` this history cannot answer with changes
+        (another epoch, a version it never gave, before a change a list of changes cannot say) gets the whole list."""
+        self.refresh()
+        wait = max(0.0, min(float(wait), MAX_LIST_WAIT))
+        with self._changed:
+            delta = since is not None and epoch == self.epoch and self._reset_seq <= since <= self._seq
+            if delta and wait and not self._relevant(since, want_sent):
+                deadline = time.monotonic() + wait
+                self._waiters += 1
+                try:
+                    if self._watcher is None:
+                        self._watcher = threading.Thread(target=self._watch, name="stage-peer-watch", daemon=True)
+                        self._watcher.start()
+                    while not self._relevant(since, want_sent):
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._changed.wait(left)
+                finally:
+                    self._waiters -= 1
+                delta = self._reset_seq <= since
+            seq, state = self._seq, self._state
+            if delta:
+                key = (seq, since, want_sent)
+                files = self._deltas.get(key)
+                if files is None:
+                    changed = sorted(rel for rel in self._view if self._have_at.get(rel, 0) > since
+                                     or (want_sent and self._sent_at.get(rel, 0) > since))
+                    files = self._deltas[key] = self._encode_files(changed, want_sent)
+            else:
+                files = self._encode_files(sorted(self._view), want_sent)
+        age = self.snapshot()["board_age"]
+        head = {"piece_size": self.piece_size, "state": state, "board_age": age, "load": load,
+                "proto": _stage_fanout_wire.PROTO, "epoch": self.epoch, "seq": seq, "full": not delta}
+        return json.dumps(head, sort_keys=True, separators=(",", ":")).encode("utf-8")[:-1] + b',"files":' + files + b"}"
+
+    def _encode_files(self, rels, want_sent):
+        """The ``files`` object of the entries ``rels`` as of the current version (lock held)."""
+        out = {}
+        for rel in rels:
+            ident, held, counts = self._view[rel]
+            e = {"size": ident[0], "src": list(ident[1]), "header_sha256": ident[2], "sha256": ident[3], "have": held}
+            if want_sent and counts is not None:
+                e["sent"] = counts
+            out[rel] = e
+        return json.dumps(out, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
     def public(self, load, snap=None):
         snap = snap if snap is not None else self.snapshot()
@@ -531,6 +682,15 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):  # requests are not logged (nothing a peer sends ends up anywhere)
         return
 
+    def setup(self):
+        BaseHTTPRequestHandler.setup(self)
+        # an answer is its head and then its body, two writes: without this the body of a small answer (a piece
+        # list) waits for the receiver's delayed ACK of the head (Nagle), 40 ms a request
+        try:
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+
     def handle_one_request(self):
         self.server.phase(self.connection, "head")
         BaseHTTPRequestHandler.handle_one_request(self)
@@ -577,7 +737,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send_json(404, {"error": "revision not served here"})
         what = parts[4]
         if what == "pieces" and len(parts) == 5:
-            return self._send_body(200, offer.public_body(self.server.active))
+            return self._send_pieces(offer, url.query)
         if what == "digests" and len(parts) == 5:
             rel = (parse_qs(url.query, errors="surrogateescape").get("file") or [""])[0]
             e = offer.snapshot()["files"].get(rel)
@@ -587,6 +747,28 @@ class _Handler(BaseHTTPRequestHandler):
         if what == "files" and len(parts) == 6:
             return self._send_file(offer, parts[5])
         return self._send_json(404, {"error": "unknown path"})
+
+    def _send_pieces(self, offer, query):
+        """``/pieces``: without a query the whole list as protocol 1 had it (plus the version fields); with
+        ``since``, ``epoch``, ``wait`` and ``sent`` (``_stage_fanout_wire.PROTO``) the changes since a version."""
+        if not query:
+            return self._send_body(200, offer.public_body(self.server.active))
+        q = parse_qs(query, keep_blank_values=True, errors="surrogateescape")
+        since, epoch, wait, sent = (q.get(k, [None])[-1] for k in ("since", "epoch", "wait", "sent"))
+        if since is not None and not (since.isascii() and since.isdigit() and len(since) <= 16):
+            return self._send_json(400, {"error": "since: must be the seq of an earlier answer (digits)"})
+        if epoch is not None and not (0 < len(epoch) <= 32 and set(epoch) <= _marker._HEX):
+            return self._send_json(400, {"error": "epoch: must be the epoch of an earlier answer (hex digits)"})
+        try:
+            hold = float(wait) if wait is not None else 0.0
+            if not 0 <= hold <= MAX_LIST_WAIT:
+                raise ValueError
+        except ValueError:
+            return self._send_json(400, {"error": "wait: must be 0-%g seconds" % MAX_LIST_WAIT})
+        if sent not in (None, "0", "1"):
+            return self._send_json(400, {"error": "sent: must be 0 or 1"})
+        return self._send_body(200, offer.list_body(self.server.active, int(since) if since is not None else None,
+                                                    epoch, sent != "0", hold))
 
     def do_HEAD(self):
         self.server.phase(self.connection, "busy")
@@ -624,24 +806,37 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Range", "bytes %d-%d/%d" % (first, last, os.fstat(fd).st_size))
             self.end_headers()
             self.wfile.flush()
-            offset, end = first, last + 1
-            while offset < end:
-                try:
-                    sent = os.sendfile(self.connection.fileno(), fd, offset, min(SEND_CHUNK, end - offset))
-                except BlockingIOError:
-                    # the handler's timeout makes the socket non-blocking underneath: a full send buffer (a
-                    # receiver on a slower link) means wait until it drains, not that the receiver went away
-                    if not select.select([], [self.connection], [], self.timeout)[1]:
-                        raise socket.timeout("send timed out")
-                    continue
-                if sent <= 0:
-                    break
-                offset += sent
+            self._sendfile(fd, first, last + 1)
         except OSError:
             self.close_connection = True  # the receiver went away
         finally:
             os.close(fd)
             self.server.count(-1)
+
+    def _sendfile(self, fd, offset, end):
+        """Bytes ``offset`` to ``end - 1`` of ``fd`` to the receiver with ``os.sendfile`` (no copy in Python). The
+        socket is blocking meanwhile, so the kernel waits for the receiver's window itself (this thread is not woken
+        each time the send buffer drains a little); ``SO_SNDTIMEO`` bounds each wait to the handler's ``timeout``
+        (a receiver that stops reading costs that, then the connection)."""
+        sock = self.connection
+        before = sock.gettimeout()
+        sock.settimeout(None)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(self.timeout), 0))
+        try:
+            while offset < end:
+                try:
+                    sent = os.sendfile(sock.fileno(), fd, offset, min(SEND_CHUNK, end - offset))
+                except BlockingIOError:  # nothing went out within SO_SNDTIMEO
+                    raise socket.timeout("send timed out")
+                if sent <= 0:
+                    break
+                offset += sent
+        finally:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", 0, 0))
+                sock.settimeout(before)
+            except OSError:
+                pass
 
 
 # ---- the daemon -------------------------------------------------------------------------------------

@@ -72,7 +72,7 @@ def _prefer(monkeypatch, url):
     absorb = _stage_fanout.Receiver._absorb
 
     def absorb_without_load(self, link, doc):  # its own reported load is no reason to pass it over
-        absorb(self, link, dict(doc, load=0))
+        return absorb(self, link, dict(doc, load=0))
     monkeypatch.setattr(_stage_fanout.Receiver, "_absorb", absorb_without_load)
 
 
