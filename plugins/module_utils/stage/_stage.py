@@ -130,7 +130,7 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
             _fanout()[0].check_options(piece_size if pieces_on else None, peers, peer_token, fleet_slots_dir,
                                        fleet_stale_seconds, dest)
         else:  # no fan-out option set: only dest is left to check, by the same rule
-            _check_dest(dest)
+            _stage_layout.check_dest(dest)
     except ValueError as e:
         raise StageError(str(e))
     _check_pinned(pinned)
@@ -316,17 +316,6 @@ def stage(src, dest, verify="headers", checksums=None, read_streams=4, fleet_slo
         if diff:
             result["diff"] = _diff(mstate.marker.records if mstate.marker else [], files, lay.dest)
         return _finish()
-
-
-def _check_dest(dest):
-    """``_stage_fanout_wire.check_options``'s rule for ``dest`` (the one it checks without fan-out options), here
-    so that a plain copy does not import the fan-out; ``ValueError`` names the option and the fix."""
-    if not isinstance(dest, str) or not dest or "\x00" in dest:
-        raise ValueError("dest: must be a path; set it to <dest root>/<name>/<revision> on node-local storage")
-    if not os.path.isabs(dest):
-        raise ValueError("dest: %s is relative; give an absolute path under the node-local dest root" % dest)
-    if os.path.realpath(dest) == "/":  # "//", "/.", "/x/.." and a link to / are all the root
-        raise ValueError("dest: must not be the root directory; use <dest root>/<name>/<revision>")
 
 
 def _on_board(board, files, content):

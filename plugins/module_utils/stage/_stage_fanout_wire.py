@@ -54,6 +54,7 @@ from urllib.parse import quote, unquote, urlsplit
 from ansible_collections.llmops.serving.plugins.module_utils.common import _http
 from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import UntrustedInput, loads_json
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _fleet_slots
+from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_layout
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_marker as _marker
 
 _HEX = _marker._HEX
@@ -265,12 +266,7 @@ def check_options(piece_size=None, peers=None, peer_token=None, fleet_slots_dir=
     """Refuse options that shape the fan-out protocol before anything is prepared; ``ValueError`` names the
     option and the fix. ``piece_size`` None: no pieces this run (not checked)."""
     if dest is not None:
-        if not isinstance(dest, str) or not dest or "\x00" in dest:
-            raise ValueError("dest: must be a path; set it to <dest root>/<name>/<revision> on node-local storage")
-        if not os.path.isabs(dest):
-            raise ValueError("dest: %s is relative; give an absolute path under the node-local dest root" % dest)
-        if os.path.realpath(dest) == "/":  # "//", "/.", "/x/.." and a link to / are all the root
-            raise ValueError("dest: must not be the root directory; use <dest root>/<name>/<revision>")
+        _stage_layout.check_dest(dest)
     if piece_size is not None:
         if not _marker.valid_piece_size(piece_size) or piece_size > MAX_PIECE_SIZE:
             raise ValueError("piece_size: must be a positive multiple of %d bytes up to %d (1 GiB) (got %r); use "

@@ -54,6 +54,17 @@ DEST_SUFFIXES = (PARTIAL_SUFFIX, LOCK_SUFFIX, REMOVING_INFIX + "x" * 8)
 FILE_SUFFIXES = (_stage_marker.PART_SUFFIX,)
 
 
+def check_dest(dest):
+    """The rule for ``dest`` before anything is prepared (a plain copy and the fan-out's options alike);
+    ``ValueError`` names the option and the fix."""
+    if not isinstance(dest, str) or not dest or "\x00" in dest:
+        raise ValueError("dest: must be a path; set it to <dest root>/<name>/<revision> on node-local storage")
+    if not os.path.isabs(dest):
+        raise ValueError("dest: %s is relative; give an absolute path under the node-local dest root" % dest)
+    if os.path.realpath(dest) == "/":  # "//", "/.", "/x/.." and a link to / are all the root
+        raise ValueError("dest: must not be the root directory; use <dest root>/<name>/<revision>")
+
+
 def _refuse_name(e):
     return StageError(str(e), file=e.file, reason=e.reason)
 
