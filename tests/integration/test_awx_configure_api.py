@@ -183,7 +183,7 @@ def test_the_diagnose_template_holds_the_read_only_cluster_credential_and_only_a
         "llmops GPU nodes", "llmops Kubernetes read-only", "llmops gateway token"]
     holders = {name for name in api.created("job_templates")
                if "llmops Kubernetes" in api.associated("job_templates", name, "credentials")}
-    assert holders == {"llmops deploy", "llmops deploy P/D pair"}
+    assert holders == {"llmops deploy", "llmops deploy P/D pair", "llmops upgrade phase"}
     assert SECRETS["llmops_awx_k8s_read_token"] not in out
 
 

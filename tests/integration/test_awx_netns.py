@@ -101,8 +101,9 @@ def test_diagnose_reads_the_cluster_once_from_the_ee_with_the_credential(fleet, 
     try:
         ctl = awx.Controller(str(tmp_path / "jobs"), collections=awx.build_collection(str(tmp_path / "collection")),
                              settings={"llmops_awx_inventory_path": _inventory(fleet, str(tmp_path / "site"))},
-                             credentials={"llmops Kubernetes": {"host": "http://127.0.0.1:%d" % server.server_address[1],
-                                                                "bearer_token": token}},
+                             # the diagnose template holds the read-only cluster credential
+                             credentials={"llmops Kubernetes read-only": {
+                                 "host": "http://127.0.0.1:%d" % server.server_address[1], "bearer_token": token}},
                              task_env=fleet.ansible_env({}))
         job = ctl.launch("llmops diagnose", answers={
             "diagnose_fail_on_error": "false", "diagnose_gateway_token": gw_token,

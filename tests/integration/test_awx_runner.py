@@ -127,11 +127,13 @@ def test_an_answer_holding_jinja_reaches_the_playbook_as_text(controller, staged
 
 @pytest.fixture(scope="module")
 def workflow_jobs(controller, staged):
-    """The workflow launched with a revision other than the inventory's demo model; deploy and verify as Check jobs."""
+    """The workflow launched with a revision other than the inventory's demo model; deploy, the P/D pair's deploy and
+    verify as Check jobs."""
     _copy_revision(controller, staged, "served-by-workflow", "r2")
     return controller.run_workflow(
         WORKFLOW, answers={"stage_model_name": "served-by-workflow", "stage_model_revision": "r2", "engine_name": "vllm"},
-        node_prompts={"deploy": {"job_type": "check"}, "verify": {"job_type": "check"}},
+        node_prompts={"deploy": {"job_type": "check"}, "deploy P/D pair": {"job_type": "check"},
+                      "verify": {"job_type": "check"}},
         approvals={"approve deploy": "approve"})
 
 
@@ -153,7 +155,7 @@ def test_the_workflow_hands_the_stage_artifacts_to_the_deploy_node(workflow_jobs
 
 def test_the_workflow_runs_deploy_and_verify_as_check_jobs(controller, workflow_jobs):
     jobs = workflow_jobs
-    assert list(jobs) == ["stage", "approve deploy", "deploy", "verify"], "\n".join(
+    assert list(jobs) == ["stage", "approve deploy", "deploy", "deploy P/D pair", "verify"], "\n".join(
         "%s: %s" % (k, j.summary(800) if hasattr(j, "summary") else j.status) for k, j in jobs.items())
     assert jobs["approve deploy"].status == "successful"  # approved: the deploy ran
     for ident, job in jobs.items():
@@ -176,6 +178,8 @@ def test_the_workflow_runs_deploy_and_verify_as_check_jobs(controller, workflow_
     staged = jobs["stage"].artifacts["llmops_staged_path"]
     assert staged.endswith(os.path.join("served-by-workflow", "r2")) and os.path.isdir(staged)
     assert "check mode: no load is sent (pd_load has no check mode)" in verify.stdout
+    # the P/D deploy node ran as a check job too: it started no engine of the pair
+    assert jobs["deploy P/D pair"].cmdline.startswith("--check ")
     assert not os.path.exists(os.path.join(controller.llmops_root, "run", "pd", "pd-decode", "state.json"))
     assert not os.path.exists(os.path.join(controller.llmops_root, "evidence"))
 

@@ -93,7 +93,7 @@ def test_a_run_creates_the_upgrade_workflow_with_its_approval_template_survey_an
     assert {r["authorization"] for r in requests} == {"Bearer " + TOKEN}
     _assert_the_upgrade_chain(api, approval=True)
     body = api.created("workflow_job_templates")[WF["name"]]
-    assert (body["limit"], body["ask_limit_on_launch"]) == ("colocated", True)
+    assert (body["limit"], body["ask_limit_on_launch"]) == ("colocated:prefill:decode", True)
     assert api.associated("workflow_job_templates", WF["name"], "notification_templates_error") == \
         INPUTS["llmops_awx_notify_error"]
     assert api.associated("workflow_job_templates", WF["name"], "notification_templates_approvals") == \

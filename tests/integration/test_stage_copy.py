@@ -114,13 +114,17 @@ def assert_identical(src, dest, sums):
 
 
 SHARD1 = "model-00001-of-00008.safetensors"
+#: The run that is killed reads at most this per stream (read_rate_limit): two streams copy the checkpoint in about
+#: 8 s whatever the disk and the page cache, so the kill at 40 % always lands mid-copy (a fast disk copied it whole
+#: between two polls). The run after it reads unlimited.
+KILL_RATE = TOTAL // 16
 
 
 def test_sigkill_mid_copy_then_resume_is_byte_identical(ckpt, tmp_path):
     dest = str(tmp_path / "nvme" / "rev-a")
     prog = str(tmp_path / "progress.json")
     args = {"src": ckpt["src"], "dest": dest, "read_streams": 2, "progress_file": prog}
-    proc = start(tmp_path, args)
+    proc = start(tmp_path, dict(args, read_rate_limit=KILL_RATE))
     deadline = time.monotonic() + 120
     killed_at = None
     while time.monotonic() < deadline and proc.poll() is None:
@@ -150,7 +154,7 @@ def test_sigkill_mid_copy_then_resume_is_byte_identical(ckpt, tmp_path):
 def _kill_mid_copy(tmp_path, args):
     """Start a run and SIGKILL it once 40% is copied and at least one file is complete in the partial dir."""
     dest, prog = args["dest"], args["progress_file"]
-    proc = start(tmp_path, args)
+    proc = start(tmp_path, dict(args, read_rate_limit=KILL_RATE))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         try:

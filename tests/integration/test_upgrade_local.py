@@ -161,7 +161,7 @@ def test_good_b_that_breaches_the_slo_gate_restores_a_naming_the_limit(fleet, ru
     assert "Rolled back: tiny-llama@%s serves again" % fleet["a_rev"] in flat, out[-4000:]
     pid_now, path_now = _served(fleet)
     assert path_now == path_a and pid_now != pid_a
-    ok, msg = _answers_equal_reference(run_module, fleet["a_dest"])
+    ok, msg = _answers_equal_reference(run_module, fleet, fleet["a_dest"])
     assert ok, msg
     # both rounds are the benchmark's own records, on the same prompts (one token-ID digest)
     rounds = os.path.join(fleet["root"], "upgrade-slo", "tiny-llama", b["revision"])
