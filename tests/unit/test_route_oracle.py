@@ -375,7 +375,7 @@ def test_the_old_default_checks_fail_through_the_gateway():
     srv, url = _gateway_server(engine_set("vllm", DOTTED))
     try:
         # as the engine role sent them: /health is a 404 retried to the deadline
-        ok, results, dummy, dummy2, msg = _probe.run(url, DOTTED, OLD_DEFAULT_CHECKS, deadline=0.4, interval=0.1)
+        ok, results, dummy, dummy2, msg = _probe.run(url, DOTTED, OLD_DEFAULT_CHECKS, deadline=1.5, interval=0.1)
         assert not ok and results[0]["type"] == "health" and "HTTP 404" in msg
         # without /health, target-pod is demanded of a request no strategy routed
         ok, results, dummy, dummy2, msg = _probe.run(url, DOTTED, OLD_DEFAULT_CHECKS[1:], deadline=5, interval=0.1,

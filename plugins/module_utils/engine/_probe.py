@@ -51,7 +51,12 @@ TRANSIENT_STATUS = (404, 408, 425, 429, 502, 503, 504)
 
 
 class Transient(Exception):
-    """Worth retrying until the deadline."""
+    """Worth retrying until the deadline. ``cut``: the request's own timeout was cut short by the probe's
+    deadline and it got no answer within what was left, which says nothing about the server."""
+
+    def __init__(self, msg, cut=False):
+        super().__init__(msg)
+        self.cut = cut
 
 
 class CheckFailed(Exception):
@@ -89,12 +94,17 @@ def retry(attempt, end, interval=2.0, process_exited=None, on_retry=None):
     ``attempts`` set. ``on_retry(attempts, last)`` is called before each wait.
     """
     attempts = 0
+    last = None
     while True:
         attempts += 1
         try:
             return attempt(), attempts
         except Transient as e:
-            last = str(e)
+            if not (e.cut and last):
+                last = str(e)
+            elif "(then" not in last:
+                # the attempt the deadline cut short proves nothing; the last real answer is the reason
+                last = "%s (then the deadline cut the next attempt short: %s)" % (last, e)
             dead = process_exited() if process_exited else None
             if dead:
                 raise Exited(dead, attempts)
@@ -123,25 +133,27 @@ class Http(object):
         return dict(self.headers, **(extra or {}))
 
     def _timeout(self, method, path, timeout):
-        """The deadline of one request: ``timeout`` (else the probe's), cut to the time left before ``end``."""
+        """The deadline of one request: ``timeout`` (else the probe's), cut to the time left before ``end``;
+        returns (seconds, whether the deadline cut it)."""
         timeout = timeout or self.timeout
         if self.end is None:
-            return timeout
+            return timeout, False
         left = self.end - time.monotonic()
         if left <= 0:
-            raise Transient("%s %s: not sent, the probe's deadline has passed" % (method, path))
-        return min(timeout, left)
+            raise Transient("%s %s: not sent, the probe's deadline has passed" % (method, path), cut=True)
+        return min(timeout, left), left < timeout
 
     def request(self, method, path, payload=None, timeout=None, transient_status=None, headers=None):
         """Return (status, headers, text); raise Transient on retryable transport errors."""
         transient_status = self.transient_status if transient_status is None else transient_status
+        seconds, cut = self._timeout(method, path, timeout)
         try:
             resp = _http.request(method, self.base + path, payload=payload, headers=self._headers(headers),
-                                 timeout=self._timeout(method, path, timeout))
+                                 timeout=seconds)
             return resp.status, resp.headers, resp.text
         except _http.HttpError as e:
             if e.status is None:
-                raise Transient("%s %s: %s" % (method, path, e.reason))
+                raise Transient("%s %s: %s" % (method, path, e.reason), cut=cut)
             if e.status in transient_status and "does not exist" not in e.body:
                 raise Transient("HTTP %d from %s: %s" % (e.status, path, excerpt(e.body, 300)))
             return e.status, e.headers, e.body
@@ -149,12 +161,13 @@ class Http(object):
     def open_stream(self, path, payload, timeout, headers=None):
         """The open ``_http.Stream`` of a streamed answer: its headers and every event within ``timeout`` (cut to
         the probe's deadline)."""
+        seconds, cut = self._timeout("POST", path, timeout)
         try:
             return _http.open_response("POST", self.base + path, payload=payload, headers=self._headers(headers),
-                                       timeout=self._timeout("POST", path, timeout))
+                                       timeout=seconds)
         except _http.HttpError as e:
             if e.status is None:
-                raise Transient("POST %s: %s" % (path, e.reason))
+                raise Transient("POST %s: %s" % (path, e.reason), cut=cut)
             if e.status in self.transient_status:
                 raise Transient("HTTP %d from %s: %s" % (e.status, path, excerpt(e.body, 300)))
             raise CheckFailed("HTTP %d from %s: %s" % (e.status, path, excerpt(e.body, 500)), status=e.status)

@@ -286,3 +286,46 @@ def test_a_huge_wrong_answer_is_quoted_only_in_part(run_module, server):
     r = run_module(engine_probe, _probe_args(server, [{"type": "completion", "prompt": "x", "expect": "FP8_OK"}]))
     assert r["failed"] and "(the first 300 of %d characters) != expected 'FP8_OK'" % len(server.text) in r["msg"]
     assert len(r["msg"]) < 1000
+
+
+# ---- an attempt the deadline cut short does not hide the server's last real answer ------------------------- #
+
+def test_an_attempt_cut_short_by_the_deadline_keeps_the_last_real_answer_as_the_reason():
+    """A 404 retried to the deadline: the final attempt has only what is left of the deadline (here a few ms on a
+    busy host) and gets no answer in it. That says nothing about the server; the reason stays the 404."""
+    answers = iter([_probe.Transient("HTTP 404 from /health: not found"),
+                    _probe.Transient("GET /health: no answer within 0.01s (timed out)", cut=True)])
+
+    def attempt():
+        raise next(answers)
+
+    with pytest.raises(_probe.Expired) as e:
+        _probe.retry(attempt, time.monotonic() + 0.15, interval=0.1)
+    assert e.value.last.startswith("HTTP 404 from /health: not found"), e.value.last
+    assert "the deadline cut the next attempt short: GET /health: no answer within 0.01s" in e.value.last
+    assert e.value.attempts == 2
+
+
+def test_a_full_length_timeout_is_the_reason_and_only_a_cut_one_is_marked(tmp_path):
+    """A server that accepts and never answers: an attempt with its whole timeout is a real reason (not cut); the
+    same request with less of the deadline left than its timeout is marked cut."""
+    import socket
+
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(8)  # connections complete in the backlog; nothing ever answers
+    try:
+        url = "http://127.0.0.1:%d" % lsock.getsockname()[1]
+        whole = _probe.Http(url, timeout=0.2, end=time.monotonic() + 30)
+        with pytest.raises(_probe.Transient) as e:
+            whole.request("GET", "/health")
+        assert not e.value.cut and "GET /health" in str(e.value)
+        short = _probe.Http(url, timeout=5, end=time.monotonic() + 0.2)
+        with pytest.raises(_probe.Transient) as e:
+            short.request("GET", "/health")
+        assert e.value.cut
+        with pytest.raises(_probe.Transient) as e:
+            short.request("GET", "/health")  # the deadline has passed: not sent at all
+        assert e.value.cut and "not sent" in str(e.value)
+    finally:
+        lsock.close()
