@@ -18,6 +18,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import yaml
 
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_engine, _k8s_upgrade as up
 from ansible_collections.llmops.serving.plugins.modules import (engine_manifests, k8s_canary_answer, k8s_engine_wait,
@@ -1104,6 +1105,25 @@ def test_an_upgrade_without_the_gateway_is_refused_before_anything_changes(slo, 
         msg = variables.template(check["fail_msg"])
         var = "pd_disagg_k8s_probe_url" if form == "P/D" else "engine_k8s_probe_url"
         assert msg.startswith(var + " is empty:") and "AIBrix gateway's URL" in msg and "Nothing changed" in msg
+
+
+@pytest.mark.parametrize("target, form, allowed", [("aibrix_gateway", "Deployment", True), ("engine", "Deployment", False),
+                                                   ("engine", "LeaderWorkerSet", False), ("engine", "P/D", True)])
+def test_an_upgrade_probed_through_a_service_is_refused_before_anything_changes(target, form, allowed):
+    """engine_k8s_probe_target: engine makes engine_k8s_probe_url a Service: its answer names no pod, so the canary
+    could never be proven (k8s_canary_answer would fail no_pod_named after B's canary was created and roll back).
+    Refused before B is staged, naming the two variables to set (a P/D pair is probed through its own URL)."""
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "roles", "upgrade", "tasks", "kubernetes.yml")) as f:
+        names = [t.get("name") for t in yaml.safe_load(f)]
+    gate = "Refuse an upgrade whose canary would be probed through a Service (no pod named)"
+    assert names.index(gate) < names.index("Stage B on this node while A serves (A pinned), on the nodes of A's form's groups")
+    check = rt.task("upgrade", "ansible.builtin.assert", "kubernetes.yml", name=gate)["ansible.builtin.assert"]
+    variables = engine_role_vars(engine_k8s_probe_target=target, upgrade_k8s_a={"serving": {"form": form}})
+    assert variables.template("{{ %s }}" % check["that"]) is allowed
+    if not allowed:
+        msg = variables.template(check["fail_msg"])
+        assert msg.startswith("engine_k8s_probe_target is engine: ") and "names none" in msg
+        assert "engine_k8s_probe_target to aibrix_gateway" in msg and "Nothing changed" in msg
 
 
 def test_the_attempts_are_enough_uniform_picks_of_the_gateway_s_pods_and_bounded():
