@@ -96,6 +96,10 @@ IDLE_TIMEOUT = 60.0
 REAP_INTERVAL = 0.25
 #: While receivers wait for a change of a revision's piece list, how often its board is looked at (seconds).
 WATCH_INTERVAL = 0.1
+#: How long a reading of a revision's filesystem clock (``_clock.filesystem_now``: a file created and removed) is
+#: carried forward on this host's monotonic clock before it is read again (seconds). Read at every snapshot, it was
+#: a file created and deleted about 5 times a second per revision while receivers waited for a change.
+FS_CLOCK_REREAD = 10.0
 MAX_LIST_WAIT = _stage_fanout_wire.MAX_LIST_WAIT
 #: A request's line and headers together, at most (bytes; a receiver's are under 300): more gets 431 and the
 #: connection closed. ``http.server`` allowed 64 KiB per line and 100 lines.
@@ -273,15 +277,43 @@ def _parse_board(path, raw, piece_size):
     return doc
 
 
-def board_age(partial, mtime):
+def board_age(partial, mtime, clock=None):
     """Seconds since the staging run last rewrote its board (its ``mtime``), on the clock that wrote it: the
     filesystem of ``partial`` now (``_clock.filesystem_now``) against that mtime (``_clock.age``), never this
     host's ``time.time()``, which another clock (an NFS server's) or a step would skew. None when the filesystem
-    cannot say (no file can be created there)."""
+    cannot say (no file can be created there).
+
+    ``clock``: a :class:`FilesystemClock` of ``partial`` that reads the filesystem's clock at most every
+    ``FS_CLOCK_REREAD`` seconds (an :class:`Offer` keeps one); without it the clock is read now."""
+    if clock is not None:
+        return _clock.age(clock.now(), mtime)
     try:
         return _clock.age(_clock.filesystem_now(partial), mtime)
     except OSError:
         return None
+
+
+class FilesystemClock(object):
+    """The clock of ``directory``'s filesystem, read (``_clock.filesystem_now``) at most every ``reread`` seconds
+    and carried forward in between by the monotonic time elapsed since (``_clock.Stopwatch``): still that one
+    clock, so a step of this host's wall clock changes nothing; a step of the filesystem's own clock shows within
+    ``reread`` seconds. ``now()`` is None while the filesystem cannot say (no file can be created there; it is
+    asked again at the next call)."""
+
+    def __init__(self, directory, reread=FS_CLOCK_REREAD):
+        self.directory = directory
+        self.reread = reread
+        self._read = None      # the filesystem's clock at the last reading (None: it could not be read)
+        self._since = None     # a Stopwatch started at that reading
+
+    def now(self):
+        if self._read is None or self._since.elapsed() >= self.reread:
+            try:
+                self._read = _clock.filesystem_now(self.directory)
+            except OSError:
+                self._read = None
+            self._since = _clock.Stopwatch()
+        return None if self._read is None else self._read + self._since.elapsed()
 
 
 def _lost(before, now):
@@ -305,6 +337,7 @@ class Offer(object):
         self._sent = {}   # rel -> bytearray: transfers of each piece this server started (up to 9)
         self._sent_version = 0  # bumped with every change of _sent
         self._board_last = {}   # the board's bytes parsed last and their result (read_board)
+        self._fs_clock = None   # the clock of the partial's filesystem (FilesystemClock), once there is a board
         self._public = None     # (snapshot, sent version, load, encoded piece list) served last
         # the list's history (protocol 2, see _stage_fanout_wire.PROTO): a version per change of what it lists
         self.epoch = os.urandom(8).hex()
@@ -344,7 +377,9 @@ class Offer(object):
             board, mtime = read_board(self.lay.partial, self.piece_size, self._board_last)
             if board is not None:
                 state = board.get("state") if board.get("state") in ("copying", "failed", "done") else "copying"
-                age = board_age(self.lay.partial, mtime)
+                if self._fs_clock is None:
+                    self._fs_clock = FilesystemClock(self.lay.partial)
+                age = board_age(self.lay.partial, mtime, self._fs_clock)
                 files.update(board["files"])
         return {"state": state, "board_age": age, "files": files}
 
