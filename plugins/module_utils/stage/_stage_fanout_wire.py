@@ -653,7 +653,8 @@ class PeerClient(object):
         read). Transport failures and answers that are not HTTP are ``_http.HttpError`` without a status."""
         conns = self._local.__dict__.setdefault("conns", {})
         url = link.url + path
-        head = "".join(["GET %s HTTP/1.1\r\nHost: %s:%d\r\n" % (link.base + path, link.host, link.port)]
+        host = "[%s]" % link.host if ":" in link.host else link.host  # an IPv6 address in brackets
+        head = "".join(["GET %s HTTP/1.1\r\nHost: %s:%d\r\n" % (link.base + path, host, link.port)]
                        + ["%s: %s\r\n" % kv for kv in headers.items()] + ["\r\n"]).encode("latin-1")
         for attempt in (0, 1):
             conn = conns.get(link.url)

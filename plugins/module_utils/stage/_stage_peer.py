@@ -12,7 +12,8 @@ A node serves, read-only, the pieces of a staged revision it holds *verified*:
   received is served from ``<file>.llmops-part``, only in the pieces the board marks held; a completed file from
   its final name in ``<dest>.partial``. So a node hands a piece on as soon as it has verified it (pipelining).
 
-:class:`PeerServer` (stdlib ``http.server``, one thread per connection) answers, for each revision ``R`` it was
+:class:`PeerServer` (stdlib ``http.server``, one thread per connection; each request's head read by its own
+bounded parser, :meth:`_Handler.parse_request`, and each answer's head written in one piece) answers, for each revision ``R`` it was
 given (``/r/<name>/<revision>``):
 
 * ``GET R/pieces``: ``piece_size``, ``state`` (``idle``, ``copying``, ``failed``, ``done``, ``complete``),
