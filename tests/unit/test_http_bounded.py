@@ -24,13 +24,6 @@ ALLOWED = {
     "module_utils/common/_http.py": (
         ("urllib.request", "http.client", "ansible.module_utils.urls"),
         "the one client (common): the deadline and the cap live here"),
-    "module_utils/stage/_stage_fanout_wire.py": (
-        ("http.client",),
-        "stage: one persistent connection per peer and stream (a connection per request, as _http.open_response "
-        "makes, costs more CPU than the piece lists on a loaded host), each request under a whole-answer deadline "
-        "(the process's one deadline thread shuts the connection down at it; a piece list held by the peer for a "
-        "change gets its hold added), every body read with a byte limit, a piece's body read from the socket in "
-        "SO_RCVLOWAT chunks (PeerClient)"),
     "module_utils/kube/_k8s_client.py": (
         ("urllib3",),
         "kube: configures the kubernetes client's transport (proxy headers, certificate warnings); it sends "

@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import mmap
 import os
 import random
 import threading
@@ -72,7 +71,7 @@ from ansible_collections.llmops.serving.plugins.module_utils.stage import _safet
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_layout
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_marker as _marker
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_verify as _verify
-from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_copy import RawFile
+from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_copy import RawFile, aligned_buffer
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_fanout_wire import (
     DIGESTS_MAX_BYTES, MAX_LIST_WAIT, MAX_PEER_TRIES, MIN_PEER_RATE, PIECES_BYTES_PER_PIECE, PIECES_MAX_BYTES,
     PeerClient, PeerLie, PeerLink, name_to_url, parse_digests, parse_piece_list)
@@ -374,7 +373,7 @@ class Receiver(object):
         """Seeds disagree on piece ``i`` (marked disputed by the caller): read it from the shared filesystem,
         trust that digest, drop every seed that claimed another one, and fetch the piece again if this node
         holds it under the wrong digest."""
-        buf = mmap.mmap(-1, self.piece_size)
+        buf = aligned_buffer(self.piece_size)
         try:
             digest, _n = self._read_source(fs, i, buf, Throttle(self.read_rate_limit))
         except BaseException:
@@ -528,7 +527,9 @@ class Receiver(object):
         return max(2.0, 3 * secs[len(secs) // 2])
 
     def _worker(self):
-        buf = mmap.mmap(-1, self.piece_size)
+        # private, huge-page backed where the kernel has them (``_stage_copy.aligned_buffer``): ``mmap(-1, n)`` is
+        # shared memory, whose pages O_DIRECT pins and releases 4 KiB at a time
+        buf = aligned_buffer(self.piece_size)
         src_throttle = Throttle(self.read_rate_limit)
         peer_throttles = {}
         try:

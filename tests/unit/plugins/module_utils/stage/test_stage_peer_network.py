@@ -226,3 +226,65 @@ def test_the_role_gives_the_servers_only_the_digest_and_the_receivers_the_token(
         assert a["token_sha256"].replace(" ", "") == "{{model_stage_fanout_token|hash('sha256')}}"
         assert all("model_stage_fanout_token" not in str(v) for k, v in a.items() if k != "token_sha256")
     assert receivers and any("model_stage_fanout_token" in str(a.get("peer_token")) for a in receivers)
+
+
+# ---- the request head, read by the server's own bounded parser --------------------------------------------------
+def _exchange(port, raw, timeout=5):
+    """Send ``raw``, read until the server closes the connection (or ``timeout``); the bytes it answered."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        s.sendall(raw)
+        got = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except socket.timeout:
+                return got + b"<open>"
+            if not chunk:
+                return got
+            got += chunk
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("raw, status", [
+    # a head over MAX_HEAD_BYTES, in one header or in many
+    (b"GET /r/m/r1/pieces HTTP/1.1\r\nX-Pad: " + b"p" * (_stage_peer.MAX_HEAD_BYTES + 10) + b"\r\n\r\n", b"431"),
+    (b"GET /r/m/r1/pieces HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(_stage_peer.MAX_HEADERS + 5))
+     + b"\r\n", b"431"),
+    (b"GET /r/m/r1/pieces HTTP/1.1\r\nno colon here\r\n\r\n", b"400"),
+    (b"GET /r/m/r1/pieces HTTP/1.1\r\nX-A: 1\r\n folded: continuation\r\n\r\n", b"400"),
+    (b"GET /r/m/r1/pieces HTTP/1.1\r\nBad Name: 1\r\n\r\n", b"400"),
+    (b"GET /r/m/r1/pieces\r\n\r\n", b"400"),
+    (b"GET r/m/r1/pieces HTTP/1.1\r\n\r\n", b"400"),
+    (b"GET /r/m/r1/pieces HTTP/2.0\r\n\r\n", b"505"),
+])
+def test_a_malformed_or_oversized_head_is_refused_and_the_connection_closed(served, raw, status):
+    server, port, _data = served()
+    got = _exchange(port, raw + b"GET /r/m/r1/pieces HTTP/1.1\r\nAuthorization: Bearer %s\r\n\r\n" % TOKEN.encode())
+    assert got.startswith(b"HTTP/1.1 " + status + b" "), got[:100]
+    assert b"HTTP/1.1 200" not in got and not got.endswith(b"<open>")  # closed: the request after it is not read
+    assert b"p" * 100 not in got and b"folded" not in got and b"no colon" not in got  # nothing sent is quoted
+
+
+def test_the_head_parser_keeps_http_semantics(served):
+    server, port, data = served()
+    auth = b"Authorization: Bearer %s\r\n" % TOKEN.encode()
+    # HTTP/1.1 keeps the connection: two requests, two answers, then Connection: close ends it
+    got = _exchange(port, b"GET /r/m/r1/files/a.bin HTTP/1.1\r\nrange:  bytes=0-9 \r\n" + auth + b"\r\n"
+                    + b"GET /r/m/r1/files/a.bin HTTP/1.1\r\nRANGE: bytes=10-19\r\nConnection: close\r\n" + auth
+                    + b"\r\n")
+    first, _sep, rest = got.partition(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 206 ") and b"Content-Length: 10" in first and b"Connection" not in first
+    assert rest[:10] == data[:10]
+    second, _sep, body = rest[10:].partition(b"\r\n\r\n")
+    assert second.startswith(b"HTTP/1.1 206 ") and b"Connection: close" in second and body == data[10:20]
+    # HTTP/1.0 closes after one answer unless asked to keep it; a repeated header: the first counts
+    got = _exchange(port, b"GET /r/m/r1/pieces HTTP/1.0\r\n" + auth + b"Authorization: Bearer wrong-token-000000\r\n\r\n")
+    assert got.startswith(b"HTTP/1.1 200 ") and b"Connection: close" in got and not got.endswith(b"<open>")
+    got = _exchange(port, b"GET /r/m/r1/pieces HTTP/1.0\r\nConnection: keep-alive\r\n" + auth + b"\r\n", timeout=1)
+    assert got.startswith(b"HTTP/1.1 200 ") and got.endswith(b"<open>")
+    # a token in a malformed head is never echoed, and a wrong one still gets 403
+    got = _exchange(port, b"GET /r/m/r1/pieces HTTP/1.1\r\nAuthorization: Bearer not-the-token-0123\r\n\r\n")
+    assert got.startswith(b"HTTP/1.1 403 ") and b"not-the-token" not in got
+    assert server.requests == 5
