@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Benchmark model_stage against the device's limit, cp -r and rsync -a on one synthetic multi-GB checkpoint.
 
-The device limit is measured in the same rounds: parallel ``dd oflag=direct`` writes of as many bytes, parallel
+The device limit is measured in the same rounds: ``dd oflag=direct`` writes of as many bytes (one writer per file), parallel
 reads of the revision, and both at once. Every run is timed up to and including an fsync of every file it wrote
 (so the page cache cannot hide the writes; not a global ``sync``, which would wait for other tenants' writeback)
 and the page cache is dropped before each run when the kernel allows it. Results go to
@@ -134,9 +134,22 @@ def parallel(cmds):
             raise SystemExit("%s failed (rc %d)" % (" ".join(c), p.returncode))
 
 
-def device_write_cmds(d, total, writers):
-    """``writers`` dd processes writing ``total`` bytes of zeros with O_DIRECT, 16 MiB per request."""
+def device_write_cmds(d, total, writers, src=None):
+    """dd processes writing zeros with O_DIRECT, 16 MiB per request; returns (commands, bytes written).
+
+    ``writers`` 0 (the default): one writer per file of ``src``, each writing that file's size (rounded up to 4 KiB,
+    the direct-I/O unit): the deepest queue a copy of this revision can have, which on this disk writes faster than
+    a few large writers, so the limit is the strictest. ``writers`` N: N writers sharing ``total`` bytes."""
     os.makedirs(d, exist_ok=True)
+    if writers == 0:
+        cmds, written = [], 0
+        for i, (dirpath, dummy, names) in enumerate(os.walk(src)):
+            for j, n in enumerate(sorted(names)):
+                size = -(-os.path.getsize(os.path.join(dirpath, n)) // 4096) * 4096 or 4096
+                cmds.append(["dd", "if=/dev/zero", "of=%s" % os.path.join(d, "w%d-%d" % (i, j)), "bs=%d" % DD_BS,
+                             "count=%d" % size, "iflag=count_bytes", "oflag=direct", "status=none"])
+                written += size
+        return cmds, written
     count = max(1, int(round(total / writers / DD_BS)))
     return [["dd", "if=/dev/zero", "of=%s" % os.path.join(d, "w%d" % i), "bs=%d" % DD_BS, "count=%d" % count,
              "oflag=direct", "status=none"] for i in range(writers)], count * DD_BS * writers
@@ -295,7 +308,8 @@ def main():
     ap.add_argument("--skip", default="", help="methods left out, comma separated (e.g. 'rsync -a')")
     ap.add_argument("--checkpoint", default="", help="a real checkpoint directory to stage instead of the synthetic "
                     "one (read only; --bytes and --shards are then ignored)")
-    ap.add_argument("--writers", type=int, default=4, help="parallel dd writers measuring the write limit")
+    ap.add_argument("--writers", type=int, default=0, help="parallel dd writers measuring the write limit; 0: one "
+                    "per file of the revision, each its file's size (the deepest queue)")
     ap.add_argument("--buffered", action="store_true", help="also run model_stage with direct_io off")
     ap.add_argument("--ram-src", default="", help="a tmpfs directory (e.g. /dev/shm/llmops-bench): also stage "
                     "from a copy of the revision there, so reads do not compete with writes for the disk")
@@ -366,11 +380,11 @@ def main():
     write_bytes = [0]
 
     def dev_write(d):
-        cmds, write_bytes[0] = device_write_cmds(d, size, a.writers)
+        cmds, write_bytes[0] = device_write_cmds(d, size, a.writers, src)
         parallel(cmds)
 
     def dev_both(d):
-        cmds, dummy = device_write_cmds(d, size, a.writers)
+        cmds, dummy = device_write_cmds(d, size, a.writers, src)
         parallel(cmds + device_read_cmds(src, direct=True))
 
     methods = {
@@ -544,12 +558,13 @@ def main():
          "- Tree: synthetic safetensors checkpoint, %.2f GiB in %d shards + index, config and `SHA256SUMS` "
          "(%d files, `tests/lib/stage_synth.py`). " % (size / 2 ** 30, a.shards, nfiles))
         + "Source and destination on the same filesystem here.",
-        "- Device limit, measured in the same rounds as the copies: **write** = %d parallel `dd if=/dev/zero "
+        "- Device limit, measured in the same rounds as the copies: **write** = %s `dd if=/dev/zero "
         "oflag=direct bs=16M` writing %.2f GiB in all; **read** = one reader per file of the revision, all %d at "
         "once, either `cat` or `dd iflag=direct bs=16M`; **read + write at once** = the direct readers and the "
         "writers together, which is what any copy within one disk has to do. Per round, the device limit is the "
         "slower of write and read (read: the faster of the two readers); the ratio columns are per round "
-        "(median, min-max)." % (a.writers, write_bytes[0] / 2 ** 30, nfiles),
+        "(median, min-max)." % ("one writer per file of the revision (%d at once, each its file's size)" % nfiles
+                                if a.writers == 0 else "%d parallel" % a.writers, write_bytes[0] / 2 ** 30, nfiles),
         "- Each run is timed up to and including an fsync of every file and directory it wrote, so written data "
         "is on disk for every method (model_stage fsyncs each file before publishing anyway); not a global "
         "`sync`, which would also wait for the writeback of other work on the host. Page cache: %s." % cache_note,
