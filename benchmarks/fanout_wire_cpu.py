@@ -352,7 +352,7 @@ MICRO = [("list_full_ms", "whole piece list, CPU (ms)"), ("list_full_wall_ms", "
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     ap.add_argument("--nodes", type=int, default=4, help="receivers (default 4)")
     ap.add_argument("--size-mib", type=int, default=192, help="revision size (default 192 MiB)")
     ap.add_argument("--piece-kib", type=int, default=4096, help="piece size (default 4096 KiB)")
