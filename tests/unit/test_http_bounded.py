@@ -3,7 +3,9 @@ for the whole answer and whose ``max_bytes`` caps the body while it is read (doc
 lives"). A file under ``plugins/`` that imports an HTTP client itself (``urllib.request``, ``http.client``,
 ``ansible.module_utils.urls``, ``requests``, ``urllib3``, ``httpx``, ``aiohttp``) or calls one (``urlopen``,
 ``open_url``, ``fetch_url``, ``HTTPConnection``) would read an answer without either bound, so it is named here
-unless :data:`ALLOWED` names it with its owner and why."""
+unless :data:`ALLOWED` names it with its owner and why. So is a file that opens a TCP connection itself
+(``socket.create_connection``, ``socket.socket``): that is how a client of its own is written without importing one,
+and the peer fan-out's wire is one (bounded by its own reader, allowed below with the reason)."""
 from __future__ import annotations
 
 import ast
@@ -18,6 +20,8 @@ PLUGINS = os.path.join(ROOT, "plugins")
 CLIENTS = ("urllib.request", "http.client", "ansible.module_utils.urls", "requests", "urllib3", "httpx", "aiohttp")
 #: Names that send a request when called.
 SENDERS = ("urlopen", "open_url", "fetch_url", "HTTPConnection", "HTTPSConnection")
+#: ``socket.<name>()`` calls that open a connection: a client written on the socket itself.
+SOCKETS = ("socket.create_connection()", "socket.socket()")
 
 #: file under plugins/ -> (the clients it may import, its owner and why it is not a bypass).
 ALLOWED = {
@@ -28,6 +32,17 @@ ALLOWED = {
         ("urllib3",),
         "kube: configures the kubernetes client's transport (proxy headers, certificate warnings); it sends "
         "nothing itself"),
+    "module_utils/engine/_probe.py": (
+        ("socket.create_connection()",),
+        "engine: port_open() connects and closes (the port_open milestone of the probe's timeline); it sends "
+        "and reads nothing"),
+    "module_utils/stage/_stage_fanout_wire.py": (
+        ("socket.create_connection()",),
+        "stage: the peer fan-out's HTTP/1.1 client (PeerClient), one persistent connection per stream and peer: "
+        "the answer head is bounded (MAX_ANSWER_HEAD bytes, MAX_ANSWER_HEADERS lines), bodies are Content-Length "
+        "only, lists are read under PIECES_MAX_BYTES and pieces into their buffer, every request has a whole-answer "
+        "deadline from the one deadline thread (test_stage_fanout_wire_client.py); not through _http.py, whose "
+        "connection and reader thread per request cost more CPU than the transfer (docs/benchmarks/fanout.md)"),
 }
 
 
@@ -58,6 +73,9 @@ def findings(path):
             name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else None
             if name in SENDERS:
                 out.append((node.lineno, name + "()"))
+            elif (isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name) and fn.value.id == "socket"
+                  and "socket.%s()" % fn.attr in SOCKETS):
+                out.append((node.lineno, "socket.%s()" % fn.attr))
     return out
 
 
@@ -73,7 +91,12 @@ def violations(plugins=PLUGINS, allowed=None):
             rel = os.path.relpath(os.path.join(dirpath, name), plugins).replace(os.sep, "/")
             may = allowed.get(rel, ((), ""))[0]
             for line, what in findings(os.path.join(dirpath, name)):
-                if what.endswith("()") and rel in allowed or what in may:
+                if what in may or (what.endswith("()") and what not in SOCKETS and rel in allowed):
+                    continue
+                if what in SOCKETS:
+                    bad.append("plugins/%s:%d opens a connection itself (%s): a client of its own has no deadline "
+                               "and no size cap unless it is written and tested as one; send the request through "
+                               "common/_http.py, or name the file in ALLOWED with how it is bounded" % (rel, line, what))
                     continue
                 bad.append("plugins/%s:%d uses %s directly: its answer would have no deadline and no size cap; "
                            "send the request through common/_http.py (request, get_json, get_text, post_json, "
@@ -88,7 +111,7 @@ def test_every_http_request_goes_through_the_bounded_client():
 def test_every_allowed_file_exists_and_says_why():
     for rel, (clients, why) in ALLOWED.items():
         assert os.path.isfile(os.path.join(PLUGINS, rel)), rel
-        assert clients and why and all(c in CLIENTS for c in clients), rel
+        assert clients and why and all(c in CLIENTS + SOCKETS for c in clients), rel
 
 
 def test_the_client_has_a_default_cap_for_every_kind_of_answer():
@@ -123,3 +146,22 @@ def test_a_direct_client_is_named_with_its_file_and_the_fix(tmp_path):
     ]
     fix = "send the request through common/_http.py (request, get_json, get_text, post_json, open_response)"
     assert all(v.endswith(fix) for v in violations(plugins, allowed))
+
+
+def test_a_client_written_on_a_socket_is_named_unless_allowed_with_how_it_is_bounded(tmp_path):
+    """The fan-out's wire no longer imports http.client: a raw-socket client is caught by the connection it opens."""
+    plugins = _tree(tmp_path, {
+        "module_utils/stage/_wire.py": "import socket\ns = socket.create_connection(('h', 1))\ns.sendall(b'GET / HTTP/1.1')\n",
+        "module_utils/transport/_raw.py": "import socket\nsocket.socket().connect(('h', 1))\n",
+        "module_utils/common/_http.py": "import http.client\n",
+        "module_utils/engine/_ok.py": "import socket\nsocket.gethostname()\n",
+    })
+    allowed = {"module_utils/common/_http.py": (("http.client",), "the owner")}
+    got = violations(plugins, allowed)
+    assert [v.split(" opens")[0] for v in got] == ["plugins/module_utils/stage/_wire.py:2",
+                                                   "plugins/module_utils/transport/_raw.py:2"]
+    assert all("(socket." in v and "name the file in ALLOWED with how it is bounded" in v for v in got)
+    # allowed for exactly the call it names; being in ALLOWED for something else is not enough
+    allowed["module_utils/stage/_wire.py"] = (("socket.create_connection()",), "its own bounded reader")
+    allowed["module_utils/transport/_raw.py"] = (("http.client",), "something else")
+    assert [v.split(" opens")[0] for v in violations(plugins, allowed)] == ["plugins/module_utils/transport/_raw.py:2"]
