@@ -122,8 +122,11 @@ class _Scanner(object):
         probe = path
         if key is None:
             key = self._stat(pid_root + probe)
-            while key is None and probe != "/":  # a path not created yet: judge by its nearest existing parent
-                probe = os.path.dirname(probe)
+            while key is None:  # a path not created yet: judge by its nearest existing parent
+                parent = os.path.dirname(probe)
+                if parent == probe:  # "/" - or "//", which POSIX dirname keeps (a URL's "//host" from an environ)
+                    break
+                probe = parent
                 key = self._stat(pid_root + probe)
         if key is None or key[0] not in self.devs:
             return None

@@ -83,3 +83,19 @@ def test_fixture_proc_tree_with_fd_links(tmp_path, tree):
 def test_mountinfo_escapes_are_decoded():
     assert _inuse._unescape(r"/models/with\040space") == "/models/with space"
     assert _inuse._unescape("/plain") == "/plain"
+
+
+def test_a_path_under_a_double_slash_in_a_process_that_is_gone_ends_the_scan(tree, tmp_path):
+    """An environment value like ``http://host`` splits at ':' into ``//host``; POSIX dirname keeps ``//``, so the walk
+    up to the nearest existing parent never reached "/" when the process's root could not be read (it had exited):
+    the scan spun forever without a system call (every stat cached). It ends, and nothing is reported for that path."""
+    import threading
+
+    gone = str(tmp_path / "no-such-proc-root")
+    scanner = _inuse._Scanner([_inuse._Target(tree["real"])], str(tmp_path))
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("hit", scanner.match(gone, "//127.0.0.1")), daemon=True)
+    t.start()
+    t.join(5)
+    assert not t.is_alive(), "the walk up from //127.0.0.1 did not end"
+    assert box["hit"] is None
