@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 import ansible_collections.llmops.serving as collection
 from ansible_collections.llmops.serving.plugins.module_utils.common import _process_run
+from ansible_collections.llmops.serving.tests.unit.plugins.module_utils.conftest import as_a_module_starts
 
 TREE = os.path.dirname(os.path.dirname(os.path.dirname(list(collection.__path__)[0])))
 EXAMPLES = int(os.environ.get("LLMOPS_FUZZ_EXAMPLES", "15"))
@@ -79,15 +80,6 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def _as_a_module_starts():
-    """Run in the driver's process before it execs (``preexec_fn``): the signals the tests send at their default,
-    as a module starts when its runner ignores none of them. A runner under ``nohup`` (SIGHUP ignored) or in a
-    background job of a non-interactive shell (SIGINT ignored) would pass that on - an ignored signal stays ignored
-    across exec, by design - and a signal sent before the interpreter is up would be lost."""
-    for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_DFL)
-
-
 GRACE = st.sampled_from([0.1, 0.3])
 STEP = st.one_of(
     st.tuples(st.just("child"), st.sampled_from(["obey", "ignore"]), GRACE),
@@ -124,7 +116,7 @@ def test_a_signalled_module_leaves_no_registered_child_and_no_partial(tmp_path_f
     fake.write_text(FAKE)
     mod = subprocess.Popen([sys.executable, "-c", DRIVER, str(fake), str(pids), str(work), json.dumps(plan)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=TREE),
-                           text=True, preexec_fn=_as_a_module_starts)
+                           text=True, preexec_fn=as_a_module_starts)
     time.sleep(delay)
     mod.send_signal(sig)
     try:

@@ -103,6 +103,15 @@ def hold(mode, path, env=None, argv_prefix=()):
     return p
 
 
+def as_a_module_starts():
+    """Run in the driver's process before it execs (``preexec_fn``): the signals the tests send at their default,
+    as a module starts when its runner ignores none of them. A runner under ``nohup`` (SIGHUP ignored) or in a
+    background job of a non-interactive shell (SIGINT ignored) would pass that on - an ignored signal stays ignored
+    across exec, by design - and a signal sent before the interpreter is up would be lost."""
+    for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def stop(p):
     p.kill()
     p.wait()

@@ -21,6 +21,7 @@ import pytest
 
 import ansible_collections.llmops.serving as collection
 from ansible_collections.llmops.serving.plugins.module_utils.common import _process_run
+from ansible_collections.llmops.serving.tests.unit.plugins.module_utils.conftest import as_a_module_starts
 
 TREE = os.path.dirname(os.path.dirname(os.path.dirname(list(collection.__path__)[0])))
 
@@ -66,15 +67,6 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def _as_a_module_starts():
-    """Run in the driver's process before it execs (``preexec_fn``): the signals the tests send at their default,
-    as a module starts when its runner ignores none of them. A runner under ``nohup`` (SIGHUP ignored) or in a
-    background job of a non-interactive shell (SIGINT ignored) would pass that on - an ignored signal stays ignored
-    across exec, by design - and a signal sent before the interpreter is up would be lost."""
-    for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_DFL)
-
-
 def _alive(pid):
     st = _process_run.proc_stat(pid)
     return st is not None and st["state"] not in ("Z", "X")
@@ -96,7 +88,7 @@ def _start(tmp_path, what, how="obey", *extra):
     env = dict(os.environ, PYTHONPATH=TREE)
     mod = subprocess.Popen([sys.executable, "-c", DRIVER, what, str(fake), str(pidfile), str(tmp_path), how]
                            + list(extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
-                           preexec_fn=_as_a_module_starts)
+                           preexec_fn=as_a_module_starts)
     if not _wait_for(pidfile.exists, 30):
         mod.kill()
         raise AssertionError("the child never started: %s" % (mod.communicate(),))
