@@ -166,6 +166,7 @@ def one_run(fleet, args, mode, n, caps, sums, tag):
     nodes = fleet.nodes[:n]
     reset(fleet, nodes)
     before = fleet.shared_read_bytes()
+    links_before = dict((node.name, fleet.link_counters(node)) for node in nodes) if args.rate_mbit else None
     sampler = RunSampler(progress=dict((node.name, progress_path(node)) for node in nodes),
                          namespaces=fleet_namespaces(fleet)).start()
     # "on@base": fan-out on, run by the tree of --base-collections (an A/B of two versions in one run)
@@ -176,6 +177,9 @@ def one_run(fleet, args, mode, n, caps, sums, tag):
     sampler.stop()
     entry = {"mode": mode, "nodes": n, "rc": play["rc"], "fleet_seconds": round(play["wall"], 2),
              "shared_bytes": shared, "hosts": {}}
+    if links_before:  # what each shaped link carried and dropped during the play (its SSH traffic included)
+        entry["links"] = dict((node.name, link_delta(links_before[node.name], fleet.link_counters(node)))
+                              for node in nodes)
     for name, results in sorted(play["results"].items()):
         res = (results or [{}])[0].get("result", {}) if results else {}
         entry["hosts"][name] = {k: res.get(k) for k in (
@@ -194,6 +198,26 @@ def one_run(fleet, args, mode, n, caps, sums, tag):
     entry["problems"] = check_copies(nodes, os.path.join(fleet.shared, MODEL, REVISION), sums) if play["rc"] == 0 else [
         "ansible-playbook rc %s: %s" % (play["rc"], play["output"][-3000:])]
     return entry
+
+
+def link_delta(before, after):
+    """Per direction of a node's link, what its shaper counted between two ``Fleet.link_counters`` readings."""
+    return dict((way, dict((k, after[way][k] - before[way][k]) for k in after[way])) for way in after)
+
+
+def link_bound(run, size, link, piece, seeds):
+    """The earliest the fleet could end given when Ansible started each copy (``start_offset``) and what the links
+    allow: a receiver takes the whole revision through its own link (``size / link`` seconds from its start) and
+    the seed's last piece after the seed read it (``piece / link`` after the seed's end). None without offsets."""
+    hosts = run["hosts"]
+    if not all("start_offset" in h and "end_offset" in h for h in hosts.values()):
+        return None
+    seed_end = max(hosts[name]["end_offset"] for name in seed_hosts(seeds) if name in hosts)
+    bound = seed_end
+    for name, h in hosts.items():
+        if name not in seed_hosts(seeds):
+            bound = max(bound, h["start_offset"] + size / link, seed_end + piece / link)
+    return bound
 
 
 def progress_path(node):
@@ -646,6 +670,38 @@ def _peer_throughput(doc):
         out.append("Ansible started the %d copies within %.1f s of each other (median of runs; the async launch "
                    "over %d SSH connections on %d CPUs), and the last receiver finished %.1f s after the seed "
                    "(median)." % (n, statistics.median(starts), n, os.cpu_count(), statistics.median(lag)))
+        piece = doc["args"]["piece_kib"] * 1024
+        bounds = [link_bound(r, size, link, piece, seeds) for r in timed]
+        single = next((row["copy_span_median"] for row in doc.get("rows") or []
+                       if row["mode"] == "off" and row["nodes"] == 1), None)
+        if single and all(bounds):
+            out.append("From those starts, the links alone allowed the fleet to end at %.1f s at the earliest (each "
+                       "receiver takes the whole revision through its own %.0f MB/s link from its own start, and the "
+                       "seed's last piece after the seed read it): %.2f× the single node (median of runs; %.2f-%.2f×), "
+                       "against the %.2f× measured, so the launch stagger explains %.2f of the ratio and the piece "
+                       "exchange the rest." % (
+                           statistics.median(bounds), link / 1e6, statistics.median(bounds) / single,
+                           min(bounds) / single, max(bounds) / single,
+                           statistics.median(r["copy_span_seconds"] for r in timed) / single,
+                           statistics.median(bounds) / single - 1))
+    carried = [r for r in runs if r.get("links")]
+    if carried:
+        recv = [name for name in carried[0]["links"] if name not in seed_names]
+        down = [statistics.median(r["links"][name]["down"]["bytes"] for name in recv) / (r["copy_span_seconds"] * link)
+                for r in carried]
+        up = [statistics.median(r["links"][name]["up"]["bytes"] for name in r["links"]) / (r["copy_span_seconds"] * link)
+              for r in carried]
+        seed_up = [max(r["links"][name]["up"]["bytes"] for name in seed_names if name in r["links"])
+                   / (r["copy_span_seconds"] * link) for r in carried]
+        drops = [sum(v[way]["dropped"] for v in r["links"].values() for way in v) for r in carried]
+        packets = [sum(v[way]["packets"] for v in r["links"].values() for way in v) for r in carried]
+        out.append("The shaped links (tc's own counters, the whole play: SSH included) carried, over the span, %.0f%% "
+                   "of a receiver's downlink (median receiver, median of runs; %.0f-%.0f%%) and %.0f%% of a node's "
+                   "uplink (%.0f-%.0f%%), the seed's uplink %.0f%%; the shapers dropped %d packets of %d (median run) "
+                   "when their 200 ms queue was full." % (
+                       100 * statistics.median(down), 100 * min(down), 100 * max(down), 100 * statistics.median(up),
+                       100 * min(up), 100 * max(up), 100 * statistics.median(seed_up), statistics.median(drops),
+                       statistics.median(packets)))
     return [" ".join(out)]
 
 
@@ -731,7 +787,11 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--streams", type=int, default=4, help="read streams per host and fleet-wide cap")
     ap.add_argument("--verify", default="headers", choices=["size", "headers", "sha256"])
-    ap.add_argument("--piece-kib", type=int, default=4096, help="model_stage_fanout_piece_size (KiB)")
+    ap.add_argument("--piece-kib", type=int, default=1024,
+                    help="model_stage_fanout_piece_size (KiB). A piece's hop from node to node delays the fleet by its "
+                         "time on a link, and that delay's share of the staging falls with the pieces per revision: "
+                         "1 MiB gives 192 MiB at 128 Mbit/s 192 pieces of 66 ms each (the module's 64 MiB default "
+                         "gives 704 GiB 11,264 pieces of 54 ms each on 10 Gbit/s)")
     ap.add_argument("--port", type=int, default=18780, help="model_stage_fanout_port")
     ap.add_argument("--timeout", type=int, default=900, help="per playbook run (s)")
     ap.add_argument("--on-single", action="store_true", help="also run fan-out on at N=1")

@@ -93,6 +93,7 @@ def test_peer_link_is_shaped_to_the_rate(tmp_path):
     total = 10 * 1000 * 1000  # 1 s at 80 Mbit/s
     with netns.Fleet(2, rate_mbit=rate_mbit) as fleet:
         a, b = fleet.nodes
+        before = {"a": fleet.link_counters(a), "b": fleet.link_counters(b)}
         recv = fleet.popen(b, [sys.executable, "-c", RECEIVER, b.address, "5901"], stdout=subprocess.PIPE, text=True)
         try:
             assert recv.stdout.readline().strip() == "ready"
@@ -106,6 +107,14 @@ def test_peer_link_is_shaped_to_the_rate(tmp_path):
         # the shaper holds the rate (small slack for the token bucket's burst); the floor only proves that the
         # machine was not so loaded that the measurement says nothing
         assert 0.5 * rate_mbit <= mbit <= 1.15 * rate_mbit, "measured %.1f Mbit/s on a %d Mbit/s link" % (mbit, rate_mbit)
+        # the shapers' own counters (what fanout_bench reports per link) saw the bytes on a's uplink and b's downlink,
+        # and not the other way round (b only acknowledged)
+        after = {"a": fleet.link_counters(a), "b": fleet.link_counters(b)}
+        up_a = after["a"]["up"]["bytes"] - before["a"]["up"]["bytes"]
+        down_b = after["b"]["down"]["bytes"] - before["b"]["down"]["bytes"]
+        assert total <= up_a <= 1.2 * total and total <= down_b <= 1.2 * total, (up_a, down_b)
+        assert after["b"]["up"]["bytes"] - before["b"]["up"]["bytes"] < 0.2 * total
+        assert after["a"]["down"]["bytes"] - before["a"]["down"]["bytes"] < 0.2 * total
 
 
 KILLED_OWNER = r"""

@@ -462,6 +462,22 @@ class Fleet:
                 _run(prefix + ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", "%dkbit" % int(mbit * 1000),
                                "burst", str(burst), "latency", "200ms"])
 
+    def link_counters(self, node):
+        """The node's shaped link as its two ``tbf`` qdiscs counted so far: ``{"up": {...}, "down": {...}}``, each
+        ``bytes``, ``packets``, ``dropped`` (the shaper's queue was full: TCP backs off) and ``overlimits`` (a packet
+        waited for tokens), from ``tc -s qdisc show`` (iproute2 tc/q_tbf.c and tc/tc_qdisc.c print
+        ``Sent <bytes> bytes <pkts> pkt (dropped <n>, overlimits <n> requeues <n>)``). ``up`` is the node's egress
+        (what it sends), ``down`` the switch side's egress towards it (what it receives)."""
+        out = {}
+        for way, prefix, dev in (("up", ["ip", "netns", "exec", node.ns], "eth0"),
+                                 ("down", ["ip", "netns", "exec", self.switch], node.veth)):
+            text = _run(prefix + ["tc", "-s", "qdisc", "show", "dev", dev]).stdout
+            m = re.search(r"Sent (\d+) bytes (\d+) pkt \(dropped (\d+), overlimits (\d+)", text)
+            if not m:
+                raise RuntimeError("tc -s qdisc show dev %s printed no counters: %r" % (dev, text[:200]))
+            out[way] = dict(zip(("bytes", "packets", "dropped", "overlimits"), (int(x) for x in m.groups())))
+        return out
+
     def set_shared_rate(self, mbit):
         """Throttle all the nodes' reads of the shared device to ``mbit`` Mbit/s in total (0: unthrottled)."""
         if not self.cgroup:
