@@ -30,8 +30,16 @@ from ansible_collections.llmops.serving.plugins.modules import demo_model, engin
 
 PORT = 18451
 PROMPTS = ["The model is staged", "Prefill computes the prompt"]
+#: The engine as tests/integration/test_awx_upgrade_netns.py runs it: eager, the engine core and its worker in the
+#: API server's process, so that each of the engine starts these cases make (A, B, A again) costs the interpreter's
+#: imports and the model's load only. Given to site.yml and to every upgrade run alike (A's recorded spec_hash holds).
+ENGINE = ["-e", json.dumps({
+    "engine_local_env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+                         "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+    "engine_local_args": ["--dtype", "float32", "--enforce-eager", "--distributed-executor-backend", "uni"],
+    "kernel_cache_enabled": False})]
 #: The soak is short here: each test's point is the switch and the rollback, not the wait.
-FAST = ["-e", "upgrade_soak_seconds=3", "-e", "kernel_cache_enabled=false"]
+FAST = ENGINE + ["-e", "upgrade_soak_seconds=3"]
 #: The SLO gate's round here: tiny, no warm-up (B has just answered its reference prompts).
 SLO_ROUND = {"requests": 8, "rate": 4, "prompt_tokens": 32, "max_tokens": 8, "warmup": 0, "timeout": 300}
 
@@ -75,7 +83,7 @@ def _copy_revision(fleet, name):
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     root = tmp_path_factory.mktemp("llmops-upgrade")
-    rc, out = run_playbook("playbooks/site.yml", root, PORT, "-e", "kernel_cache_enabled=false", timeout=1500)
+    rc, out = run_playbook("playbooks/site.yml", root, PORT, *ENGINE, timeout=1500)
     assert rc == 0, out[-4000:]
     shared = os.path.join(str(root), "shared", "models", "tiny-llama")
     (a_rev,) = [d for d in os.listdir(shared) if not d.startswith(".")]
