@@ -212,12 +212,10 @@ def link_bound(run, size, link, piece, seeds):
     hosts = run["hosts"]
     if not all("start_offset" in h and "end_offset" in h for h in hosts.values()):
         return None
-    seed_end = max(hosts[name]["end_offset"] for name in seed_hosts(seeds) if name in hosts)
-    bound = seed_end
-    for name, h in hosts.items():
-        if name not in seed_hosts(seeds):
-            bound = max(bound, h["start_offset"] + size / link, seed_end + piece / link)
-    return bound
+    seeds = seed_hosts(seeds)
+    seed_end = max(hosts[name]["end_offset"] for name in seeds if name in hosts)
+    receivers = [h["start_offset"] + size / link for name, h in hosts.items() if name not in seeds]
+    return max([seed_end] + receivers + ([seed_end + piece / link] if receivers else []))
 
 
 def progress_path(node):
@@ -672,8 +670,7 @@ def _peer_throughput(doc):
                    "(median)." % (n, statistics.median(starts), n, os.cpu_count(), statistics.median(lag)))
         piece = doc["args"]["piece_kib"] * 1024
         bounds = [link_bound(r, size, link, piece, seeds) for r in timed]
-        single = next((row["copy_span_median"] for row in doc.get("rows") or []
-                       if row["mode"] == "off" and row["nodes"] == 1), None)
+        single = (doc.get("single_node_seconds") or {}).get("copy_span_median")
         if single and all(bounds):
             out.append("From those starts, the links alone allowed the fleet to end at %.1f s at the earliest (each "
                        "receiver takes the whole revision through its own %.0f MB/s link from its own start, and the "

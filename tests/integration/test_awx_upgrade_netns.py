@@ -41,6 +41,7 @@ import sys
 import time
 
 import pytest
+from llmops_testlib import EAGER_ENGINE
 
 from ansible_collections.llmops.serving.plugins.module_utils.engine import _demo_model
 from ansible_collections.llmops.serving.plugins.module_utils.engine import _reference
@@ -144,9 +145,7 @@ def _site(fleet, path):
     site = {
         "engine_name": "vllm", "engine_platform": "local", "engine_served_model_name": MODEL, "engine_tp_size": 1,
         "engine_port": PORT, "engine_startup_timeout": 600, "engine_local_max_model_len": 512,
-        "engine_local_env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-                             "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
-        "engine_local_args": ["--dtype", "float32", "--enforce-eager", "--distributed-executor-backend", "uni"],
+        **EAGER_ENGINE,
         "engine_env": {"VLLM_USE_AOT_COMPILE": "0"}, "engine_extra_args": [],
         "kernel_cache_enabled": False, "upgrade_soak_seconds": 1,
         # a site without GPUs in CI: the hardware checks report, they do not require

@@ -23,21 +23,16 @@ import sys
 import time
 
 import pytest
-from llmops_testlib import recap, run_playbook
+from llmops_testlib import EAGER_ENGINE, recap, run_playbook
 
 from ansible_collections.llmops.serving.plugins.module_utils.engine import _reference
 from ansible_collections.llmops.serving.plugins.modules import demo_model, engine_probe
 
 PORT = 18451
 PROMPTS = ["The model is staged", "Prefill computes the prompt"]
-#: The engine as tests/integration/test_awx_upgrade_netns.py runs it: eager, the engine core and its worker in the
-#: API server's process, so that each of the engine starts these cases make (A, B, A again) costs the interpreter's
-#: imports and the model's load only. Given to site.yml and to every upgrade run alike (A's recorded spec_hash holds).
-ENGINE = ["-e", json.dumps({
-    "engine_local_env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-                         "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
-    "engine_local_args": ["--dtype", "float32", "--enforce-eager", "--distributed-executor-backend", "uni"],
-    "kernel_cache_enabled": False})]
+#: The engine started cheaply (EAGER_ENGINE, as tests/integration/test_awx_upgrade_netns.py runs it) for each of the
+#: starts these cases make (A, B, A again); given to site.yml and to every upgrade run alike (A's spec_hash holds).
+ENGINE = ["-e", json.dumps(dict(EAGER_ENGINE, kernel_cache_enabled=False))]
 #: The soak is short here: each test's point is the switch and the rollback, not the wait.
 FAST = ENGINE + ["-e", "upgrade_soak_seconds=3"]
 #: The SLO gate's round here: tiny, no warm-up (B has just answered its reference prompts).
