@@ -32,10 +32,6 @@ display = Display()
 TERMINAL_STATES = ("done", "failed")
 # Connection errors during a poll are retried (the job runs on regardless) for at most this long.
 POLL_ERROR_SECONDS = 300.0
-# The first wait between polls, doubled after each poll up to poll_interval: a job with nothing to do (a revision
-# already staged ends within a second) is not waited for a whole interval, and a long copy costs a handful of polls
-# more (one short remote command each). Progress lines stay at most one per poll_interval.
-FIRST_WAIT = 0.25
 _JID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _STATE = re.compile(r"^[a-z][a-z_-]{0,23}$")  # a state word (copying, publishing, ...), nothing else is shown
 # Keys async_status adds to the job's own result.
@@ -203,10 +199,8 @@ class ActionModule(ActionBase):
         t0 = time.monotonic()
         polls = 0
         errors_since = None
-        shown = None  # when the last progress line was printed
         while True:
             polls += 1
-            wait = min(interval, FIRST_WAIT * 2 ** min(polls - 1, 32))
             try:
                 try:
                     running, record = self._peek(jid, args["progress_file"])
@@ -238,16 +232,13 @@ class ActionModule(ActionBase):
                 time.sleep(interval)
                 continue
             errors_since = None
-            now = time.monotonic()
-            elapsed = now - t0
-            if shown is None or now - shown >= interval:
-                display.display("[%s] %s: %s" % (self._host_name, label, self._line(record, elapsed)))
-                shown = now
-            if timeout and elapsed + wait > timeout:
+            elapsed = time.monotonic() - t0
+            display.display("[%s] %s: %s" % (self._host_name, label, self._line(record, elapsed)))
+            if timeout and elapsed + interval > timeout:
                 return dict(failed=True, ansible_job_id=jid, polls=polls, finished=False,
                             msg="%s: async job %s did not finish within timeout (%d s); it may still be running "
                                 "on the target; raise the timeout or check the job" % (label, jid, timeout))
-            time.sleep(wait)
+            time.sleep(interval)
 
     @staticmethod
     def _line(record, elapsed):

@@ -14,7 +14,7 @@ description:
     until it ends, in one flat loop, and returns the job's own result. A job that failed makes this task fail
     with the job's C(msg).
   - Each poll is one shell command on the target reading the async job file (as M(ansible.builtin.async_status)
-    reads it) and O(progress_file). While the job runs the task prints one line per O(poll_interval) on the controller
+    reads it) and O(progress_file). While the job runs the task prints one line per poll on the controller
     (host, O(label), state, bytes done and total, percent, files, rate, ETA), built from the numbers and the
     state word in the progress file only. Once the
     job file no longer says running, M(ansible.builtin.async_status) returns the result.
@@ -36,10 +36,7 @@ options:
       - Without it, each poll prints only how long the job has run.
     type: str
   poll_interval:
-    description:
-      - Seconds between progress lines, and between polls once the job has run a while. Fractions are allowed.
-      - The first polls come sooner (after 0.25 s, then twice as long each time up to this), so a job that ends at
-        once (a revision already staged) is not waited for a whole interval.
+    description: Seconds between polls (and progress lines). Fractions are allowed.
     type: float
     default: 10
   timeout:

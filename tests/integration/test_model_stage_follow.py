@@ -14,7 +14,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
@@ -123,21 +122,6 @@ def test_job_outlasting_400_polls_is_followed_flat_with_progress_each_poll(tmp_p
     assert int(result.group(1)) >= POLLS and result.group(2, 3) == ("0", "copied")
     assert recap(out)["failed"] == 0
     assert os.listdir(str(tmp_path / "async")) == [], "the job's status file is removed once read"
-
-
-def test_a_job_that_ends_at_once_is_not_waited_for_a_whole_interval(tmp_path, collections):
-    """A revision already staged ends the copy within a second: the first polls come after 0.25 s, 0.5 s, ...
-    (plugins/action/model_stage_follow.py FIRST_WAIT), not after the interval, and progress lines stay one per
-    interval (here the first poll's only)."""
-    started = time.monotonic()
-    rc, out = _follow(tmp_path, collections, "ok", 0, follow_poll_interval=120)
-    took = time.monotonic() - started
-    assert rc == 0, out[-3000:]
-    result = re.search(r"FOLLOW-RESULT polls=(\d+) rc=(\d+) stdout=(\w+)", out)
-    assert result and result.group(2, 3) == ("0", "copied"), out[-2000:]
-    assert 2 <= int(result.group(1)) <= 8, result.group(0)  # the fake job sleeps 0.3 s before it ends
-    assert len(LINE.findall(out)) == 1, LINE.findall(out)
-    assert took < 100, "the playbook took %.0f s: the follow waited for the 120 s interval" % took
 
 
 def test_failed_job_fails_the_task_with_its_result(tmp_path, collections):
