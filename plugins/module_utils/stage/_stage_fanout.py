@@ -428,8 +428,10 @@ class Receiver(object):
         receivers, so the piece taken is the one whose least loaded holder is least loaded (its reported transfers
         plus this receiver's); among equals the one the fewest peers hold, then a piece a seed never sent anybody,
         then at random. A seed is asked at most one piece at a time per receiver while other peers are there to
-        trade with, and not for a piece it sent somebody less than :meth:`_dup_after` seconds ago that nobody else
-        lists yet: each piece leaves a seed's uplink about once and the receivers trade the rest.
+        trade with, and, while it copies, for a piece it sent somebody only when nobody else lists it
+        :meth:`_dup_after` seconds later (:meth:`_usable`): each piece leaves a seed's uplink about once and the
+        receivers trade the rest. A piece the seed's last list showed as sent to nobody is asked for on that
+        condition (``UNSENT_HEADER``): a seed that sent it since answers 409, and it is then one it sent.
         """
         window = 8 * self.streams
         with self._cond:
@@ -502,7 +504,12 @@ class Receiver(object):
 
     @staticmethod
     def _usable(fs, i, holders, seed_cap, dup_after, now):
-        """The holders of piece ``i`` this receiver may ask now, and whether a seed among them never sent it."""
+        """The holders of piece ``i`` this receiver may ask now, and whether a seed among them never sent it.
+
+        A seed still copying is asked again for a piece it sent only when no other peer lists it
+        :meth:`_dup_after` seconds after it went out: its uplink is the one every piece must cross once, and each
+        second copy it sends there delays its next new piece for every receiver. Once its copy ended (``done``,
+        ``complete``) it reads no more, and it is asked like any other holder."""
         others = any(not p.seed for p in holders)
         usable, fresh = [], False
         for p in holders:
@@ -514,7 +521,8 @@ class Receiver(object):
             if p.sent_count(fs.rel, i) == 0:
                 usable.append(p)
                 fresh = True
-            elif others or (fs.sent_at[i] is not None and now - fs.sent_at[i] > dup_after):
+            elif p.state in ("done", "complete") or (
+                    not others and fs.sent_at[i] is not None and now - fs.sent_at[i] > dup_after):
                 usable.append(p)
         return usable, fresh
 
@@ -569,13 +577,22 @@ class Receiver(object):
     def _from_peer(self, fs, i, link, buf, throttle):
         off, n = self._span(fs, i)
         t_piece = time.monotonic()
+        # a seed is asked for a piece its last list showed as sent to nobody only on that condition: another
+        # receiver may have asked for it since, and its uplink is the one every piece must cross once
+        unsent = link.seed and link.sent_count(fs.rel, i) == 0
         try:
-            digest = self.wire.get_range(link, fs.rel, off, n, buf, throttle, self.peer_rate_limit)
+            digest = self.wire.get_range(link, fs.rel, off, n, buf, throttle, self.peer_rate_limit, unsent=unsent)
         except (_http.HttpError, ValueError) as e:
             status = getattr(e, "status", None)
             with self._cond:
                 link.inflight -= 1
                 fs.inflight.discard(i)
+                if status == 409 and unsent:  # sent to another receiver since its list: no failure of the seed;
+                    link.mark_sent(fs.rel, i, fs.n)  # the piece is asked of whoever lists it (or of the seed
+                    if fs.sent_at[i] is None:        # again after _dup_after, as for any piece it sent)
+                        fs.sent_at[i] = time.monotonic()
+                    self._cond.notify_all()
+                    return
                 if status == 404:  # not held any more (published meanwhile, or a board race): nothing more is
                     link.have.clear()  # asked of it until its next piece list, a whole one
                     link.relist = True

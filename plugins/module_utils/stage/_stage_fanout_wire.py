@@ -97,6 +97,12 @@ RECV_CHUNK = 512 * 1024
 PROTO = 2
 #: Longest a server holds a ``/pieces`` request for a change (seconds); a receiver asks for at most this.
 MAX_LIST_WAIT = 10.0
+#: A piece request with this header set to ``1`` asks for the piece only if the server never started sending it
+#: (else 409 and no bytes): a receiver asks a seed so for pieces the seed's last list showed as sent to nobody.
+#: A server that does not know the header sends the piece; a receiver that does not send it gets the piece.
+UNSENT_HEADER = "X-Llmops-Unsent"
+#: The body of an answer that is not the piece (409), at most: read so that the connection carries the next.
+REFUSAL_MAX_BYTES = 4096
 #: ``seq`` is a JSON integer below this (exact in every JSON reader); ``epoch`` at most this many hex digits.
 MAX_SEQ = 2 ** 53
 MAX_EPOCH_CHARS = 32
@@ -452,6 +458,13 @@ class PeerLink(object):
         c = self.sent.get(rel)
         return int(c[i]) if c is not None and i < len(c) else 0
 
+    def mark_sent(self, rel, i, n):
+        """Piece ``i`` (of ``n``) of ``rel`` was sent by this peer to somebody (its 409 said so before its list)."""
+        c = self.sent.get(rel)
+        c = c if c is not None and len(c) == n else "0" * n
+        if c[i] == "0":
+            self.sent[rel] = c[:i] + "1" + c[i + 1:]
+
 
 #: An answer's status line and headers, at most (bytes; a piece server's are under 200): more is a broken answer.
 MAX_ANSWER_HEAD = 16 * 1024
@@ -731,20 +744,33 @@ class PeerClient(object):
                                   % (len(body), conn.length))
         return body
 
-    def get_range(self, link, rel, off, n, buf, throttle, rate_limit=0):
+    def get_range(self, link, rel, off, n, buf, throttle, rate_limit=0, unsent=False):
         """Bytes ``off`` to ``off + n - 1`` of ``rel`` from ``link`` into ``buf``, hashed as they come in, at most
         ``rate_limit`` bytes/s (``throttle``; 0: no limit); returns their sha256. All of it within ``timeout +
         n / min(MIN_PEER_RATE, rate_limit)`` seconds, else it stalled: ``_http.HttpError`` (``timed_out``), as
-        for an answer that is not 206, breaks off or is not ``n`` bytes."""
+        for an answer that is not 206, breaks off or is not ``n`` bytes. ``unsent``: only if the peer never started
+        sending it (``UNSENT_HEADER``); a 409 then is ``_http.HttpError`` with ``status`` 409, the connection kept."""
         path = "/files/" + name_to_url(rel)
         headers = self.headers()
         headers["Range"] = "bytes=%d-%d" % (off, off + n - 1)
+        if unsent:
+            headers[UNSENT_HEADER] = "1"
         h = hashlib.sha256()
         got = 0
         rate = min(MIN_PEER_RATE, rate_limit) if rate_limit else MIN_PEER_RATE
         seconds = self.timeout + n / float(rate)
         conn, wd = self.request(link, path, headers, seconds)
         try:
+            if conn.status == 409 and unsent:
+                # sent to somebody already: the short refusal is read so that the connection carries the next
+                if conn.length is None or conn.length > REFUSAL_MAX_BYTES:
+                    self.close(link)
+                else:
+                    try:
+                        self._done(link, conn, len(conn.read_body(conn.length)), wd)
+                    except OSError:
+                        self.close(link)
+                raise _http.HttpError("GET", link.url + path, "HTTP 409: sent to another peer before", status=409)
             if conn.status != 206:
                 self.close(link)
                 raise _http.HttpError("GET", link.url + path, "HTTP %d, not 206 with the range" % conn.status,

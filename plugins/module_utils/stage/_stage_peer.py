@@ -30,7 +30,10 @@ given (``/r/<name>/<revision>``):
   protocol 1 had it;
 * ``GET R/digests?file=<path>``: the digests of that file's held pieces (``null`` for the others);
 * ``GET R/files/<path>`` with one ``Range: bytes=a-b``: those bytes (206), only when every piece they touch is
-  held; otherwise 404 (not held) or 416 (bad range).
+  held; otherwise 404 (not held) or 416 (bad range). With ``X-Llmops-Unsent: 1`` (a receiver asking a seed for a
+  piece it believes nobody got yet) a range of which this server already started a transfer gets 409 and no
+  bytes: the receiver learned that before the next piece list could tell it, and takes the piece from whoever
+  received it, so the seed's uplink, which every piece must cross once, carries each piece once.
 
 ``<path>`` is the file name's bytes percent-encoded (``_stage_fanout_wire.name_to_url`` and ``name_from_url``), and
 JSON carries a name as Python's ``str`` of it, escaped: a name that is not UTF-8 is served like any other.
@@ -76,7 +79,7 @@ from ansible_collections.llmops.serving.plugins.module_utils.common import _untr
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_layout
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_marker as _marker
 from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_fanout_wire
-from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_fanout_wire import name_from_url
+from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_fanout_wire import UNSENT_HEADER, name_from_url
 
 BOARD = ".llmops-staged.pieces.json"
 BOARD_FORMAT = 1
@@ -107,6 +110,10 @@ MAX_LIST_WAIT = _stage_fanout_wire.MAX_LIST_WAIT
 MAX_HEAD_BYTES = 16 * 1024
 #: Header lines of a request, at most (a receiver sends 3 or 4).
 MAX_HEADERS = 32
+
+
+class AlreadySent(Exception):
+    """A range asked for as unsent (``UNSENT_HEADER``) of which this server started a transfer before."""
 
 
 class PeerError(Exception):
@@ -544,9 +551,10 @@ class Offer(object):
         return {"piece_size": self.piece_size, "state": snap["state"], "board_age": snap["board_age"],
                 "load": load, "files": files}
 
-    def open_range(self, rel, first, last):
+    def open_range(self, rel, first, last, unsent=False):
         """An open descriptor of ``rel`` for bytes ``first..last`` (inclusive), counted as one transfer of each
-        piece they touch (``sent``); raises ``LookupError`` (not held) or ``ValueError`` (bad range)."""
+        piece they touch (``sent``); raises ``LookupError`` (not held), ``ValueError`` (bad range) or, with
+        ``unsent``, :class:`AlreadySent` when a transfer of one of those pieces was started before."""
         e = self.snapshot()["files"].get(rel)
         if e is None:
             raise LookupError("not listed")
@@ -572,6 +580,9 @@ class Offer(object):
             if stat.S_ISREG(st.st_mode) and st.st_size >= last + 1:
                 with self._lock:
                     counts = self._sent.setdefault(rel, bytearray(len(e["digests"])))
+                    if unsent and any(counts[i] for i in pieces):
+                        os.close(fd)
+                        raise AlreadySent("sent before")
                     for i in pieces:
                         counts[i] = min(9, counts[i] + 1)
                     self._sent_version += 1
@@ -715,7 +726,7 @@ class _Conn(object):
 
 
 _REASONS = {200: "OK", 206: "Partial Content", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
-            405: "Method Not Allowed", 416: "Range Not Satisfiable", 503: "Service Unavailable"}
+            405: "Method Not Allowed", 409: "Conflict", 416: "Range Not Satisfiable", 503: "Service Unavailable"}
 
 
 class _Headers(object):
@@ -915,7 +926,10 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             return self._send_json(416, {"error": "send one 'Range: bytes=first-last'"})
         try:
-            fd = offer.open_range(rel, first, last)
+            fd = offer.open_range(rel, first, last, unsent=self.headers.get(UNSENT_HEADER, "") == "1")
+        except AlreadySent:
+            return self._send_json(409, {"error": "%s: a transfer of this range was started before; take it from a "
+                                                  "peer that holds it" % rel})
         except LookupError as e:
             return self._send_json(404, {"error": "%s: %s" % (rel, e)})
         except ValueError as e:

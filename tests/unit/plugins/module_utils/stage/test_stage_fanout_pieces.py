@@ -8,6 +8,7 @@ import os
 import shutil
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -390,6 +391,65 @@ def test_server_counts_the_pieces_it_sent(src, tmp_path, servers):
     assert sent[:3] == "220" and set(sent[3:]) <= {"0"}
 
 
+def _status(url, headers):
+    try:
+        return _get(url, headers, raw=True), 200
+    except urllib.error.HTTPError as e:
+        return json.loads(e.read()), e.code
+
+
+def test_a_seed_sends_a_piece_asked_as_unsent_once_and_refuses_it_so_afterwards(src, tmp_path, servers):
+    """Receivers see a seed's ``sent`` only with its next list, so two may ask for the same new piece: with the
+    unsent header the second gets 409 and no byte, and the count stays one; a piece asked without it (a receiver
+    that waited long enough for another holder, or one of an older version) is sent as before."""
+    seed_dest, _r = _seed(src, tmp_path)
+    seed = servers(seed_dest)
+    rel = "model-00001-of-00003.safetensors"
+    url = seed.url + "/files/" + rel
+    rng = {"Range": "bytes=%d-%d" % (PIECE, 2 * PIECE - 1), _stage_fanout_wire.UNSENT_HEADER: "1"}
+    with open(os.path.join(seed_dest, rel), "rb") as f:
+        f.seek(PIECE)
+        piece = f.read(PIECE)
+    assert _status(url, rng) == (piece, 200)
+    body, code = _status(url, rng)
+    assert code == 409 and "a transfer of this range was started before" in body["error"]
+    assert _get(seed.url + "/pieces")["files"][rel]["sent"][:2] == "01"
+    assert _status(url, {"Range": rng["Range"]}) == (piece, 200)
+    assert _get(seed.url + "/pieces")["files"][rel]["sent"][:2] == "02"
+    # a range over a piece sent and one not sent is refused whole
+    body, code = _status(url, {"Range": "bytes=0-%d" % PIECE, _stage_fanout_wire.UNSENT_HEADER: "1"})
+    assert code == 409 and _get(seed.url + "/pieces")["files"][rel]["sent"][:2] == "02"
+
+
+def test_a_receiver_told_by_the_seed_that_a_piece_went_to_another_takes_it_elsewhere_without_a_strike(
+        src, tmp_path, servers):
+    """The 409 is no failure of the seed: the receiver records the piece as sent (so it is asked of whoever
+    lists it, or of the seed again after ``_dup_after``), keeps the seed, and holds nothing it did not receive."""
+    seed_dest, _r = _seed(src, tmp_path)
+    seed = servers(seed_dest)
+    rel = "model-00001-of-00003.safetensors"
+    _get(seed.url + "/files/" + rel, {"Range": "bytes=0-%d" % (PIECE - 1)}, raw=True)  # another receiver's pull
+    link = _stage_fanout_wire.PeerLink(seed.url, True)
+    size = os.path.getsize(os.path.join(seed_dest, rel))
+    rx = _stage_fanout.Receiver(src, str(tmp_path / "p"), "headers", None, [], TOKEN, PIECE, 1, None, None, False)
+    rx.links = [link]
+    rx._t0 = time.monotonic()
+    fs = _stage_fanout._FileState({"path": rel, "size": size}, str(tmp_path / "p"), PIECE)
+    rx._files = [fs]
+    link.sent = {rel: "0" * fs.n}  # its last list: nothing sent yet
+    link.inflight = 1
+    fs.inflight.add(0)
+    buf = bytearray(PIECE)
+    try:
+        rx._from_peer(fs, 0, link, buf, _stage_progress.Throttle(0))
+    finally:
+        rx.wire.close(link)
+    assert link.alive and link.strikes == 0 and link.inflight == 0
+    assert link.sent_count(rel, 0) == 1 and fs.sent_at[0] is not None
+    assert not fs.held[0] and 0 not in fs.inflight and rx.bytes_from_peers == 0
+    assert not os.path.exists(fs.part)
+
+
 class _FakeLink(_stage_fanout_wire.PeerLink):
     def __init__(self, name, seed, have, sent=None):
         super(_FakeLink, self).__init__("http://%s:1/r/m/r1" % name, seed)
@@ -435,6 +495,26 @@ def test_receiver_asks_a_seed_only_for_pieces_nobody_got_from_it(tmp_path):
     fs.sent_at[1] = now - 10
     last = rx._pick()
     assert (last[1], last[2]) == (1, seed)  # out for 10 s and nobody lists it: asked of the seed again
+
+
+def test_a_copying_seed_is_not_asked_twice_for_a_piece_another_peer_lists_and_a_done_one_is(tmp_path):
+    """While the seed copies, its uplink carries every new piece once: a piece it sent and another peer lists is
+    taken from that peer however long ago it went out, and from the seed only when nobody lists it after
+    ``_dup_after``. A seed whose copy ended reads no more and is asked like any holder."""
+    seed = _FakeLink("seed", True, "110000", "110000")
+    peer = _FakeLink("peer", False, "100000")
+    seed.state = "copying"
+    rx, fs = _picker(tmp_path, [seed, peer])
+    now = time.monotonic()
+    fs.sent_at[0] = fs.sent_at[1] = now - 60  # long out
+    peer.load = 50  # the peer busier than the seed: before, the seed was asked again for piece 0
+    assert rx._usable(fs, 0, [seed, peer], 1, 2.0, now) == ([peer], False)
+    assert rx._usable(fs, 1, [seed], 1, 2.0, now) == ([seed], False)  # nobody else lists it: the seed again
+    fs.sent_at[1] = now - 1
+    assert rx._usable(fs, 1, [seed], 1, 2.0, now) == ([], False)  # not out long enough yet
+    seed.state = "done"
+    assert rx._usable(fs, 0, [seed, peer], 1, 2.0, now) == ([seed, peer], False)
+    assert rx._usable(fs, 1, [seed], 1, 2.0, now) == ([seed], False)
 
 
 def test_receiver_alone_with_a_seed_uses_every_stream_on_it(tmp_path):

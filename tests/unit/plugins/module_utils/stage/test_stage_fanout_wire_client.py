@@ -4,6 +4,7 @@ the request's deadline), an answer that is not HTTP as the piece servers speak i
 kept-alive connection the peer closed meanwhile is retried once on a new one."""
 from __future__ import annotations
 
+import hashlib
 import socket
 import threading
 
@@ -159,3 +160,37 @@ def test_a_head_that_trickles_is_cut_off_at_the_deadline(scripted):
 class _NoThrottle(object):
     def consume(self, n):
         pass
+
+
+def _piece(body):
+    return b"HTTP/1.1 206 Partial Content\r\nContent-Length: %d\r\nContent-Range: bytes 0-%d/%d\r\n\r\n%s" % (
+        len(body), len(body) - 1, len(body), body)
+
+
+def test_a_piece_asked_as_unsent_that_the_seed_sent_before_is_a_409_and_the_connection_carries_the_next(scripted):
+    """A seed answers 409 to a piece asked with the unsent header once it started a transfer of it (another
+    receiver asked first): no byte of the piece comes, the refusal says so with its status, and the kept-alive
+    connection carries the next request (the seed's server starts a thread per connection)."""
+    refusal = b'{"error":"a.bin: a transfer of this range was started before"}'
+    s, client, link = scripted(
+        (b"HTTP/1.1 409 Conflict\r\nContent-Length: %d\r\n\r\n%s" % (len(refusal), refusal), False),
+        (_piece(b"abcd"), False))
+    buf = bytearray(4)
+    with pytest.raises(_http.HttpError) as e:
+        client.get_range(link, "a.bin", 0, 4, buf, _NoThrottle(), unsent=True)
+    assert e.value.status == 409 and "sent to another peer before" in str(e.value)
+    assert bytes(buf) == b"\0" * 4
+    assert client.get_range(link, "a.bin", 0, 4, buf, _NoThrottle()) == hashlib.sha256(b"abcd").hexdigest()
+    assert s.connections == 1
+    first, second = (h.decode("latin-1") for h in s.heads)
+    assert "%s: 1\r\n" % _stage_fanout_wire.UNSENT_HEADER in first
+    assert _stage_fanout_wire.UNSENT_HEADER not in second
+
+
+def test_a_409_to_a_piece_not_asked_as_unsent_is_an_error_answer_like_any_other(scripted):
+    s, client, link = scripted((b"HTTP/1.1 409 Conflict\r\nContent-Length: 2\r\n\r\n{}", False), (_piece(b"abcd"), False))
+    with pytest.raises(_http.HttpError) as e:
+        client.get_range(link, "a.bin", 0, 4, bytearray(4), _NoThrottle())
+    assert e.value.status == 409 and "not 206" in str(e.value)
+    client.get_range(link, "a.bin", 0, 4, bytearray(4), _NoThrottle())
+    assert s.connections == 2  # closed after the unexpected answer, as for any other
