@@ -392,6 +392,11 @@ def fleet_process_cpu(namespaces=None):
     return out
 
 
+def link_mbit(args):
+    """The node links' rate (Mbit/s): ``--link-mbit``, else the shared filesystem's ``--rate-mbit``."""
+    return args.get("link_mbit") or args["rate_mbit"]
+
+
 def load_1min():
     try:
         with open("/proc/loadavg") as f:
@@ -550,7 +555,7 @@ def write_markdown(path, doc):
         "is not in it.",
         "- Nodes: network namespaces (`tests/lib/netns.py`) on one bridge, one sshd each; `ansible-playbook` runs "
         "the `model_stage` role on all of them over SSH (forks ≥ N). Each node's link is shaped with `tc tbf` to "
-        "%d Mbit/s in each direction." % a["rate_mbit"],
+        "%d Mbit/s in each direction." % link_mbit(a),
         "- Shared filesystem: ext4 on a loop device. Reads from it are throttled to %d Mbit/s for the whole fleet "
         "together (one blkio cgroup holds every process the nodes' sshd start); model_stage's fleet cap is %d "
         "streams%s. Bytes read are counted at the loop device (`/sys/block/loopN/stat`); the filesystem is "
@@ -633,7 +638,7 @@ def _peer_throughput(doc):
         return []
     size = doc["revision_bytes"]
     seeds = doc["args"]["seeds"]
-    link = doc["args"]["rate_mbit"] * 1e6 / 8
+    link = link_mbit(doc["args"]) * 1e6 / 8
     rates = [sum((h.get("bytes_from_peers") or 0) for h in r["hosts"].values()) / r["copy_span_seconds"]
              for r in runs]
     recv = [h["seconds"] for r in runs for h in r["hosts"].values() if h.get("bytes_from_peers")]
@@ -778,6 +783,11 @@ def main(argv=None):
                          "only here) instead of a synthetic one; --size-mib and --shards are then ignored")
     ap.add_argument("--shards", type=int, default=8)
     ap.add_argument("--rate-mbit", type=int, default=200, help="each node link and the shared filesystem (Mbit/s)")
+    ap.add_argument("--link-mbit", type=int, default=None,
+                    help="each node link (Mbit/s) when it differs from the shared filesystem's --rate-mbit: at the "
+                         "same rate the fleet's uplinks have 8/7 of the capacity 8 nodes need (every piece crosses "
+                         "the seed's once and 6 receivers' uplinks), where a fleet's NICs are usually faster than "
+                         "its share of the shared filesystem")
     ap.add_argument("--nodes", default="1,2,4,8", help="fleet sizes, comma separated")
     ap.add_argument("--runs", type=int, default=2, help="runs of each mode and fleet size")
     ap.add_argument("--modes", default=None, help="off,on (default: both where the role supports fan-out)")
@@ -830,7 +840,7 @@ def main(argv=None):
            "args": vars(args), "capabilities": caps, "machine": machine(), "runs": []}
     if args.checkpoint:
         args.size_mib = -(-checkpoint_bytes(args.checkpoint) // MIB)
-    with netns.Fleet(max(sizes), rate_mbit=args.rate_mbit, shared_device_mib=args.size_mib + max(64, args.size_mib // 4),
+    with netns.Fleet(max(sizes), rate_mbit=link_mbit(vars(args)), shared_device_mib=args.size_mib + max(64, args.size_mib // 4),
                      shared_read_mbit=args.rate_mbit) as fleet:
         src = os.path.join(fleet.shared, MODEL, REVISION)
         if args.checkpoint:

@@ -208,9 +208,8 @@ options:
       - Receive the files to copy from these peers (their M(llmops.serving.model_stage_peer) servers) instead of
         reading O(src), two pieces per O(read_streams) at once from the least loaded peers holding them (a seed
         is asked, one at a time while other peers are there, for pieces it has sent nobody yet, with a header that
-        makes it refuse one it sent since its last piece list, and while it copies for a piece it sent only when
-        no other peer lists it a few seconds later, so its uplink carries each piece about once and the receivers
-        trade the rest). Each piece is accepted
+        makes it refuse one it sent since its last piece list, so its uplink carries each piece about once and the
+        receivers trade the rest). Each piece is accepted
         only when its sha256 equals the digest a peer marked O(peers[].seed) recorded for it while reading
         O(src), and a seed's digests for a file only when its entry has the identity this host sees in O(src)
         (size, inode, mtime, ctime, safetensors header digest). Digests from other peers are never used.

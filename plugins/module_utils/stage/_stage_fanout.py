@@ -428,10 +428,10 @@ class Receiver(object):
         receivers, so the piece taken is the one whose least loaded holder is least loaded (its reported transfers
         plus this receiver's); among equals the one the fewest peers hold, then a piece a seed never sent anybody,
         then at random. A seed is asked at most one piece at a time per receiver while other peers are there to
-        trade with, and, while it copies, for a piece it sent somebody only when nobody else lists it
-        :meth:`_dup_after` seconds later (:meth:`_usable`): each piece leaves a seed's uplink about once and the
-        receivers trade the rest. A piece the seed's last list showed as sent to nobody is asked for on that
-        condition (``UNSENT_HEADER``): a seed that sent it since answers 409, and it is then one it sent.
+        trade with, and not for a piece it sent somebody less than :meth:`_dup_after` seconds ago that nobody else
+        lists yet: each piece leaves a seed's uplink about once and the receivers trade the rest. A piece the seed's
+        last list showed as sent to nobody is asked for on that condition (``UNSENT_HEADER``): a seed that sent it
+        since answers 409, and it is then one it sent.
         """
         window = 8 * self.streams
         with self._cond:
@@ -504,12 +504,7 @@ class Receiver(object):
 
     @staticmethod
     def _usable(fs, i, holders, seed_cap, dup_after, now):
-        """The holders of piece ``i`` this receiver may ask now, and whether a seed among them never sent it.
-
-        A seed still copying is asked again for a piece it sent only when no other peer lists it
-        :meth:`_dup_after` seconds after it went out: its uplink is the one every piece must cross once, and each
-        second copy it sends there delays its next new piece for every receiver. Once its copy ended (``done``,
-        ``complete``) it reads no more, and it is asked like any other holder."""
+        """The holders of piece ``i`` this receiver may ask now, and whether a seed among them never sent it."""
         others = any(not p.seed for p in holders)
         usable, fresh = [], False
         for p in holders:
@@ -521,8 +516,7 @@ class Receiver(object):
             if p.sent_count(fs.rel, i) == 0:
                 usable.append(p)
                 fresh = True
-            elif p.state in ("done", "complete") or (
-                    not others and fs.sent_at[i] is not None and now - fs.sent_at[i] > dup_after):
+            elif others or (fs.sent_at[i] is not None and now - fs.sent_at[i] > dup_after):
                 usable.append(p)
         return usable, fresh
 

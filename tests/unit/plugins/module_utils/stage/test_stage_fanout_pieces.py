@@ -497,26 +497,6 @@ def test_receiver_asks_a_seed_only_for_pieces_nobody_got_from_it(tmp_path):
     assert (last[1], last[2]) == (1, seed)  # out for 10 s and nobody lists it: asked of the seed again
 
 
-def test_a_copying_seed_is_not_asked_twice_for_a_piece_another_peer_lists_and_a_done_one_is(tmp_path):
-    """While the seed copies, its uplink carries every new piece once: a piece it sent and another peer lists is
-    taken from that peer however long ago it went out, and from the seed only when nobody lists it after
-    ``_dup_after``. A seed whose copy ended reads no more and is asked like any holder."""
-    seed = _FakeLink("seed", True, "110000", "110000")
-    peer = _FakeLink("peer", False, "100000")
-    seed.state = "copying"
-    rx, fs = _picker(tmp_path, [seed, peer])
-    now = time.monotonic()
-    fs.sent_at[0] = fs.sent_at[1] = now - 60  # long out
-    peer.load = 50  # the peer busier than the seed: before, the seed was asked again for piece 0
-    assert rx._usable(fs, 0, [seed, peer], 1, 2.0, now) == ([peer], False)
-    assert rx._usable(fs, 1, [seed], 1, 2.0, now) == ([seed], False)  # nobody else lists it: the seed again
-    fs.sent_at[1] = now - 1
-    assert rx._usable(fs, 1, [seed], 1, 2.0, now) == ([], False)  # not out long enough yet
-    seed.state = "done"
-    assert rx._usable(fs, 0, [seed, peer], 1, 2.0, now) == ([seed, peer], False)
-    assert rx._usable(fs, 1, [seed], 1, 2.0, now) == ([seed], False)
-
-
 def test_receiver_alone_with_a_seed_uses_every_stream_on_it(tmp_path):
     seed = _FakeLink("seed", True, "111111", "000000")
     seed.state = "done"
