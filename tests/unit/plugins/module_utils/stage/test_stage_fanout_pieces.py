@@ -450,6 +450,40 @@ def test_a_receiver_told_by_the_seed_that_a_piece_went_to_another_takes_it_elsew
     assert not os.path.exists(fs.part)
 
 
+def test_a_seed_that_answers_409_to_everything_is_dropped_after_the_tries_a_failing_peer_gets(src, tmp_path, servers):
+    """A 409 is believed once per piece, for a piece asked as unsent: asked again (now without the header, as a
+    piece the seed sent), a 409 is a failed try like any error answer, so a lying seed cannot keep a receiver
+    waiting; after ``MAX_PEER_TRIES`` it is dropped and the pieces come from elsewhere."""
+    seed_dest, _r = _seed(src, tmp_path)
+    seed = servers(seed_dest)
+    offer = seed.server.offers["m/r1"]
+
+    def liar(*_args, **_kwargs):
+        raise _stage_peer.AlreadySent("always")
+    offer.open_range = liar
+    rel = "model-00001-of-00003.safetensors"
+    link = _stage_fanout_wire.PeerLink(seed.url, True)
+    size = os.path.getsize(os.path.join(seed_dest, rel))
+    rx = _stage_fanout.Receiver(src, str(tmp_path / "p"), "headers", None, [], TOKEN, PIECE, 1, None, None, False)
+    rx.links = [link]
+    rx._t0 = time.monotonic()
+    fs = _stage_fanout._FileState({"path": rel, "size": size}, str(tmp_path / "p"), PIECE)
+    rx._files = [fs]
+    link.sent = {rel: "0" * fs.n}
+    buf = bytearray(PIECE)
+    try:
+        for i in range(1 + _stage_fanout_wire.MAX_PEER_TRIES):
+            link.inflight = 1
+            fs.inflight.add(0)
+            rx._from_peer(fs, 0, link, buf, _stage_progress.Throttle(0))
+            if i == 0:
+                assert link.alive and link.strikes == 0 and link.sent_count(rel, 0) == 1
+    finally:
+        rx.wire.close(link)
+    assert not link.alive and "answered HTTP 409" in link.why_dropped
+    assert not fs.held[0] and rx.bytes_from_peers == 0
+
+
 class _FakeLink(_stage_fanout_wire.PeerLink):
     def __init__(self, name, seed, have, sent=None):
         super(_FakeLink, self).__init__("http://%s:1/r/m/r1" % name, seed)
