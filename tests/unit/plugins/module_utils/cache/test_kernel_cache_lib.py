@@ -30,8 +30,12 @@ for var in ("TRITON_CACHE_DIR", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "D
 
 
 def warmup(tmp_path, delay=0.0):
+    # written whole under a temporary name and renamed: threads that build at once rewrite it while another's
+    # warm-up may be starting, which must never read it half written (an empty script ran, exit 0, no kernel)
     script = tmp_path / "writer.py"
-    script.write_text(WRITER)
+    tmp = tmp_path / ("writer.py.%d.%d" % (os.getpid(), threading.get_ident()))
+    tmp.write_text(WRITER)
+    os.replace(tmp, script)
     return {"command": [sys.executable, str(script), str(tmp_path / "runs.txt"), str(delay)], "mode": "run",
             "timeout": 60}
 
