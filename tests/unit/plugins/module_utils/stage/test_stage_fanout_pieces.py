@@ -421,6 +421,20 @@ def test_a_seed_sends_a_piece_asked_as_unsent_once_and_refuses_it_so_afterwards(
     assert code == 409 and _get(seed.url + "/pieces")["files"][rel]["sent"][:2] == "02"
 
 
+def _receiver_of_seed(src, tmp_path, seed, seed_dest, rel):
+    """A receiver of ``rel`` whose one peer is ``seed``, as it is before its first pull: the seed's last list
+    showed no piece sent."""
+    link = _stage_fanout_wire.PeerLink(seed.url, True)
+    size = os.path.getsize(os.path.join(seed_dest, rel))
+    rx = _stage_fanout.Receiver(src, str(tmp_path / "p"), "headers", None, [], TOKEN, PIECE, 1, None, None, False)
+    rx.links = [link]
+    rx._t0 = time.monotonic()
+    fs = _stage_fanout._FileState({"path": rel, "size": size}, str(tmp_path / "p"), PIECE)
+    rx._files = [fs]
+    link.sent = {rel: "0" * fs.n}
+    return rx, fs, link
+
+
 def test_a_receiver_told_by_the_seed_that_a_piece_went_to_another_takes_it_elsewhere_without_a_strike(
         src, tmp_path, servers):
     """The 409 is no failure of the seed: the receiver records the piece as sent (so it is asked of whoever
@@ -429,14 +443,7 @@ def test_a_receiver_told_by_the_seed_that_a_piece_went_to_another_takes_it_elsew
     seed = servers(seed_dest)
     rel = "model-00001-of-00003.safetensors"
     _get(seed.url + "/files/" + rel, {"Range": "bytes=0-%d" % (PIECE - 1)}, raw=True)  # another receiver's pull
-    link = _stage_fanout_wire.PeerLink(seed.url, True)
-    size = os.path.getsize(os.path.join(seed_dest, rel))
-    rx = _stage_fanout.Receiver(src, str(tmp_path / "p"), "headers", None, [], TOKEN, PIECE, 1, None, None, False)
-    rx.links = [link]
-    rx._t0 = time.monotonic()
-    fs = _stage_fanout._FileState({"path": rel, "size": size}, str(tmp_path / "p"), PIECE)
-    rx._files = [fs]
-    link.sent = {rel: "0" * fs.n}  # its last list: nothing sent yet
+    rx, fs, link = _receiver_of_seed(src, tmp_path, seed, seed_dest, rel)
     link.inflight = 1
     fs.inflight.add(0)
     buf = bytearray(PIECE)
@@ -462,14 +469,7 @@ def test_a_seed_that_answers_409_to_everything_is_dropped_after_the_tries_a_fail
         raise _stage_peer.AlreadySent("always")
     offer.open_range = liar
     rel = "model-00001-of-00003.safetensors"
-    link = _stage_fanout_wire.PeerLink(seed.url, True)
-    size = os.path.getsize(os.path.join(seed_dest, rel))
-    rx = _stage_fanout.Receiver(src, str(tmp_path / "p"), "headers", None, [], TOKEN, PIECE, 1, None, None, False)
-    rx.links = [link]
-    rx._t0 = time.monotonic()
-    fs = _stage_fanout._FileState({"path": rel, "size": size}, str(tmp_path / "p"), PIECE)
-    rx._files = [fs]
-    link.sent = {rel: "0" * fs.n}
+    rx, fs, link = _receiver_of_seed(src, tmp_path, seed, seed_dest, rel)
     buf = bytearray(PIECE)
     try:
         for i in range(1 + _stage_fanout_wire.MAX_PEER_TRIES):
