@@ -24,10 +24,14 @@ from ansible_collections.llmops.serving.tests.lib.awx_api import StandInAWX
 ROOT = awx.ROOT
 OBJECTS = awx.load_controller()
 TOKEN = "tok-" + os.urandom(6).hex()
-SECRETS = {"llmops_awx_scm_token": "scm-" + os.urandom(6).hex(), "llmops_awx_ssh_private_key": "key-" + os.urandom(6).hex(),
-           "llmops_awx_k8s_token": "k8s-" + os.urandom(6).hex(), "llmops_awx_k8s_read_token": "k8r-" + os.urandom(6).hex(),
-           "llmops_awx_registry_password": "reg-" + os.urandom(6).hex(),
-           "llmops_awx_hf_token": "hf-" + os.urandom(6).hex(), "llmops_awx_gateway_token": "gw-" + os.urandom(6).hex()}
+# Secrets a controller must store as written: Jinja's comment and expression openers, and text that would be an
+# expression (x{{ 6*7 }}y was stored as x42y, a password holding {# failed the run halfway and printed itself).
+JINJA_SECRETS = {"llmops_awx_scm_token": "scm{#" + os.urandom(4).hex(), "llmops_awx_k8s_token": "x{{ 6*7 }}y",
+                 "llmops_awx_registry_password": "reg{%" + os.urandom(4).hex() + "%}",
+                 "llmops_awx_gateway_token": "gw{{" + os.urandom(4).hex()}
+SECRETS = dict({"llmops_awx_ssh_private_key": "key-" + os.urandom(6).hex(),
+                "llmops_awx_k8s_read_token": "k8r-" + os.urandom(6).hex(),
+                "llmops_awx_hf_token": "hf-" + os.urandom(6).hex()}, **JINJA_SECRETS)
 INPUTS = dict(SECRETS, llmops_awx_scm_url="https://git.example/llmops/serving.git", llmops_awx_scm_username="deploy",
               llmops_awx_k8s_host="https://k8s.example:6443", llmops_awx_k8s_ca_cert="-----BEGIN CERTIFICATE-----\n",
               llmops_awx_ee_image="registry.example/llmops/serving-ee:0.1.0", llmops_awx_registry_host="registry.example",
@@ -95,13 +99,29 @@ def checked_empty(api):
 
 
 @pytest.fixture(scope="module")
-def applied(api, checked_empty):
+def failed_import(api, checked_empty):
+    """The first real run, against a controller whose inventory imports fail (an import of a broken inventory):
+    it creates what comes before the import and fails there."""
+    api.fail_inventory_updates = True
+    try:
+        return _configure(api)
+    finally:
+        api.fail_inventory_updates = False
+
+
+@pytest.fixture(scope="module")
+def applied(api, failed_import):
+    """The run after the failed one, the import fixed: it creates the rest and imports once again."""
     return _configure(api)
+
+
+# A secret rotated at the site: the next run without llmops_awx_update_secrets cannot tell it from the stored one
+ROTATED = dict(INPUTS, llmops_awx_k8s_token="k8s-" + os.urandom(6).hex())
 
 
 @pytest.fixture(scope="module")
 def rerun(api, applied):
-    return _configure(api)
+    return _configure(api, inputs=ROTATED)
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +142,9 @@ def test_check_mode_on_an_empty_controller_says_what_it_would_create_and_writes_
 
 
 def test_a_run_sends_every_key_of_every_object(api, applied):
-    rc, out, requests = applied
+    rc, out, dummy_requests = applied
     assert rc == 0, out[-4000:]
+    requests = api.requests  # the objects before the import were created by the run that failed there
     assert {r["authorization"] for r in requests} == {"Bearer " + TOKEN}
     checked, wrong = 0, []
     for kind, endpoint in ENDPOINTS.items():
@@ -243,8 +264,8 @@ def test_the_teams_get_their_roles(api, applied):
     assert api.holders("workflow_job_templates", workflow, "read") == operators
 
 
-def test_no_secret_reaches_the_output(applied, checked_after):
-    for _rc, out, _requests in (applied, checked_after):
+def test_no_secret_reaches_the_output(failed_import, applied, rerun, checked_after):
+    for _rc, out, _requests in (failed_import, applied, rerun, checked_after):
         assert not [name for name, value in SECRETS.items() if value in out]
 
 
@@ -266,52 +287,48 @@ def _recap_changed(out):
 
 
 def test_a_second_run_changes_nothing(rerun):
-    """Rerunnable: the same inputs against the same controller write nothing and report changed=0. Before, the
-    credentials re-sent their secrets (awx.awx's update_secrets defaults to true: controller_api.py
-    objects_could_be_different treats every $encrypted$ value as changed), the inventory was imported on every run,
-    and the workflow patched its approval template (workflow_job_template.py create_workflow_nodes compares it with
-    the node's identifier): changed=3, 8 writes."""
+    """Rerunnable: the same inputs against the same controller write nothing and report changed=0, a secret rotated
+    since among them (AWX never returns a secret, so it cannot be told from the stored one: awx.awx sends secrets
+    only when another field of the credential changed, update_secrets false). Before, the credentials re-sent their
+    secrets (awx.awx's update_secrets defaults to true: controller_api.py objects_could_be_different treats every
+    $encrypted$ value as changed), the inventory was imported on every run, and the workflow patched its approval
+    template (workflow_job_template.py create_workflow_nodes compares it with the node's identifier): changed=3,
+    8 writes."""
     rc, out, requests = rerun
     assert rc == 0, out[-4000:]
     assert [(r["method"], r["path"]) for r in requests if r["method"] != "GET"] == []
     assert _recap_changed(out) == 0, out[-3000:]
     assert "TASK [Import the hosts and group_vars from the project]" in out
     assert "skipping: [localhost] => (item=llmops fleet from project)" in out
+    assert ROTATED["llmops_awx_k8s_token"] not in out
 
 
 def test_secrets_are_rotated_on_request(api, rerun, checked_after):
-    """A new secret reaches the controller with llmops_awx_update_secrets=true. Without it, awx.awx sends secrets
-    only when another field of the credential changed (update_secrets: false; AWX never returns a secret, so a
-    changed one cannot be told from an unchanged one), and the run changes nothing. On the controller the runs
-    above configured (after the check that compares it with the original inputs)."""
+    """A new secret reaches the controller with llmops_awx_update_secrets=true (the run before, without it, changed
+    nothing: test_a_second_run_changes_nothing). On the controller the runs above configured (after the check that
+    compares it with the original inputs)."""
     assert rerun[0] == 0 and checked_after[0] == 0
-    rotated = dict(INPUTS, llmops_awx_k8s_token="k8s-" + os.urandom(6).hex())
-    rc, out, requests = _configure(api, inputs=rotated)
-    assert rc == 0 and [r for r in requests if r["method"] != "GET"] == [], out[-3000:]
-    rc, out, requests = _configure(api, "-e", "llmops_awx_update_secrets=true", inputs=rotated)
+    rc, out, requests = _configure(api, "-e", "llmops_awx_update_secrets=true", inputs=ROTATED)
     assert rc == 0, out[-3000:]
     patched = {r["path"]: r["body"] for r in requests if r["method"] == "PATCH"}
     k8s = api.find("credentials", "llmops Kubernetes")
-    assert patched[k8s["url"]]["inputs"]["bearer_token"] == rotated["llmops_awx_k8s_token"]
+    assert patched[k8s["url"]]["inputs"]["bearer_token"] == ROTATED["llmops_awx_k8s_token"]
     assert len(patched) == len(OBJECTS["controller_credentials"])
-    assert rotated["llmops_awx_k8s_token"] not in out
+    assert ROTATED["llmops_awx_k8s_token"] not in out
 
 
-def test_a_failed_import_is_retried_by_the_next_run():
+def test_a_failed_import_is_retried_by_the_next_run(api, failed_import, applied, rerun):
     """The import runs when the source's last update did not succeed, though nothing changed, and then no more."""
-    with StandInAWX() as server:
-        server.handle("POST", "/api/v2/instance_groups/", {}, {"name": "gpu-runners"})
-        server.fail_inventory_updates = True
-        rc, out, dummy_requests = _configure(server)
-        assert rc != 0 and "TASK [Import the hosts and group_vars from the project]" in out, out[-3000:]
-        server.fail_inventory_updates = False
-        rc, out, requests = _configure(server)
-        assert rc == 0, out[-3000:]
-        imports = [r for r in requests if r["method"] == "POST" and r["path"].endswith("/update/")]
-        assert len(imports) == 1 and server.find("inventory_sources", "llmops fleet from project")["status"] == "successful"
-        rc, out, requests = _configure(server)
-    assert rc == 0 and [r for r in requests if r["method"] != "GET"] == [], out[-3000:]
-    assert _recap_changed(out) == 0
+    rc, out, dummy_requests = failed_import
+    assert rc != 0 and "TASK [Import the hosts and group_vars from the project]" in out, out[-3000:]
+    assert "TASK [Job templates and their surveys]" not in out
+    rc, out, requests = applied
+    assert rc == 0, out[-3000:]
+    imports = [r for r in requests if r["method"] == "POST" and r["path"].endswith("/update/")]
+    assert len(imports) == 1 and api.find("inventory_sources", "llmops fleet from project")["status"] == "successful"
+    assert not [r for r in requests if r["method"] == "POST" and r["path"] == "/api/v2/inventory_sources/"]
+    rc, out, requests = rerun  # and then no more: test_a_second_run_changes_nothing
+    assert rc == 0 and not [r for r in requests if r["path"].endswith("/update/")], out[-3000:]
 
 
 def test_a_project_branch_that_is_not_a_commit_is_refused(api):
@@ -340,19 +357,12 @@ def test_the_inventory_source_path_is_required(api):
     assert requests == [] and "TASK [Organization]" not in out
 
 
-# Secrets a controller must store as written: Jinja's comment and expression openers, and text that would be an
-# expression (x{{ 6*7 }}y was stored as x42y, a password holding {# failed the run halfway and printed itself).
-JINJA_SECRETS = {"llmops_awx_scm_token": "scm{#" + os.urandom(4).hex(), "llmops_awx_k8s_token": "x{{ 6*7 }}y",
-                 "llmops_awx_registry_password": "reg{%" + os.urandom(4).hex() + "%}",
-                 "llmops_awx_gateway_token": "gw{{" + os.urandom(4).hex()}
-
-
-def test_secret_inputs_reach_the_controller_literally_and_are_never_shown():
-    with StandInAWX() as server:
-        server.handle("POST", "/api/v2/instance_groups/", {}, {"name": "gpu-runners"})
-        dummy_rc, out, dummy_requests = _configure(server, inputs=dict(INPUTS, **JINJA_SECRETS))
-        creds = server.created("credentials")
-    assert "TASK [Credentials]" in out, out[-3000:]
+def test_secret_inputs_reach_the_controller_literally_and_are_never_shown(api, failed_import, applied):
+    """The runs' secrets hold Jinja openers (JINJA_SECRETS): stored as written (by the first real run, the one that
+    failed at the import), never in any run's output."""
+    out = failed_import[1] + applied[1]
+    assert "TASK [Credentials]" in failed_import[1], failed_import[1][-3000:]
+    creds = api.created("credentials")
     assert creds["llmops source control"]["inputs"]["password"] == JINJA_SECRETS["llmops_awx_scm_token"]
     assert creds["llmops Kubernetes"]["inputs"]["bearer_token"] == "x{{ 6*7 }}y"
     assert creds["llmops EE registry"]["inputs"]["password"] == JINJA_SECRETS["llmops_awx_registry_password"]
