@@ -253,7 +253,9 @@ status:
     - verify - V(hit), V(missing) or V(quarantined) (or the verification status when O(quarantine=false)).
     - verify - V(tampered), V(incomplete), V(foreign), V(no_manifest) or V(bad_manifest) when the directory is
       not usable but a process uses it (C(in_use_by) in RV(details)), so it was left in place.
-    - prebuild - V(built), V(hit) or V(would_build). sync - V(copied), V(hit) or V(would_copy).
+    - prebuild - V(built), V(hit) or V(would_build). A warm-up that ends well but writes no file into the cache
+      directories fails instead, and nothing is published (it ignored C(TRITON_CACHE_DIR) and the others).
+    - sync - V(copied), V(hit) or V(would_copy).
     - capture - V(created), V(ready) (already an empty capture of this fingerprint), V(in_use) (a process uses the
       directory; left alone) or V(would_create).
     - publish_capture - V(published), V(hit) (published and verified already - nothing published), V(empty)

@@ -134,6 +134,17 @@ def run_warmup(warmup, env, log, logfile, http_post=None, poll=2.0):
         child.stop()
 
 
+def empty_warmup_message(warmup, engine, logfile):
+    """Why a warm-up that wrote no file is refused: published, an empty cache verifies, so every node would count it
+    as a hit and compile everything itself at start, the cold start the cache exists to avoid."""
+    how = "answered correctly" if warmup.get("mode", "run") == "serve" else "exited 0"
+    names = sorted(cache_env(engine, "/").keys())
+    return ("warmup_command: the warm-up %s but wrote no file into the cache directories it was pointed at (%s); "
+            "an empty cache would verify and count as a hit on every node, nothing was published. Run the engine "
+            "itself with those variables (a wrapper script or container entrypoint must not reset them), or leave "
+            "kernel_cache out for an engine that compiles nothing; see %s" % (how, ", ".join(names), logfile))
+
+
 def prebuild(cache_root, engine, fingerprint, components, warmup, label="", extra_env=None,
              lock_timeout=7200, allow_extra=True, check_mode=False, http_post=None, host=None, proc_root="/proc"):
     """Build the cache once per fingerprint: lock, re-check, warm up into ``.partial-*``, verify, rename.
@@ -171,6 +182,8 @@ def prebuild(cache_root, engine, fingerprint, components, warmup, label="", extr
                 w = run_warmup(warmup, env, log, logfile, http_post=http_post)
                 relocate(partial, final)
                 man = write_manifest(partial, engine, fingerprint, components, label, host=host)
+                if not man["file_count"]:
+                    raise KCacheError(empty_warmup_message(warmup, engine, logfile))
                 check = verify_dir(partial, fingerprint, components, allow_extra=False)
                 if not check["ok"]:
                     raise KCacheError("prebuild: fresh cache failed its own verification: %s" % check["problems"][:5])

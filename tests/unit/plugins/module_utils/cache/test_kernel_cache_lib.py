@@ -88,6 +88,28 @@ def test_failed_warmup_publishes_nothing(tmp_path):
     assert not [p for p in os.listdir(root / "vllm") if p.startswith(".partial")]
 
 
+@pytest.mark.parametrize("mode", ["run", "serve"])
+def test_a_warmup_that_fills_no_cache_is_refused_and_publishes_nothing(tmp_path, mode):
+    """A warm-up that succeeds (exit 0, or a correct answer) but writes no file where TRITON_CACHE_DIR and the others
+    point - a wrapper that resets them, an engine that compiles nothing - would publish an empty cache that verifies,
+    a hit on every node that then compiles everything at start. Refused, naming the variables; nothing published,
+    the lock free for the next builder."""
+    root = tmp_path / "cache"
+    quiet = [sys.executable, "-c", "import time; time.sleep(0 if %r == 'run' else 30)" % mode]
+    spec = {"command": quiet, "mode": mode, "timeout": 30, "url": "http://127.0.0.1:9/v1/completions", "expect": "ok"}
+    answer = (lambda url, body, timeout: (200, b"{\"choices\": [{\"text\": \"ok\"}]}")) if mode == "serve" else None
+    with pytest.raises(_kcache.KCacheError) as err:
+        _kcache_build.prebuild(str(root), "vllm", FP, COMPONENTS, spec, http_post=answer)
+    msg = str(err.value)
+    how = "exited 0" if mode == "run" else "answered correctly"
+    assert msg.startswith("warmup_command: the warm-up %s but wrote no file" % how)
+    assert "TRITON_CACHE_DIR" in msg and "VLLM_CACHE_ROOT" in msg and "nothing was published" in msg
+    assert not (root / "vllm" / FP).exists()
+    assert not [p for p in os.listdir(root / "vllm") if p.startswith(".partial")]
+    r = build(tmp_path, root)  # the next builder, with a warm-up that fills the caches, is not held
+    assert r["status"] == "built" and r["file_count"] == 4
+
+
 @pytest.mark.parametrize("damage,status", [
     ("modify", "tampered"), ("truncate", "tampered"), ("delete", "incomplete"), ("manifest", "no_manifest"),
 ])
