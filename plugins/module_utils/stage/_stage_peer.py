@@ -67,6 +67,7 @@ import signal
 import socket
 import stat
 import struct
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -652,6 +653,15 @@ class PeerServer(ThreadingHTTPServer):
         finally:
             with self._count_lock:
                 self._conns.pop(request, None)
+
+    def handle_error(self, request, client_address):
+        """A client that hung up before its answer was written (a receiver that ended, was killed or gave up; a
+        scanner sending one bad line) is no fault of the server: its ``BrokenPipeError`` or ``ConnectionResetError``
+        is dropped instead of printed as a traceback in the server's log (``socketserver``'s ``handle_error``), which
+        would bury the lines that matter. Anything else is printed as before."""
+        if isinstance(sys.exc_info()[1], (ConnectionError, socket.timeout)):
+            return
+        ThreadingHTTPServer.handle_error(self, request, client_address)
 
     def phase(self, sock, phase):
         """``head``: waiting for a request (first one: ``header_deadline``, later ones ``idle_timeout``);

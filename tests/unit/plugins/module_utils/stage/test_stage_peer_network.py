@@ -7,6 +7,7 @@ import http.client
 import os
 import resource
 import socket
+import struct
 import threading
 import time
 
@@ -288,3 +289,19 @@ def test_the_head_parser_keeps_http_semantics(served):
     got = _exchange(port, b"GET /r/m/r1/pieces HTTP/1.1\r\nAuthorization: Bearer not-the-token-0123\r\n\r\n")
     assert got.startswith(b"HTTP/1.1 403 ") and b"not-the-token" not in got
     assert server.requests == 5
+
+
+def test_a_client_that_hangs_up_leaves_no_traceback_in_the_log(served, capsys):
+    """A client that sends a bad line and resets the connection at once (a scanner, a killed receiver) made the
+    server's refusal hit a closed socket, and ``socketserver`` printed a BrokenPipeError traceback for each into the
+    server's log. Now such a hang-up is dropped; a real peer is served after it."""
+    dummy_server, port, data = served()
+    for dummy in range(20):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+        s.sendall(b"BAD\r\n\r\n")
+        s.close()
+    time.sleep(0.5)
+    assert _range(port, 0, PIECE - 1) == (206, data[:PIECE])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Exception occurred during processing" not in err, err[-2000:]
