@@ -64,6 +64,7 @@ CODES = (
     ("route_not_accepted", "error"),
     ("service_no_endpoints", "error"),
     ("rollout_stalled", "error"),
+    ("kv_transfer_failed", "warning"),
     ("engine_traceback", "warning"),
     ("not_ready", "warning"),
     ("rolling", "info"),
@@ -194,6 +195,57 @@ _SERVING = re.compile(r"Application startup complete|Uvicorn running on|The serv
 ADDR_IN_USE = re.compile(r"\[Errno 98\][^\n]*[Aa]ddress already in use|EADDRINUSE")
 
 
+# vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py NixlConnectorWorker._log_failure (vLLM 0.32):
+# logger.error("NIXL transfer failure: %s | Context: %s", failure_type, context), failure_type one of
+# handshake_setup_failed, handshake_failed, transfer_failed, transfer_exception, transfer_release_failed,
+# notification_failed, with ". <msg>" appended when given; context is the repr of a dict holding request_id,
+# engine_id and, when the request's metadata is known, remote_host and remote_port.
+_KV_FAILURE = re.compile(r"NIXL transfer failure: (?P<type>[a-z_]+)(?:\. (?P<msg>.*?))? \| Context: (?P<ctx>.*)$")
+_KV_REMOTE = re.compile(r"'remote_host': '(?P<host>[^']{1,255})', 'remote_port': (?P<port>\d{1,5})")
+MAX_KV_REMOTES = 4
+
+
+def _kv_failure(facts, line):
+    """Count one ``NIXL transfer failure`` line into ``facts["kv_transfer_failures"]`` (bounded: counts per type,
+    the first and last line, at most ``MAX_KV_REMOTES`` remote engines)."""
+    m = _KV_FAILURE.search(line)
+    if not m:
+        return
+    kv = facts["kv_transfer_failures"]
+    if kv is None:
+        kv = facts["kv_transfer_failures"] = {"count": 0, "types": {}, "remotes": [], "first": clip(line), "last": None}
+    kv["count"] += 1
+    kv["types"][m.group("type")] = kv["types"].get(m.group("type"), 0) + 1
+    kv["last"] = clip(line)
+    r = _KV_REMOTE.search(m.group("ctx"))
+    remote = "%s:%s" % (r.group("host"), r.group("port")) if r else None
+    if remote and remote not in kv["remotes"] and len(kv["remotes"]) < MAX_KV_REMOTES:
+        kv["remotes"].append(remote)
+
+
+def kv_transfer_finding(obj, logf, where):
+    """``kv_transfer_failed`` when the log holds NIXL transfer failures, else None: the pair's KV did not move (the
+    decode side recomputes the prompt or fails the request, by ``kv_load_failure_policy``), though the engine may
+    answer its health checks."""
+    kv = logf.get("kv_transfer_failures")
+    if not kv:
+        return None
+    types = ", ".join("%s x%d" % (t, n) for t, n in sorted(kv["types"].items(), key=lambda x: (-x[1], x[0])))
+    ev = ["%s holds %d NIXL transfer failure(s): %s" % (where, kv["count"], types)]
+    if kv["remotes"]:
+        ev.append("with the remote engine(s) at %s" % ", ".join(kv["remotes"]))
+    ev.append("first: %s" % kv["first"])
+    if kv["last"] != kv["first"]:
+        ev.append("last: %s" % kv["last"])
+    return finding("kv_transfer_failed", obj, ev,
+                   "The KV cache did not move between prefill and decode. handshake_*: this engine cannot reach the "
+                   "other side's NIXL side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/PORT, a firewall, the other engine "
+                   "restarted); transfer_* or notification_failed: the transport failed mid-transfer (UCX_TLS, "
+                   "UCX_NET_DEVICES, the RDMA link: ibv_devinfo, the pd_disagg verify round's counters). Requests "
+                   "whose KV did not arrive failed, or were recomputed with kv_load_failure_policy=recompute (vLLM's default: "
+                   "fail).")
+
+
 def _log_lines(text):
     """(stream, line) pairs: ANSI colours and vLLM's per-process prefix removed; ``\\r`` splits tqdm updates."""
     out = []
@@ -273,7 +325,7 @@ def analyse_log(text):
              "root_count": sum(1 for tb in tbs if root and tb["exception"] == root["exception"]),
              "last_exception": tbs[-1]["exception"] if tbs else None,
              "death_lines": [], "argparse_error": None, "progress": None, "model_missing": None,
-             "address_in_use": None, "serving_line": None, "lines": len(lines),
+             "address_in_use": None, "serving_line": None, "kv_transfer_failures": None, "lines": len(lines),
              "last_lines": [ln.strip() for _s, ln in lines if ln.strip()][-3:]}
     for _stream, line in lines:
         s = line.strip()
@@ -300,6 +352,8 @@ def analyse_log(text):
                 if m:
                     facts["model_missing"] = {"path": m.group("path"), "line": s}
                     break
+        if "NIXL transfer failure" in s:
+            _kv_failure(facts, s)
         if facts["serving_line"] is None and _SERVING.search(s):
             facts["serving_line"] = s
         if facts["address_in_use"] is None and ADDR_IN_USE.search(s):

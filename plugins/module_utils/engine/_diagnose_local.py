@@ -17,7 +17,7 @@ from ansible_collections.llmops.serving.plugins.module_utils.common import _cloc
 from ansible_collections.llmops.serving.plugins.module_utils.engine import _process, _process_state
 from ansible_collections.llmops.serving.plugins.module_utils.engine._diagnose import (
     ADDR_IN_USE, PLAUSIBLE_START_SECONDS, analyse_log, classify_exit, command_facts, exception_evidence, finding,
-    fmt_s, progress_text, result,
+    fmt_s, kv_transfer_finding, progress_text, result,
 )
 from ansible_collections.llmops.serving.plugins.module_utils.common._untrusted import UntrustedInput, open_regular
 
@@ -222,6 +222,9 @@ def diagnose_local(facts):
     if health.get("result") == "ok":
         findings.append(finding("healthy", obj, ["GET /health on port %s answered 200 in %.2f s (pid %s, up %s)" % (
             port, health["seconds"], st.get("pid"), fmt_s(elapsed))], "Nothing to fix."))
+        kv = kv_transfer_finding(obj, logf, where)
+        if kv:
+            findings.append(kv)
         if logf["tracebacks"]:
             findings.append(finding("engine_traceback", obj, ["the engine serves, but the log of this start holds %d "
                                                               "traceback(s)" % len(logf["tracebacks"])]
@@ -251,6 +254,9 @@ def diagnose_local(facts):
                                "a peer), then restart it (llmops.serving.engine_process state=restarted).")])
     findings.append(finding("still_loading", obj, ev, "Not an error: wait for the port to open (engine_probe "
                                                       "waits with a deadline)."))
+    kv = kv_transfer_finding(obj, logf, where)
+    if kv:
+        findings.append(kv)
     if logf["tracebacks"]:
         findings.append(finding("engine_traceback", obj, ["the log of this start holds %d traceback(s)"
                                                           % len(logf["tracebacks"])] + exception_evidence(logf, where),

@@ -17,7 +17,7 @@ from ansible_collections.llmops.serving.plugins.module_utils.engine import _proc
 from ansible_collections.llmops.serving.plugins.module_utils.kube import _k8s_clock, _k8s_shape
 from ansible_collections.llmops.serving.plugins.module_utils.engine._diagnose import (
     PLAUSIBLE_START_SECONDS, analyse_log, classify_exit, clip, command_facts, exception_evidence, finding, fmt_s,
-    progress_text,
+    kv_transfer_finding, progress_text,
 )
 
 
@@ -433,6 +433,9 @@ def rule_container(ctx, pod, pod_ref, cs, is_init=False):
     started_at = _time(running.get("startedAt"))
     elapsed = _k8s_clock.age(ctx.now, started_at)
     if cs.get("ready"):
+        kv = kv_transfer_finding(obj, logf, where)
+        if kv:
+            return kv
         if logf["tracebacks"]:
             return finding("engine_traceback", obj,
                            ["container %s serves, but its log holds %d traceback(s)" % (cname, len(logf["tracebacks"]))]

@@ -389,6 +389,72 @@ def test_a_serving_engine_with_a_traceback_in_its_log_is_a_warning():
     assert "json.decoder.JSONDecodeError: Expecting value" in text(f) and "serving_chat.py:611" in text(f)
 
 
+# vLLM 0.32 vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py NixlConnectorWorker._log_failure:
+# logger.error("NIXL transfer failure: %s | Context: %s", failure_type, context) with the remote's host and port
+# when the request's metadata is known; transfer_exception logs the exception after it (exc_info).
+def _nixl_failure(kind, host="10.0.3.7", port=5600, req="cmpl-5b1f-0", msg=""):
+    ctx = ("{'failure_type': '%s', 'request_id': '%s', 'engine_id': 'd-0', 'remote_engine_id': 'p-0', "
+           "'remote_request_id': '%s', 'remote_host': '%s', 'remote_port': %d, 'num_local_blocks': 4, "
+           "'num_remote_blocks': 4, 'local_block_ids_sample': [11, 12, 13, 14]}" % (kind, req, req, host, port))
+    return ("(EngineCore_DP0 pid=311) ERROR 12-06 10:41:07 [base_worker.py:3092] NIXL transfer failure: %s%s | "
+            "Context: %s\n" % (kind, ". " + msg if msg else "", ctx))
+
+
+def test_a_serving_decode_engine_whose_kv_transfers_fail_says_so_over_its_tracebacks():
+    """A decode engine that answers its probes while its KV transfers from the prefill side fail (each such request
+    failed, vLLM's kv_load_failure_policy default): kv_transfer_failed, the failure types counted, the remote named,
+    not a generic traceback warning (transfer_exception also logs its exception)."""
+    sc = healthy()
+    sc["logs"] = {"glm-5-2-fp8-vllm-7d9c6b5f4-k7w9m/engine": (
+        "(APIServer pid=1) INFO:     Application startup complete.\n"
+        + _nixl_failure("transfer_failed") * 3
+        + _nixl_failure("transfer_exception", req="cmpl-77aa-0")
+        + "(EngineCore_DP0 pid=311) ERROR 12-06 10:41:08 [base_worker.py:3101] Traceback (most recent call last):\n"
+        "(EngineCore_DP0 pid=311) ERROR 12-06 10:41:08 [base_worker.py:3101]   File \"/vllm/nixl/base_worker.py\", "
+        "line 3078, in _pop_done_transfers\n"
+        "(EngineCore_DP0 pid=311) ERROR 12-06 10:41:08 [base_worker.py:3101] nixl._bindings.nixlBackendError: "
+        "NIXL_ERR_BACKEND\n"
+        + _nixl_failure("notification_failed", host="10.0.3.8", msg="P worker blocks will be freed after timeout. "
+                        "This may indicate network issues."))}
+    res = run(sc)
+    assert res["verdict"] == "kv_transfer_failed", res
+    f = only(res, "kv_transfer_failed")
+    assert f["severity"] == "warning"
+    assert ("holds 5 NIXL transfer failure(s): transfer_failed x3, notification_failed x1, transfer_exception x1"
+            in f["evidence"][0])
+    assert f["evidence"][1] == "with the remote engine(s) at 10.0.3.7:5600, 10.0.3.8:5600"
+    assert "first: NIXL transfer failure: transfer_failed" in text(f) and "last: NIXL transfer failure: notification" in text(f)
+    assert "UCX_TLS" in f["hint"] and "VLLM_NIXL_SIDE_CHANNEL_HOST" in f["hint"]
+
+
+def test_a_local_engine_serving_with_handshake_failures_is_not_healthy(tmp_path):
+    from ansible_collections.llmops.serving.plugins.module_utils.engine._diagnose import command_facts
+    log = "(APIServer pid=9) INFO:     Application startup complete.\n" + _nixl_failure("handshake_failed", port=5601)
+    facts = {"name": "decode", "run_dir": str(tmp_path), "state": {"state": "running", "pid": 4242, "pid_start": 1},
+             "command": command_facts(["vllm", "serve", "/m", "--port", "8200"]), "log_file": str(tmp_path / "log"),
+             "log": log, "model_missing": None, "stopped": [], "port_holders": [],
+             "health": {"result": "ok", "seconds": 0.01}, "ages": {"running_s": 90.0}}
+    res = _diagnose_local.diagnose_local(facts)
+    assert res["verdict"] == "kv_transfer_failed", res
+    assert "handshake_failed x1" in res["findings"][0]["evidence"][0]
+    assert "10.0.3.7:5601" in res["findings"][0]["evidence"][1]
+    facts["log"] = "(APIServer pid=9) INFO:     Application startup complete.\n"
+    assert _diagnose_local.diagnose_local(facts)["verdict"] == "healthy"
+
+
+def test_a_flood_of_kv_failures_is_counted_in_bounded_evidence():
+    """Every failure counted, at most four remotes named, the lines clipped: a log of 20,000 failures from 20,000
+    hosts (or one line of 1 MiB) does not become evidence of that size."""
+    log = "".join(_nixl_failure("transfer_failed", host="10.1.%d.%d" % (i // 250, i % 250)) for i in range(20000))
+    log += _nixl_failure("transfer_failed", msg="x" * (1 << 20))
+    facts = _diagnose.analyse_log(log)
+    kv = facts["kv_transfer_failures"]
+    assert kv["count"] == 20001 and kv["types"] == {"transfer_failed": 20001}
+    assert kv["remotes"] == ["10.1.0.0:5600", "10.1.0.1:5600", "10.1.0.2:5600", "10.1.0.3:5600"]
+    f = _diagnose.kv_transfer_finding("engine x", facts, "log")
+    assert max(len(e) for e in f["evidence"]) <= _diagnose.MAX_LINE + 100
+
+
 def test_the_root_cause_wins_the_verdict_over_its_consequences():
     sc = copy.deepcopy(SCENARIOS["unschedulable_gpus"])
     extra = [o for o in healthy()["objects"] if o["kind"] in ("Service", "EndpointSlice", "HTTPRoute")]
