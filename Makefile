@@ -25,13 +25,14 @@ upgrade-demo: install
 # The checks first, all four at once (each one's output printed whole when it ends; they wait on I/O and child
 # processes enough to share 2 cores), then pytest on TEST_JOBS workers (pytest-xdist; a worker takes a whole test
 # module, the session engine's modules are one unit, the longest start first: conftest.py), so that its summary line
-# closes the output. Running the checks beside pytest was measured slower (docs/development.md).
+# closes the output, after the slowest test steps (what keeps conftest.py's LONGEST_FIRST in order). Running the
+# checks beside pytest was measured slower (docs/development.md).
 CHECK_JOBS ?= 4
 TEST_JOBS ?= 3
 PYTEST_PARALLEL = -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 test: install
 	$(MAKE) --no-print-directory -j$(CHECK_JOBS) --output-sync=target lint sanity docs-lint molecule netns-deps
-	$(VPY) -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) tests/unit tests/property tests/integration
+	$(VPY) -m pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) --durations=15 --durations-min=20 tests/unit tests/property tests/integration
 
 # The fast loop for the change at hand: lint of the changed files (flake8, ansible-lint), then the unit and property
 # tests that import them, the tests of the changed areas and their molecule scenarios (tests/lib/areas.py), against

@@ -11,9 +11,13 @@ of the role's wait task, once per role of its loop; on a failure, the role's res
 from __future__ import annotations
 
 import os
+import socket
+import sys
+import time
 
 import pytest
 
+from ansible_collections.llmops.serving.plugins.module_utils.engine import _process
 from ansible_collections.llmops.serving.plugins.modules import engine_diagnose, k8s_engine_wait, pd_manifests
 from ansible_collections.llmops.serving.tests.lib import kube_controllers as kc
 from ansible_collections.llmops.serving.tests.lib import kube_scheduler as ks
@@ -191,3 +195,68 @@ def test_the_pair_is_applied_once_to_the_cluster_the_wait_reads():
     assert args["kubeconfig"] == wait["kubeconfig"] and args["context"] == wait["context"]
     assert "pd_disagg_k8s_kubeconfig" in args["kubeconfig"] and "pd_disagg_k8s_context" in args["context"]
     assert block.get("run_once") is True
+
+
+# A decode engine that serves (GET /health 200) while its log holds a failed NIXL handshake with the prefill side:
+# what vLLM 0.32 logs (vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py NixlConnectorWorker
+# ._log_failure) when the decode worker cannot reach the prefill engine's side channel.
+SERVING_DECODE = r"""
+import http.server, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+print("(APIServer pid=9) INFO:     Application startup complete.", flush=True)
+print("(EngineCore_DP0 pid=10) ERROR 12-06 10:41:07 [base_worker.py:1355] NIXL transfer failure: handshake_failed | "
+      "Context: {'failure_type': 'handshake_failed', 'request_id': 'cmpl-1', 'engine_id': 'd-0', "
+      "'remote_engine_id': 'p-0', 'remote_request_id': 'cmpl-1', 'remote_host': '127.0.0.1', 'remote_port': 5600, "
+      "'num_local_blocks': 1, 'num_remote_blocks': 1, 'local_block_ids_sample': [1]}", flush=True)
+
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+def test_a_local_pair_whose_route_fails_is_diagnosed_by_the_rescue_naming_the_failed_kv_transfer(run_module, tmp_path):
+    """roles/pd_disagg/tasks/local.yml: both engines answered their health checks, then no completion passed through
+    the proxy (the decode side's KV never arrived). The route's rescue diagnoses each engine of the pair with the
+    diagnose role's arguments, and the decode engine's verdict names the failed handshake and its remote; before, the
+    role failed with the probe's message alone."""
+    block, route = _block_of("pd_disagg", "local.yml", "llmops.serving.engine_probe",
+                             "Route one greedy completion through the proxy (prefill, KV over NIXL, then decode)")
+    assert route["register"] == "pd_disagg_first_route" and route["retries"] == 3
+    rescue = {t.get("name"): t for t in block["rescue"]}
+    include = rescue["Diagnose the prefill and decode engines after the failed route"]
+    assert include["loop"] == ["pd-prefill", "pd-decode"]
+    run_dir = str(tmp_path / "run")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    _process.start(run_dir, "pd-decode", [sys.executable, "-c", SERVING_DECODE, "--port", str(port)], startup_grace=0.5)
+    try:
+        variables = rt.RoleVars("pd_disagg", {"pd_disagg_local_run_dir": run_dir})
+        diag_vars = variables.template(include["vars"], {"pd_disagg_diagnosed": "pd-decode"})
+        assert diag_vars["diagnose_platform"] == "local" and diag_vars["diagnose_fail_on_error"] is False
+        diagnose = rt.RoleVars("diagnose", diag_vars)
+        args = diagnose.template(rt.task("diagnose", "llmops.serving.engine_diagnose")["llmops.serving.engine_diagnose"])
+        result = {}
+        for dummy in range(50):  # the stand-in's port opens a moment after its start
+            result = run_module(engine_diagnose, args)
+            if result.get("verdict") != "still_loading":
+                break
+            time.sleep(0.1)
+    finally:
+        _process.stop(run_dir, "pd-decode", timeout=10)
+    assert result["verdict"] == "kv_transfer_failed", result.get("summary")
+    finding = next(f for f in result["findings"] if f["code"] == "kv_transfer_failed")
+    assert "handshake_failed x1" in finding["evidence"][0] and "127.0.0.1:5600" in finding["evidence"][1]
+    fail = rescue["Fail after the diagnosis of the route"]["ansible.builtin.fail"]["msg"]
+    msg = variables.template(fail, {"pd_disagg_route_failure": "route: HTTP 500 from the proxy"})
+    assert msg.startswith("no completion passed through the prefill/decode pair (route: HTTP 500 from the proxy)")
