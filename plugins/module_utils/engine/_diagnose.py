@@ -200,7 +200,9 @@ ADDR_IN_USE = re.compile(r"\[Errno 98\][^\n]*[Aa]ddress already in use|EADDRINUS
 # handshake_setup_failed, handshake_failed, transfer_failed, transfer_exception, transfer_release_failed,
 # notification_failed, with ". <msg>" appended when given; context is the repr of a dict holding request_id,
 # engine_id and, when the request's metadata is known, remote_host and remote_port.
-_KV_FAILURE = re.compile(r"NIXL transfer failure: (?P<type>[a-z_]+)(?:\. (?P<msg>.*?))? \| Context: (?P<ctx>.*)$")
+_KV_FAILURE = "NIXL transfer failure: "
+_KV_CONTEXT = " | Context: "
+_KV_TYPE = re.compile(r"[a-z_]{1,64}")
 _KV_REMOTE = re.compile(r"'remote_host': '(?P<host>[^']{1,255})', 'remote_port': (?P<port>\d{1,5})")
 MAX_KV_REMOTES = 4
 
@@ -208,16 +210,21 @@ MAX_KV_REMOTES = 4
 def _kv_failure(facts, line):
     """Count one ``NIXL transfer failure`` line into ``facts["kv_transfer_failures"]`` (bounded: counts per type,
     the first and last line, at most ``MAX_KV_REMOTES`` remote engines)."""
-    m = _KV_FAILURE.search(line)
-    if not m:
+    # found with str.find, not one regular expression: a line an engine echoes from a request could repeat the
+    # opening many times, and a lazy match from each would read the rest of the line again
+    start = line.find(_KV_FAILURE)
+    ctx_at = line.find(_KV_CONTEXT, start) if start >= 0 else -1
+    m = _KV_TYPE.match(line, start + len(_KV_FAILURE)) if ctx_at >= 0 else None
+    if not m or not (m.end() == ctx_at or line.startswith(". ", m.end())):
         return
+    ctx = line[ctx_at + len(_KV_CONTEXT):]
     kv = facts["kv_transfer_failures"]
     if kv is None:
         kv = facts["kv_transfer_failures"] = {"count": 0, "types": {}, "remotes": [], "first": clip(line), "last": None}
     kv["count"] += 1
-    kv["types"][m.group("type")] = kv["types"].get(m.group("type"), 0) + 1
+    kv["types"][m.group(0)] = kv["types"].get(m.group(0), 0) + 1
     kv["last"] = clip(line)
-    r = _KV_REMOTE.search(m.group("ctx"))
+    r = _KV_REMOTE.search(ctx)
     remote = "%s:%s" % (r.group("host"), r.group("port")) if r else None
     if remote and remote not in kv["remotes"] and len(kv["remotes"]) < MAX_KV_REMOTES:
         kv["remotes"].append(remote)

@@ -455,6 +455,18 @@ def test_a_flood_of_kv_failures_is_counted_in_bounded_evidence():
     assert max(len(e) for e in f["evidence"]) <= _diagnose.MAX_LINE + 100
 
 
+def test_a_line_repeating_the_failure_opening_is_read_in_one_pass():
+    """A request echoed into the log can repeat the opening ("NIXL transfer failure: x. ") 100,000 times on a line
+    with no context after it: read with one scan and not counted (a lazy regular expression tried from each opening
+    re-read the rest of the line: 100,000 x 4 MB). Text that only looks like the opening is no failure either."""
+    noise = "prompt: " + "NIXL transfer failure: transfer_failed. " * 100000
+    facts = _diagnose.analyse_log(noise + "\n" + "NIXL transfer failure: Transfer failed badly | Context: {}\n"
+                                  + "NIXL transfer failure: transfer_failed and more | Context: {}\n"
+                                  + _nixl_failure("transfer_failed"))
+    assert facts["kv_transfer_failures"]["count"] == 1
+    assert facts["kv_transfer_failures"]["types"] == {"transfer_failed": 1}
+
+
 def test_the_root_cause_wins_the_verdict_over_its_consequences():
     sc = copy.deepcopy(SCENARIOS["unschedulable_gpus"])
     extra = [o for o in healthy()["objects"] if o["kind"] in ("Service", "EndpointSlice", "HTTPRoute")]
