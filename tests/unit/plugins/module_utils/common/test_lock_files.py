@@ -58,6 +58,10 @@ def _stop(proc):
     proc.stdout.close()
 
 
+# a warm-up that compiles one kernel where it is pointed (one that writes nothing is refused: test_kernel_cache_lib.py)
+WRITES_A_KERNEL = "import os; open(os.path.join(os.environ['TRITON_CACHE_DIR'], 'k.bin'), 'wb').write(b'k')"
+
+
 def _locks(shared):
     """The three lock files, each created once by its owner (as a run leaves it)."""
     cache = os.path.join(shared, "cache")
@@ -82,7 +86,7 @@ def test_another_user_can_hold_none_of_the_locks_and_runs_go_on(shared):
         assert [oct(os.stat(p).st_mode & 0o777) for p in paths] == ["0o600"] * 3
         t0 = time.monotonic()
         built = _kcache_build.prebuild(cache, "vllm", FP, {"engine": "vllm"},
-                                       {"command": [sys.executable, "-c", "pass"], "mode": "run", "timeout": 30},
+                                       {"command": [sys.executable, "-c", WRITES_A_KERNEL], "mode": "run", "timeout": 30},
                                        lock_timeout=2)
         assert built["status"] == "built"
         with _stage_lock.DestLock(stage, timeout=2):

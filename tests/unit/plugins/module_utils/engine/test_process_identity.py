@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -33,6 +34,21 @@ def delete(path):
 
 def sleeper(tok, seconds=60):
     return [sys.executable, "-c", "import time; time.sleep(%d)" % seconds, tok]
+
+
+def _until_dead(pid, within=10.0):
+    """Until ``pid`` has died (gone, or a zombie: no command line): a SIGKILL takes effect when the process is next
+    scheduled, which on a loaded machine can be after the next look at /proc (it was then seen alive)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                if not f.read():
+                    return
+        except OSError:
+            return
+        time.sleep(0.02)
+    raise AssertionError("pid %d still alive %.0f s after SIGKILL" % (pid, within))
 
 
 def _args(run_dir, tok, **kw):
@@ -97,6 +113,7 @@ def test_engine_is_found_by_its_identity_when_the_state_file_lies(run_module, tm
     run_dir = tmp_path / "run"
     r1 = run_module(engine_process, _args(run_dir, token))
     os.kill(r1["supervisor_pid"], signal.SIGKILL)  # nothing rewrites state.json any more
+    _until_dead(r1["supervisor_pid"])
     with open(r1["state_file"], "w") as f:
         json.dump({"state": "exited", "returncode": 0, "pid": 1}, f)
     r2 = run_module(engine_process, _args(run_dir, token))
