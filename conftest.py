@@ -122,8 +122,8 @@ LONGEST_FIRST = (
     "tests/integration/test_awx_upgrade_netns.py",  # 550 s (load 4-10), 737 s (10-28): six engine starts, 10 jobs
     "tests/integration/test_benchmark_local.py",  # 182 s, with the session engine's start
     "tests/integration/test_pd_local.py",  # 259 s: two vLLM engines and the proxy
-    "tests/integration/test_awx_configure_api.py",  # 126 s alone: six runs of awx_configure.yml
-    "tests/integration/test_awx_runner.py",  # 66 s
+    "tests/integration/test_awx_configure_api.py",  # 126 s alone, 320 s in make test: six runs of awx_configure.yml
+    "tests/integration/test_awx_runner.py",  # 66 s alone, 140-180 s in make test
     "tests/integration/test_site_local.py",  # 58 s (session engine)
     "tests/integration/test_awx_deploy_netns.py",  # 46 s
     "tests/integration/test_stage_copy.py",  # 46 s
