@@ -230,10 +230,11 @@ def _kv_failure(facts, line):
         kv["remotes"].append(remote)
 
 
-def kv_transfer_finding(obj, logf, where):
+def kv_transfer_finding(obj, logf, where, also=()):
     """``kv_transfer_failed`` when the log holds NIXL transfer failures, else None: the pair's KV did not move (the
     decode side recomputes the prompt or fails the request, by ``kv_load_failure_policy``), though the engine may
-    answer its health checks."""
+    answer its health checks. ``also``: further evidence after the failures' (the log's exception, where a rule
+    reports one finding per container)."""
     kv = logf.get("kv_transfer_failures")
     if not kv:
         return None
@@ -244,6 +245,7 @@ def kv_transfer_finding(obj, logf, where):
     ev.append("first: %s" % kv["first"])
     if kv["last"] != kv["first"]:
         ev.append("last: %s" % kv["last"])
+    ev.extend(also)
     return finding("kv_transfer_failed", obj, ev,
                    "The KV cache did not move between prefill and decode. handshake_*: this engine cannot reach the "
                    "other side's NIXL side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/PORT, a firewall, the other engine "

@@ -433,7 +433,9 @@ def rule_container(ctx, pod, pod_ref, cs, is_init=False):
     started_at = _time(running.get("startedAt"))
     elapsed = _k8s_clock.age(ctx.now, started_at)
     if cs.get("ready"):
-        kv = kv_transfer_finding(obj, logf, where)
+        # one finding per container: a failed transfer names the cause, the log's exception (a transfer_exception
+        # logs its own) goes with it
+        kv = kv_transfer_finding(obj, logf, where, also=exception_evidence(logf, where) if logf["tracebacks"] else ())
         if kv:
             return kv
         if logf["tracebacks"]:

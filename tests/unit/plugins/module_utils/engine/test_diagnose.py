@@ -424,6 +424,8 @@ def test_a_serving_decode_engine_whose_kv_transfers_fail_says_so_over_its_traceb
             in f["evidence"][0])
     assert f["evidence"][1] == "with the remote engine(s) at 10.0.3.7:5600, 10.0.3.8:5600"
     assert "first: NIXL transfer failure: transfer_failed" in text(f) and "last: NIXL transfer failure: notification" in text(f)
+    assert "nixl._bindings.nixlBackendError: NIXL_ERR_BACKEND" in text(f)  # the exception the container logged
+    assert [x["code"] for x in res["findings"]] == ["kv_transfer_failed"]
     assert "UCX_TLS" in f["hint"] and "VLLM_NIXL_SIDE_CHANNEL_HOST" in f["hint"]
 
 
