@@ -209,7 +209,8 @@ MAX_KV_REMOTES = 4
 
 def _kv_failure(facts, line):
     """Count one ``NIXL transfer failure`` line into ``facts["kv_transfer_failures"]`` (bounded: counts per type,
-    the first and last line, at most ``MAX_KV_REMOTES`` remote engines)."""
+    the first and last line - clipped when they become evidence, not per line -, at most ``MAX_KV_REMOTES`` remote
+    engines)."""
     # found with str.find, not one regular expression: a line an engine echoes from a request could repeat the
     # opening many times, and a lazy match from each would read the rest of the line again
     start = line.find(_KV_FAILURE)
@@ -220,10 +221,10 @@ def _kv_failure(facts, line):
     ctx = line[ctx_at + len(_KV_CONTEXT):]
     kv = facts["kv_transfer_failures"]
     if kv is None:
-        kv = facts["kv_transfer_failures"] = {"count": 0, "types": {}, "remotes": [], "first": clip(line), "last": None}
+        kv = facts["kv_transfer_failures"] = {"count": 0, "types": {}, "remotes": [], "first": line, "last": None}
     kv["count"] += 1
     kv["types"][m.group(0)] = kv["types"].get(m.group(0), 0) + 1
-    kv["last"] = clip(line)
+    kv["last"] = line
     r = _KV_REMOTE.search(ctx)
     remote = "%s:%s" % (r.group("host"), r.group("port")) if r else None
     if remote and remote not in kv["remotes"] and len(kv["remotes"]) < MAX_KV_REMOTES:
@@ -242,7 +243,7 @@ def kv_transfer_finding(obj, logf, where, also=()):
     ev = ["%s holds %d NIXL transfer failure(s): %s" % (where, kv["count"], types)]
     if kv["remotes"]:
         ev.append("with the remote engine(s) at %s" % ", ".join(kv["remotes"]))
-    ev.append("first: %s" % kv["first"])
+    ev.append("first: %s" % kv["first"])  # finding() clips and masks every line
     if kv["last"] != kv["first"]:
         ev.append("last: %s" % kv["last"])
     ev.extend(also)
