@@ -360,7 +360,10 @@ def test_module_defaults_of_the_groups_reach_the_modules(tmp_path, https_api, pk
                                   "'k8s': waited_k8s.state, 'serving': waited_serving.state} | to_json }}"}}]}]))
     env = {k: v for k, v in os.environ.items() if not k.startswith("K8S_AUTH_") and k != "KUBECONFIG"}
     env.update(ANSIBLE_NOCOLOR="1", ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, ".build", "pycoll"),
-               ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-tmp"), HOME=str(tmp_path), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default")
+               ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-tmp"), HOME=str(tmp_path), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default",
+               # kubernetes.core keeps its discovery in $TMPDIR/k8srcp-<sha256(host-uid)>.json: an earlier run's file
+               # for the same 127.0.0.1 port would answer it, and the discovery asserted below would never be asked
+               TMPDIR=str(tmp_path))
     env.pop("ANSIBLE_CONFIG", None)
     proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-v", "-i", "localhost,",
                            "-c", "local",
