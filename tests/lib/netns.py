@@ -55,6 +55,14 @@ BLKIO = "/sys/fs/cgroup/blkio"
 _NAME_RE = re.compile(r"^%s(\d+)-" % PREFIX)
 
 
+def _login_dotfiles():
+    """The files bash reads for a command sshd starts as root (``~/.bashrc``; bash's SSH_SOURCE_BASHRC) and for a
+    login shell, in root's home directory (the nodes log in as root)."""
+    import pwd
+    home = pwd.getpwuid(0).pw_dir
+    return [os.path.join(home, name) for name in (".bashrc", ".bash_profile", ".bash_login", ".profile")]
+
+
 def _run(argv, check=True, timeout=30, **kw):
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, **kw)
     if check and proc.returncode != 0:
@@ -411,10 +419,21 @@ class Fleet:
                 "MaxStartups 200:30:400", "MaxSessions 100", "LogLevel ERROR",
                 "Subsystem sftp internal-sftp", ""]))
         log = open(os.path.join(node.dir, "sshd.log"), "ab")
+        # A node's sessions read none of this machine's dotfiles: sshd runs every command through the login shell,
+        # and bash sources ~/.bashrc for a command that sshd starts, so a controller's shell setup (here pyenv's init
+        # and rehash: ~60 processes, about 0.1 CPU-s) ran before each of Ansible's commands on every node, which a
+        # GPU node's shell does not. In the mount namespace `ip netns exec` gives the sshd (and its sessions only),
+        # an empty file is bound over each dotfile that exists.
+        hidden = [f for f in _login_dotfiles() if os.path.isfile(f)]
+        empty = os.path.join(node.dir, "empty_dotfile")
+        with open(empty, "w"):
+            pass
         # own UTS namespace: each node has its own hostname (model_stage's fleet leases name the host)
         node.sshd = subprocess.Popen(
             ["ip", "netns", "exec", node.ns, "unshare", "--uts", "--", "sh", "-c",
-             'hostname "$1" && exec "$2" -D -e -f "$3"', "sh", node.name, SSHD, cfg],
+             'hostname "$1" && d="$2" c="$3" e="$4" && shift 4 && '
+             'for f in "$@"; do mount --bind "$e" "$f" || exit 1; done && exec "$d" -D -e -f "$c"',
+             "sh", node.name, SSHD, cfg, empty] + hidden,
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
         if self.cgroup:
