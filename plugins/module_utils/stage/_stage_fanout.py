@@ -428,8 +428,10 @@ class Receiver(object):
         receivers, so the piece taken is the one whose least loaded holder is least loaded (its reported transfers
         plus this receiver's); among equals the one the fewest peers hold, then a piece a seed never sent anybody,
         then at random. A seed is asked at most one piece at a time per receiver while other peers are there to
-        trade with, and not for a piece it sent somebody less than :meth:`_dup_after` seconds ago that nobody else
-        lists yet: each piece leaves a seed's uplink about once and the receivers trade the rest. A piece the seed's
+        trade with, never for a piece it sent somebody that another peer lists (that peer trades it: the seed's
+        uplink, which every new piece must cross, carries new pieces only), and not for one it sent less than
+        :meth:`_dup_after` seconds ago that nobody lists yet: each piece leaves a seed's uplink about once and the
+        receivers trade the rest. A piece the seed's
         last list showed as sent to nobody is asked for on that condition (``UNSENT_HEADER``): a seed that sent it
         since answers 409, and it is then one it sent.
         """
@@ -516,8 +518,8 @@ class Receiver(object):
             if p.sent_count(fs.rel, i) == 0:
                 usable.append(p)
                 fresh = True
-            elif others or (fs.sent_at[i] is not None and now - fs.sent_at[i] > dup_after):
-                usable.append(p)
+            elif not others and fs.sent_at[i] is not None and now - fs.sent_at[i] > dup_after:
+                usable.append(p)  # sent, and still nobody else lists it: it may never have arrived
         return usable, fresh
 
     def _dup_after(self):

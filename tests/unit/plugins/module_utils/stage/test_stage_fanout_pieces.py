@@ -531,6 +531,27 @@ def test_receiver_asks_a_seed_only_for_pieces_nobody_got_from_it(tmp_path):
     assert (last[1], last[2]) == (1, seed)  # out for 10 s and nobody lists it: asked of the seed again
 
 
+def test_a_piece_the_seed_sent_that_a_peer_lists_comes_from_that_peer_however_busy(tmp_path):
+    """Every new piece must cross the seed's uplink, so a piece the seed already sent is traded by a peer that lists
+    it, even one far busier than the idle seed and long after the seed sent it; the seed is asked again only once
+    nobody else lists it (here: the peer dropped)."""
+    seed = _FakeLink("seed", True, "100000", "100000")
+    peer = _FakeLink("peer", False, "100000")
+    seed.state = "copying"
+    peer.load = 5
+    rx, fs = _picker(tmp_path, [seed, peer])
+    rx.poll = 0.02
+    fs.sent_at[0] = time.monotonic() - 10
+    got = rx._pick()
+    assert (got[1], got[2]) == (0, peer)
+    assert fake_peers.pick_within(rx, 0.3) == "waits"  # nothing else is held by anybody
+    peer.inflight = 0
+    fs.inflight.discard(0)
+    peer.alive = False
+    again = rx._pick()
+    assert (again[1], again[2]) == (0, seed)
+
+
 def test_receiver_alone_with_a_seed_uses_every_stream_on_it(tmp_path):
     seed = _FakeLink("seed", True, "111111", "000000")
     seed.state = "done"
