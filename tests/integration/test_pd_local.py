@@ -41,7 +41,10 @@ def pd_pair(tmp_path_factory):
     common = ["-e", "pd_disagg_platform=local", "-e", "pd_disagg_local_model_path=%s" % model["path"],
               "-e", "pd_disagg_local_python=%s" % sys.executable,
               # an inventory of one ungrouped host: name it (the plays default to the prefill and decode groups)
-              "-e", "pd_verify_hosts=localhost"]
+              "-e", "pd_verify_hosts=localhost",
+              # eager mode (no torch.compile at each engine start, as the other engine tests run it): what is tested
+              # here (NIXL over UCX, the proxy's route, the counters, the verdict) does not depend on it
+              "-e", json.dumps({"pd_disagg_engine_extra_args": ["--enforce-eager"]})]
     role_play = base / "role.yml"
     role_play.write_text(
         "- name: The pd_disagg role alone\n"
