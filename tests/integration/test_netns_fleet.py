@@ -55,6 +55,15 @@ def names_of(fleet):
     return set(fleet.state["namespaces"]), set(fleet.state["links"])
 
 
+def contents(paths):
+    """``{path: bytes}`` of each file."""
+    out = {}
+    for path in paths:
+        with open(path, "rb") as f:
+            out[path] = f.read()
+    return out
+
+
 def assert_gone(namespaces, links, root):
     assert not namespaces & set(netns._netns_names()), "namespaces left behind"
     assert not links & set(netns._link_names()), "links left behind"
@@ -84,14 +93,14 @@ def test_two_nodes_are_ssh_hosts_that_ansible_pings_and_teardown_removes_them(tm
         assert len({n.nvme for n in fleet.nodes}) == 2 and all(os.path.isdir(n.nvme) for n in fleet.nodes)
         # a node's sessions read none of this machine's dotfiles (root's ~/.bashrc here runs pyenv's init before
         # every command over SSH); the machine's own files stay as they are
-        dotfiles = {f: open(f, "rb").read() for f in netns._login_dotfiles() if os.path.isfile(f)}
+        dotfiles = contents(f for f in netns._login_dotfiles() if os.path.isfile(f))
         for f in dotfiles:
             out = fleet.ssh(fleet.nodes[0], "wc -c < %s" % f)
             assert (out.returncode, out.stdout.strip()) == (0, "0"), (f, out.stdout, out.stderr)
-        assert {f: open(f, "rb").read() for f in dotfiles} == dotfiles
+        assert contents(dotfiles) == dotfiles
         sshd_pids = [n.sshd.pid for n in fleet.nodes]
     assert_gone(namespaces, links, root)
-    assert {f: open(f, "rb").read() for f in dotfiles} == dotfiles
+    assert contents(dotfiles) == dotfiles
     for pid in sshd_pids:
         assert netns._start_time(pid) is None or netns._zombie(pid), "sshd %d still runs" % pid
 

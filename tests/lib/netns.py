@@ -58,8 +58,7 @@ _NAME_RE = re.compile(r"^%s(\d+)-" % PREFIX)
 def _login_dotfiles():
     """The files bash reads for a command sshd starts as root (``~/.bashrc``; bash's SSH_SOURCE_BASHRC) and for a
     login shell, in root's home directory (the nodes log in as root)."""
-    import pwd
-    home = pwd.getpwuid(0).pw_dir
+    home = os.path.expanduser("~root")
     return [os.path.join(home, name) for name in (".bashrc", ".bash_profile", ".bash_login", ".profile")]
 
 

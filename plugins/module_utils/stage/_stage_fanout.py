@@ -431,9 +431,8 @@ class Receiver(object):
         trade with, never for a piece it sent somebody that another peer lists (that peer trades it: the seed's
         uplink, which every new piece must cross, carries new pieces only), and not for one it sent less than
         :meth:`_dup_after` seconds ago that nobody lists yet: each piece leaves a seed's uplink about once and the
-        receivers trade the rest. A piece the seed's
-        last list showed as sent to nobody is asked for on that condition (``UNSENT_HEADER``): a seed that sent it
-        since answers 409, and it is then one it sent.
+        receivers trade the rest. A piece the seed's last list showed as sent to nobody is asked for on that
+        condition (``UNSENT_HEADER``): a seed that sent it since answers 409, and it is then one it sent.
         """
         window = 8 * self.streams
         with self._cond:
