@@ -132,7 +132,7 @@ def _is_int(v):
 def _hex64(v, what):
     if v is None:
         return None
-    if not isinstance(v, str) or len(v) != 64 or not set(v) <= _HEX:
+    if not _marker.is_sha256(v):
         raise PeerLie("%s is not a sha256 (64 lowercase hex digits)" % what)
     return v
 

@@ -232,7 +232,7 @@ class Board(object):
 
 
 def _hex_or_none(v):
-    return v if isinstance(v, str) and len(v) == 64 and set(v) <= _marker._HEX else None
+    return v if _marker.is_sha256(v) else None
 
 
 def read_board(partial, piece_size, last=None):

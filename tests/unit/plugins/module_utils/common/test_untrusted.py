@@ -187,11 +187,23 @@ def test_check_value_walks_without_recursion():
 
 @pytest.mark.parametrize("body", ['{"taken_at": 1e400}', '{"taken_at": -1e400}', '{"x": NaN}', '{"x": Infinity}',
                                   '{"x": -Infinity}', '{"taken_at": 1%s}' % ("0" * 400),
-                                  '{"x": 1%s}' % ("0" * 5000), '{"x": 18446744073709551617}'])
+                                  '{"x": 1%s}' % ("0" * 5000), '{"x": 18446744073709551617}',
+                                  '{"x": -18446744073709551617}', '{"x": 1e30}', '{"x": [-1.9e19]}'])
 def test_json_numbers_out_of_range_are_refused(body):
     with pytest.raises(UntrustedInput) as e:
         loads_json(body, "state.json")
     assert e.value.limit == "number" and "state.json" in str(e.value)
+
+
+@pytest.mark.parametrize("body,words", [('{"a": {"b": [1e400]}}', "not finite"), ('{"a": [[18446744073709551617]]}', "beyond"),
+                                        ('{"a": 2e19}', "beyond"), ('[{"x": NaN}]', "finite")])
+def test_json_numbers_are_refused_as_they_are_parsed_with_a_pairs_hook_too(body, words):
+    # the document is not walked after parsing: each number is judged by the parser's hooks, a caller's
+    # object_pairs_hook (the safetensors header's duplicate-key check) included
+    for hook in (None, dict):
+        with pytest.raises(UntrustedInput) as e:
+            loads_json(body, "header", object_pairs_hook=hook)
+        assert e.value.limit == "number" and words in str(e.value), str(e.value)
 
 
 def test_json_numbers_in_range_are_kept():

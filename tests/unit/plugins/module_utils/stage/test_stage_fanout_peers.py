@@ -158,7 +158,9 @@ def test_digest_list_parser():
     ok = ["a" * 64, None]
     assert _stage_fanout_wire.parse_digests(json.dumps({"digests": ok}).encode(), 2) == ok
     for bad in ({"digests": ok[:1]}, {"digests": ["A" * 64, None]}, {"digests": ["\u0661" * 64, None]},
-                {"digests": [["a" * 64], None]}, {"digests": [1, None]}, [ok], {"digests": "aa"}):
+                {"digests": [["a" * 64], None]}, {"digests": [1, None]}, [ok], {"digests": "aa"},
+                {"digests": ["a" * 64 + "\n", None]}, {"digests": ["a" * 63, None]}, {"digests": ["a" * 65, None]},
+                {"digests": ["g" * 64, None]}):
         with pytest.raises(_stage_fanout_wire.PeerLie):
             _stage_fanout_wire.parse_digests(json.dumps(bad).encode(), 2)
 
