@@ -44,7 +44,7 @@ AREAS = {
         "paths": ("plugins/module_utils/stage/", "plugins/modules/model_stage", "plugins/action/model_stage_follow.py",
                   "roles/model_stage/", "playbooks/stage.yml", "playbooks/tasks/model_revision.yml",
                   "tests/lib/stage_synth.py", "tests/lib/fake_peers.py", "tests/lib/netns.py",
-                  "benchmarks/fanout_bench.py", "benchmarks/fanout_wire_cpu.py"),
+                  "benchmarks/fanout_bench.py", "benchmarks/fanout_wire_cpu.py", "benchmarks/fanout_floor.py"),
         "unit": ("tests/unit/plugins/module_utils/stage/", "tests/unit/plugins/modules/test_model_stage.py",
                  "tests/unit/plugins/action/test_follow_progress.py", "tests/property/test_stage_properties.py",
                  "tests/property/test_peer_properties.py"),
