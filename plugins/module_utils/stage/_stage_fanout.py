@@ -13,8 +13,7 @@ set by the role from the inventory), and every request carries the run's token. 
 never used: any peer can be the source of bytes, none of digests. A lying or broken peer therefore costs a
 refetch (``bad_pieces_rejected``; the peer is dropped), never a wrong byte in ``dest``.
 
-:class:`Receiver` runs :func:`pull_workers` workers (``PEER_STREAMS`` per read stream, at most ``streams`` of them
-reading src at once).
+:class:`Receiver` runs ``PEER_STREAMS * streams`` workers (at most ``streams`` of them reading src at once).
 Each takes the next piece not yet held for which a digest is trusted and some live peer holds it, from the least
 loaded of those peers (its reported transfers plus this receiver's; a seed's uplink is spared the pieces it already
 sent, see :meth:`Receiver._pick`), reads it into an aligned buffer while hashing it, compares, and writes it in
@@ -80,12 +79,9 @@ from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_marker
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_progress import SourcedProgress, Throttle
 from ansible_collections.llmops.serving.plugins.module_utils.stage._stage_progress import human_bytes
 
-#: Pulls in flight per read stream (:func:`pull_workers`). A peer's uplink is shared by every receiver, so one
-#: transfer gets a fraction of it and filling this node's downlink takes several; but each flow into the downlink
-#: costs this node's kernel CPU of its own (its own window and pacing: smaller bursts, more packets). On the netns
-#: benchmark at N=8 (docs/benchmarks.md) 1.5 per stream (6 pulls at the default 4 streams) took the fleet time of 2
-#: with 14 % less fleet CPU, 1 per stream 27 % less CPU and 3 % more time. Reads from src stay at ``streams``.
-PEER_STREAMS = 1.5
+# pulls in flight per read stream: a peer's uplink is shared by every receiver, so one transfer gets a fraction
+# of it, and filling this node's downlink takes several; reads from src stay at ``streams`` (and the fleet slots)
+PEER_STREAMS = 2
 #: A peer whose piece list did not change is asked again after twice the wait before, up to this many ``poll``.
 POLL_BACKOFF = 4
 #: An idle pulling worker other than the first waits at most this many ``poll`` before it looks again unwoken.
@@ -94,12 +90,6 @@ IDLE_WAIT = 8
 #: every peer, so these lists grow with the square of the fleet, and the pieces they announce are mostly held by
 #: other peers as well.
 LIST_GAP = 2
-
-
-def pull_workers(streams):
-    """The pulling workers of a receiver with ``streams`` read streams: ``PEER_STREAMS`` per stream, rounded, at
-    least one (2 for one stream, 6 for the default 4)."""
-    return max(1, int(round(PEER_STREAMS * streams)))
 
 
 class _FileState(object):
@@ -138,7 +128,7 @@ class Receiver(object):
         self.links = [PeerLink(p["url"], p.get("seed")) for p in peers]
         self.piece_size = piece_size
         self.streams = max(1, streams)
-        self.workers = pull_workers(self.streams)
+        self.workers = PEER_STREAMS * self.streams
         self._src_streams = threading.BoundedSemaphore(self.streams)
         self.slots = slots
         self.progress = progress

@@ -98,9 +98,9 @@ def test_a_peer_that_does_not_deliver_is_dropped_after_max_tries(src, tmp_path, 
     dropped = dict((x["url"], x) for x in r["peers_dropped"])
     assert list(dropped) == [bad.url], r["peers_dropped"]
     assert why in dropped[bad.url]["reason"] and not dropped[bad.url]["lied"]
-    # bounded: MAX_PEER_TRIES tries in a row, each at most one pull per worker (pull_workers of the one stream)
+    # bounded: MAX_PEER_TRIES tries in a row, each at most one pull per worker (PEER_STREAMS per read stream)
     tries = bad.server.transfers
-    assert _stage_fanout_wire.MAX_PEER_TRIES <= tries <= _stage_fanout_wire.MAX_PEER_TRIES * _stage_fanout.pull_workers(1)
+    assert _stage_fanout_wire.MAX_PEER_TRIES <= tries <= _stage_fanout_wire.MAX_PEER_TRIES * _stage_fanout.PEER_STREAMS
     assert r["bytes_from_peers"] == r["bytes_total"] and r["bytes_per_peer"] == {seed.url: r["bytes_total"]}
     assert took < 3 * (TIMEOUT + PIECE / float(_stage_fanout_wire.MIN_PEER_RATE)) + 10
 

@@ -102,27 +102,6 @@ def test_a_worker_that_fails_ends_the_run_with_a_named_error(tmp_path, monkeypat
     assert isinstance(e, StageError) and e.reason == "thread_failed" and "pull " in str(e), box
 
 
-@pytest.mark.parametrize("streams, pulls", [(1, 2), (2, 3), (4, 6), (8, 12)])
-def test_a_receiver_runs_one_and_a_half_pulls_per_read_stream(tmp_path, monkeypatch, streams, pulls):
-    # 2 per stream before: every flow into a node's downlink costs that node's kernel CPU, and 6 pulls at the
-    # default 4 streams took the fleet time of 8 with 14 % less fleet CPU (docs/benchmarks.md, the fan-out section)
-    src, files = _source(tmp_path, ["a.bin"])
-    names = []
-    spawn = _stage_fanout.Receiver._spawn
-
-    def recording(self, target, name, *args):
-        names.append(name)
-        return spawn(self, target, name, *args)
-    monkeypatch.setattr(_stage_fanout.Receiver, "_spawn", recording)
-    partial = str(tmp_path / "n1" / "m" / "r1.partial")
-    os.makedirs(partial)
-    rx = _stage_fanout.Receiver(src, partial, "size", _stage_verify.SourceContent({}, {}, None), [], fake_peers.TOKEN,
-                                PIECE, streams, None, _Progress(), False, timeout=2.0)
-    box = no_hang(lambda: rx.run(files), timeout=20)
-    assert box.get("error") is None, box
-    assert sorted(n for n in names if n.startswith("pull ")) == sorted("pull %d" % i for i in range(pulls))
-
-
 def test_a_stage_error_in_a_thread_is_the_runs_error_as_it_is(tmp_path, monkeypatch):
     src, files = _source(tmp_path, ["a.bin"])
 
