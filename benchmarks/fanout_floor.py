@@ -18,6 +18,10 @@ peers, each node's uplink and downlink carrying one revision at most), the file 
 * ``sha256``: each read hashed (a fan-out receiver checks every piece against the seed's digest);
 * ``write``: hashed and written to the node's disk with O_DIRECT in 1 MiB pieces (what a receiver does).
 
+``--flows K`` splits each transfer over K connections at once (its pieces dealt out in K runs), as a fan-out
+receiver pulls over several: on links this slow each flow's pacing rate is a fraction of the link's, and the kernel
+sends it in smaller bursts, so the same bytes cost more packets.
+
 Each process reports its own CPU (``getrusage``: user and system, softirq charged to it included) from the moment
 its connection is up to its last byte; interpreter start-up is not in it. Modes alternate round by round.
 
@@ -49,62 +53,89 @@ MODES = ("recv", "sha256", "write")
 
 # The worker: run in a node's namespace as ``python -c WORKER role ...``; prints one JSON line.
 WORKER = r"""
-import hashlib, json, mmap, os, resource, socket, sys, time
+import hashlib, json, mmap, os, resource, socket, sys, threading, time
 role = sys.argv[1]
 def usage():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime, r.ru_stime
-def report(t0, u0, wall0, n):
+def report(u0, wall0, n):
     u1 = usage()
     print(json.dumps({"role": role, "bytes": n, "user": u1[0] - u0[0], "sys": u1[1] - u0[1],
                       "seconds": time.monotonic() - wall0}), flush=True)
+def slices(size, flows):  # flow k carries [start, end): 1 MiB pieces, dealt out in order
+    pieces = -(-size // 1048576)
+    per = -(-pieces // flows)
+    return [(min(size, k * per * 1048576), min(size, (k + 1) * per * 1048576)) for k in range(flows)]
+def run_all(targets):
+    threads = [threading.Thread(target=t) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 if role == "send":
-    host, port, path = sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    host, port, path, flows = sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
     fd = os.open(path, os.O_RDONLY)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # read back from disk, as a fan-out's pieces are
     size = os.fstat(fd).st_size
-    ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); ls.bind((host, port)); ls.listen(1)
+    ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); ls.bind((host, port)); ls.listen(flows)
     print(json.dumps({"role": "listening"}), flush=True)
-    conn, _a = ls.accept()
-    conn.recv(16)
+    conns = []
+    for _k in range(flows):
+        conn, _a = ls.accept()
+        conns.append((conn, int(conn.recv(16).split()[1])))  # "GO <flow>"
     u0, wall0 = usage(), time.monotonic()
-    off = 0
-    while off < size:
-        off += os.sendfile(conn.fileno(), fd, off, min(4 * 1048576, size - off))
-    conn.shutdown(socket.SHUT_WR); conn.recv(1); conn.close()
-    report(None, u0, wall0, off)
+    sent = [0] * flows
+    def send(conn, k, span):
+        off, end = span
+        while off < end:
+            n = os.sendfile(conn.fileno(), fd, off, min(4 * 1048576, end - off))
+            off += n
+            sent[k] += n
+        conn.shutdown(socket.SHUT_WR); conn.recv(1); conn.close()
+    spans = slices(size, flows)
+    run_all([(lambda c=c, k=k: send(c, k, spans[k])) for c, k in conns])
+    report(u0, wall0, sum(sent))
 else:
-    host, port, size, mode, out = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
-    buf = mmap.mmap(-1, 1048576, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    mv = memoryview(buf)
+    host, port, size, mode, out, flows = (sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6],
+                                          int(sys.argv[7]))
     wfd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o600) if mode == "write" else None
-    for attempt in range(200):
-        try:
-            s = socket.create_connection((host, port), timeout=60); break
-        except OSError:
-            time.sleep(0.05)
-    s.settimeout(None)
-    s.sendall(b"GO\n")
+    socks = []
+    for k in range(flows):
+        for attempt in range(200):
+            try:
+                s = socket.create_connection((host, port), timeout=60); break
+            except OSError:
+                time.sleep(0.05)
+        s.settimeout(None)
+        socks.append(s)
+    for k, s in enumerate(socks):
+        s.sendall(b"GO %d\n" % k)
     u0, wall0 = usage(), time.monotonic()
-    got, piece = 0, 0
-    while got < size:
-        fill = 0
-        want = min(1048576, size - got)
-        while fill < want:
-            k = s.recv_into(mv[fill:want])
-            if not k:
-                raise SystemExit("the sender closed after %d bytes" % (got + fill))
-            fill += k
-        if mode in ("sha256", "write"):
-            hashlib.sha256(mv[:fill]).digest()
-        if wfd is not None:
-            os.pwrite(wfd, mv[:fill] if fill % 4096 == 0 else mv[:fill + (-fill % 4096)], piece * 1048576)
-        got += fill
-        piece += 1
-    s.close()
+    got_all = [0] * flows
+    def receive(k, span):
+        s = socks[k]
+        buf = mmap.mmap(-1, 1048576, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        mv = memoryview(buf)
+        pos, end = span
+        while pos < end:
+            fill, want = 0, min(1048576, end - pos)
+            while fill < want:
+                n = s.recv_into(mv[fill:want])
+                if not n:
+                    raise SystemExit("the sender closed after %d bytes" % (pos + fill))
+                fill += n
+            if mode in ("sha256", "write"):
+                hashlib.sha256(mv[:fill]).digest()
+            if wfd is not None:
+                os.pwrite(wfd, mv[:fill + (-fill % 4096)], pos)
+            pos += fill
+            got_all[k] += fill
+        s.close()
+    spans = slices(size, flows)
+    run_all([(lambda k=k: receive(k, spans[k])) for k in range(flows)])
     if wfd is not None:
         os.close(wfd)
-    report(None, u0, wall0, got)
+    report(u0, wall0, sum(got_all))
 """
 
 
@@ -120,8 +151,8 @@ def one_run(fleet, args, mode, files, port):
     size = args.size_mib * MIB
     senders, receivers = [], []
     for k in range(len(nodes) - 1):
-        p = fleet.popen(nodes[k], [sys.executable, "-c", WORKER, "send", nodes[k].address, str(port), files[k]],
-                        stdout=subprocess.PIPE, text=True)
+        p = fleet.popen(nodes[k], [sys.executable, "-c", WORKER, "send", nodes[k].address, str(port), files[k],
+                                   str(args.flows)], stdout=subprocess.PIPE, text=True)
         senders.append(p)
     for p in senders:
         json.loads(p.stdout.readline())  # listening
@@ -129,7 +160,8 @@ def one_run(fleet, args, mode, files, port):
     for k in range(1, len(nodes)):
         out = os.path.join(nodes[k].nvme, "floor.out")
         receivers.append(fleet.popen(nodes[k], [sys.executable, "-c", WORKER, "recv", nodes[k - 1].address, str(port),
-                                                str(size), mode, out], stdout=subprocess.PIPE, text=True))
+                                                str(size), mode, out, str(args.flows)],
+                                     stdout=subprocess.PIPE, text=True))
     reports = []
     for p in receivers + senders:
         line, _err = p.communicate(timeout=args.timeout)
@@ -190,7 +222,8 @@ def plot(doc, path):
     ax.set_ylabel("CPU seconds (user + system)")
     ax.set_ylim(bottom=0)
     a = doc["args"]
-    ax.set_title("N=%d: %d × %d MiB over links of %d Mbit/s" % (a["nodes"], a["nodes"] - 1, a["size_mib"], a["rate_mbit"]))
+    ax.set_title("N=%d: %d × %d MiB over links of %d Mbit/s, %d connection(s) each" % (
+        a["nodes"], a["nodes"] - 1, a["size_mib"], a["rate_mbit"], a.get("flows", 1)))
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -200,12 +233,14 @@ def plot(doc, path):
 
 def report(doc, out):
     lines = ["# Fan-out CPU floor", "",
-             "The bytes a fan-out moves between peers at N = %d (%d transfers of %d MiB at once, node k to node k+1), "
-             "over the namespace fleet's links shaped to %d Mbit/s, by the simplest programs that move them "
+             "The bytes a fan-out moves between peers at N = %d (%d transfers of %d MiB at once, node k to node k+1, "
+             "each over %d TCP connection(s)), over the namespace fleet's links shaped to %d Mbit/s, by the simplest "
+             "programs that move them "
              "(`benchmarks/fanout_floor.py`; its docstring says what each mode does). CPU: user + system seconds of "
              "every sender and receiver from its connection to its last byte (getrusage; the kernel's softirq work "
              "done while a process ran is charged to it)." % (doc["args"]["nodes"], doc["args"]["nodes"] - 1,
-                                                              doc["args"]["size_mib"], doc["args"]["rate_mbit"]), "",
+                                                              doc["args"]["size_mib"], doc["args"].get("flows", 1),
+                                                              doc["args"]["rate_mbit"]), "",
              "Command (from the collection root, as root):", "", "```", doc["command"], "```", "",
              "Machine: %(host)s; kernel %(kernel)s; Python %(python)s." % doc["machine"], "",
              "| mode | CPU, runs (s) | CPU, median (s) | receivers user / sys (median, s) | senders user / sys (median, s) "
@@ -223,7 +258,7 @@ def report(doc, out):
     cmp_ = doc.get("compare") or {}
     if cmp_:
         lines += ["", "The fan-out's fleet CPU at the same N (medians of `%s`): %s." % (
-            doc["compare_file"], ", ".join("`%s` %.1f s (the floor's `write` %.2f ×)" % (
+            doc["compare_file"], ", ".join("`%s` %.1f s (the floor's `write` median is %.2f × that)" % (
                 mode, v, statistics.median(r["cpu"] for r in doc["runs"] if r["mode"] == "write") / v)
                 for mode, v in sorted(cmp_.items()) if any(r["mode"] == "write" for r in doc["runs"])))]
     plot(doc, out + ".png")
@@ -246,6 +281,9 @@ def main(argv=None):
     ap.add_argument("--size-mib", type=int, default=192, help="bytes each transfer moves (MiB)")
     ap.add_argument("--rate-mbit", type=int, default=128, help="each node link, each way (Mbit/s)")
     ap.add_argument("--runs", type=int, default=3, help="rounds; each runs every mode once, the order alternating")
+    ap.add_argument("--flows", type=int, default=1,
+                    help="TCP connections per transfer, each carrying its share of the pieces (a fan-out receiver "
+                         "pulls over 8 at once)")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--port", type=int, default=18790)
     ap.add_argument("--timeout", type=int, default=600, help="per transfer (s)")
@@ -262,6 +300,8 @@ def main(argv=None):
         return 0
     if args.nodes < 2:
         ap.error("--nodes: at least 2 (one transfer)")
+    if not 1 <= args.flows <= 64:
+        ap.error("--flows: 1-64 connections per transfer")
     modes = [m for m in args.modes.split(",") if m]
     if not modes or any(m not in MODES for m in modes):
         ap.error("--modes: a comma-separated list of %s" % ", ".join(MODES))
