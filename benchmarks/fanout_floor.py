@@ -276,7 +276,7 @@ def report(doc, out):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     ap.add_argument("--nodes", type=int, default=8, help="nodes in the chain (N-1 transfers)")
     ap.add_argument("--size-mib", type=int, default=192, help="bytes each transfer moves (MiB)")
     ap.add_argument("--rate-mbit", type=int, default=128, help="each node link, each way (Mbit/s)")
@@ -324,7 +324,7 @@ def main(argv=None):
             os.makedirs(node.nvme, exist_ok=True)
             path = os.path.join(node.nvme, "floor.src")
             with open(path, "wb") as f:
-                for _ in range(args.size_mib):
+                for _mib in range(args.size_mib):
                     f.write(os.urandom(MIB))
                 f.flush()
                 os.fsync(f.fileno())
