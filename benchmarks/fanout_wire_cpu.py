@@ -9,7 +9,8 @@ itself costs: ``--nodes`` receivers (``_stage_fanout.Receiver``, each with its o
 one ``_stage_peer.PeerServer`` in a process of its own (the seed's and every receiver's revision, as
 ``/r/<name>/<node>``). Reported per run: the receivers' CPU and the server process's CPU (user + system,
 ``resource.getrusage``), requests served, and CPU per GiB moved. A micro phase then measures, on one connection
-in one process, the CPU of one piece list (whole, and a list of changes), and of one piece per GiB.
+in one process, the CPU of one piece list (whole, and a list of changes), and of one piece per GiB, and the CPU of
+one parse of a board of the revision (what a piece server does whenever its node's board changed).
 
 With ``--base TREE`` (a ``git archive`` of another commit, extracted) the two trees are run alternately, round
 after round, each in a fresh process importing only its own tree, and medians and spread are printed::
@@ -311,10 +312,30 @@ def micro(work, src, files, piece, args):
         out["piece_ms"] = secs * 1000.0 / (rounds * n_pieces)
         out["piece_cpu_per_gib"] = secs / (moved / float(1 << 30))
         client.shutdown()
+        out["board_read_ms"] = board_read_ms(files, piece, k)
         return out
     finally:
         server.shutdown()
         server.server_close()
+
+
+def board_read_ms(files, piece, k):
+    """CPU of one parse of a receiver's board of this revision, every piece held (what a piece server does whenever
+    its node's board changed: several times a second while the node copies), in ms."""
+    from ansible_collections.llmops.serving.plugins.module_utils.stage import _stage_peer
+    board = {"format": _stage_peer.BOARD_FORMAT, "piece_size": piece, "state": "copying", "pid": os.getpid(),
+             "updated": time.time(), "files": dict(
+                 (f["path"], {"size": f["size"], "src": [1, f["mtime_ns"], f["mtime_ns"]], "done": False,
+                              "header_sha256": hashlib.sha256(f["path"].encode()).hexdigest(), "sha256": None,
+                              "digests": [hashlib.sha256(b"%d" % i).hexdigest() for i in range(-(-f["size"] // piece))]})
+                 for f in files)}
+    raw = json.dumps(board, sort_keys=True).encode()
+    if _stage_peer._parse_board("board", raw, piece) is None:  # pylint: disable=protected-access
+        raise SystemExit("board_read_ms: the board was refused")
+    c0 = time.process_time()
+    for _i in range(k):
+        _stage_peer._parse_board("board", raw, piece)  # pylint: disable=protected-access
+    return (time.process_time() - c0) * 1000.0 / k
 
 
 # ---- A/B driver ---------------------------------------------------------------------------------------------------
@@ -348,7 +369,7 @@ KEYS = [("wall", "wall (s)"), ("cpu", "CPU, all (s)"), ("rx_user", "receivers us
         ("requests", "requests served"), ("cpu_per_gib", "CPU per GiB moved (s)")]
 MICRO = [("list_full_ms", "whole piece list, CPU (ms)"), ("list_full_wall_ms", "whole piece list, wall (ms)"),
          ("list_delta_ms", "list of changes, CPU (ms)"), ("piece_ms", "one piece, CPU (ms)"),
-         ("piece_cpu_per_gib", "pieces, CPU per GiB (s)")]
+         ("piece_cpu_per_gib", "pieces, CPU per GiB (s)"), ("board_read_ms", "board read, CPU (ms)")]
 
 
 def main(argv=None):
