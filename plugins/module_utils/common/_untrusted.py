@@ -195,13 +195,19 @@ def _check_key(k, field, file):
         _check_number(k, field, file)
 
 
-def _check_number(value, field, file):
-    if isinstance(value, float) and not math.isfinite(value):
-        raise UntrustedInput("%s holds a number that is not finite (NaN or infinity), so it is refused" % field,
-                             file=file, limit="number")
+def _number_problem(value):
+    """What is wrong with the number ``value`` (``holds ...``), or None: the one rule for values walked and parsed."""
+    if isinstance(value, float) and not math.isfinite(value):  # 1e400 parses as infinity
+        return "holds a number that is not finite (NaN or infinity)"
     if abs(value) > MAX_ABS_NUMBER:
-        raise UntrustedInput("%s holds a number beyond +/-2**64, so it is refused" % field, file=file,
-                             limit="number")
+        return "holds a number beyond +/-2**64"
+    return None
+
+
+def _check_number(value, field, file):
+    problem = _number_problem(value)
+    if problem:
+        raise UntrustedInput("%s %s, so it is refused" % (field, problem), file=file, limit="number")
 
 
 class _NumberOutOfRange(ValueError):
@@ -212,22 +218,21 @@ def _refuse_constant(name):
     raise _NumberOutOfRange("holds %s, not a finite JSON number" % name)
 
 
+def _checked(value):
+    problem = _number_problem(value)
+    if problem:
+        raise _NumberOutOfRange(problem)
+    return value
+
+
 def _parse_int(text):
     if len(text.lstrip("-")) > _MAX_INT_DIGITS:
         raise _NumberOutOfRange("holds a number beyond +/-2**64 (an integer of %d digits)" % len(text.lstrip("-")))
-    value = int(text)
-    if abs(value) > MAX_ABS_NUMBER:
-        raise _NumberOutOfRange("holds a number beyond +/-2**64")
-    return value
+    return _checked(int(text))
 
 
 def _parse_float(text):
-    value = float(text)
-    if not math.isfinite(value):  # 1e400: json reads it as infinity
-        raise _NumberOutOfRange("holds a number that is not finite (NaN or infinity)")
-    if abs(value) > MAX_ABS_NUMBER:
-        raise _NumberOutOfRange("holds a number beyond +/-2**64")
-    return value
+    return _checked(float(text))
 
 
 def _check_body_size(data, field, file, max_bytes):
