@@ -39,14 +39,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_PYCOLL = os.path.join(ROOT, ".build", "pycoll")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import fanout_bench  # noqa: E402  (the working tree as a collection, netns, machine facts, CPU readings, medians)
 MIB = 1 << 20
 CHUNK = MIB
 MODES = ("recv", "sha256", "write")
@@ -140,9 +141,7 @@ else:
 
 
 def softirq_seconds():
-    with open("/proc/stat") as f:
-        fields = f.readline().split()
-    return int(fields[7]) / float(os.sysconf("SC_CLK_TCK"))
+    return fanout_bench.cpu_times()[2]
 
 
 def one_run(fleet, args, mode, files, port):
@@ -184,14 +183,10 @@ def one_run(fleet, args, mode, files, port):
 def fanout_cpu(path, nodes):
     """Medians of a ``fanout_bench.py`` JSON's fleet CPU at ``nodes``: ``{mode: seconds}`` (``on``, ``on@base``)."""
     with open(path) as f:
-        runs = json.load(f)["runs"]
-    out = {}
-    for mode in ("on", "on@base"):
-        vals = [r["fleet_cpu_seconds"]["total"] for r in runs
-                if r["mode"] == mode and r["nodes"] == nodes and r.get("fleet_cpu_seconds")]
-        if vals:
-            out[mode] = statistics.median(vals)
-    return out
+        doc = json.load(f)
+    rows, _single = fanout_bench.summarize(doc["runs"], doc["revision_bytes"], doc["args"]["seeds"])
+    return dict((r["mode"], r["fleet_cpu_median"]) for r in rows
+                if r["mode"] in ("on", "on@base") and r["nodes"] == nodes and r["fleet_cpu_median"] is not None)
 
 
 def plot(doc, path):
@@ -305,19 +300,14 @@ def main(argv=None):
     modes = [m for m in args.modes.split(",") if m]
     if not modes or any(m not in MODES for m in modes):
         ap.error("--modes: a comma-separated list of %s" % ", ".join(MODES))
-    if not os.path.islink(os.path.join(_PYCOLL, "ansible_collections", "llmops", "serving")):
-        os.makedirs(os.path.join(_PYCOLL, "ansible_collections", "llmops"), exist_ok=True)
-        os.symlink(ROOT, os.path.join(_PYCOLL, "ansible_collections", "llmops", "serving"))
-    sys.path.insert(0, _PYCOLL)
-    from ansible_collections.llmops.serving.tests.lib import netns  # pylint: disable=import-outside-toplevel
+    netns = fanout_bench.netns
     reason = netns.unavailable()
     if reason:
         sys.exit("fanout_floor: cannot build the namespace fleet: %s" % reason)
     doc = {"command": " ".join([".venv/bin/python", "benchmarks/fanout_floor.py"] + (argv if argv is not None else sys.argv[1:])),
            "args": vars(args), "runs": [],
            "compare": fanout_cpu(args.compare, args.nodes) if args.compare else None, "compare_file": args.compare,
-           "machine": {"host": "%s, %d CPUs" % (platform.machine(), os.cpu_count()), "kernel": platform.release(),
-                       "python": platform.python_version()}}
+           "machine": fanout_bench.machine()}
     with netns.Fleet(args.nodes, rate_mbit=args.rate_mbit) as fleet:
         files = []
         for node in fleet.nodes[:-1]:
