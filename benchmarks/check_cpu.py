@@ -41,9 +41,9 @@ import fanout_bench  # noqa: E402  pylint: disable=wrong-import-position
 
 ROOT = fanout_bench.ROOT
 
-#: (kind, words of which one must be in the command line); first match wins. (The runs of ``docs/benchmarks/check_cpu_*``
-#: counted ``vllm bench serve`` as a vLLM engine: the bench client's kind came after them.) A module run with pipelining is a bare
-#: ``python`` reading its code from stdin; pytest-xdist's workers are ``python -c`` of execnet's bootstrap.
+#: (kind, words of which one must be in the command line); first match wins. A module run with pipelining is a bare
+#: ``python`` reading its code from stdin; pytest-xdist's workers are ``python -c`` of execnet's bootstrap. (The runs
+#: of ``docs/benchmarks/check_cpu_*`` counted ``vllm bench serve`` as a vLLM engine: its own kind came after them.)
 KINDS = (
     ("vLLM bench client", ("vllm bench", "vllm.entrypoints.cli.main bench")),
     ("vLLM engine", ("vllm", "api_server")),
@@ -106,9 +106,10 @@ HZ = float(os.sysconf("SC_CLK_TCK"))
 
 
 class Sampler(object):
-    """Every process's CPU seconds, sampled every ``interval`` seconds: ``{(pid, start): [first, last, kind, argv]}``,
-    ``first`` what it had used when first seen (nonzero only for processes older than the run). A ``python -c``
-    process (a ``multiprocessing`` child, a test's helper) takes the kind of its parent, as ``<kind>: python -c``."""
+    """Every process's CPU seconds, sampled every ``interval`` seconds: ``{(pid, start): [first, last, kind, argv,
+    comm]}``, ``first`` what it had used when first seen (nonzero only for processes older than the run). A process
+    seen between its fork and its exec is classified again when its ``comm`` changes. A ``python -c`` process (a
+    ``multiprocessing`` child, a test's helper) takes the kind of its parent, as ``<kind>: python -c``."""
 
     def __init__(self, interval):
         self.interval = interval
@@ -128,12 +129,15 @@ class Sampler(object):
                 continue
             start, cpu, comm, ppid = got
             entry = self.procs.get((pid, start))
-            if entry is None:
+            if entry is None or entry[4] != comm:
                 argv = read_argv(pid)
                 name = kind(argv, comm)
                 if name.startswith("other Python (-c"):
                     name = "%s: python -c" % self.parents.get(ppid, "other")
-                self.procs[(pid, start)] = [cpu if self.passes == 0 else 0.0, cpu, name, argv]
+                if entry is None:
+                    self.procs[(pid, start)] = [cpu if self.passes == 0 else 0.0, cpu, name, argv, comm]
+                else:
+                    entry[1:] = [cpu, name, argv, comm]
                 self.parents[pid] = name.split(": python -c")[0]
             else:
                 entry[1] = cpu
@@ -155,7 +159,7 @@ class Sampler(object):
 
     def by_kind(self):
         out = {}
-        for first, last, name, _argv in self.procs.values():
+        for first, last, name, _argv, _comm in self.procs.values():
             used = max(0.0, last - first)
             if used <= 0:
                 continue
@@ -168,7 +172,7 @@ class Sampler(object):
     def top(self, n=12):
         rows = sorted(self.procs.values(), key=lambda e: e[0] - e[1])[:n]  # the most CPU used first
         return [{"cpu_seconds": round(last - first, 1), "kind": name, "command": " ".join(argv)[:160]}
-                for first, last, name, argv in rows if last - first >= 0.05]
+                for first, last, name, argv, _comm in rows if last - first >= 0.05]
 
 
 def self_cpu():
