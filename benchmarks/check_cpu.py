@@ -81,27 +81,6 @@ def kind(argv, comm):
     return "other"
 
 
-def read_proc(pid):
-    """``(start ticks, cpu seconds, comm, parent pid)`` of ``pid`` from ``/proc/<pid>/stat``, or None when it is
-    gone."""
-    try:
-        with open("/proc/%s/stat" % pid) as f:
-            raw = f.read()
-    except OSError:
-        return None
-    head, _sep, rest = raw.rpartition(")")
-    fields = rest.split()
-    return int(fields[19]), (int(fields[11]) + int(fields[12])) / HZ, head.partition("(")[2], fields[1]
-
-
-def read_argv(pid):
-    try:
-        with open("/proc/%s/cmdline" % pid, "rb") as f:
-            return [a.decode("utf-8", "replace") for a in f.read(4096).split(b"\0") if a]
-    except OSError:
-        return []
-
-
 HZ = float(os.sysconf("SC_CLK_TCK"))
 
 
@@ -124,21 +103,23 @@ class Sampler(object):
         for pid in os.listdir("/proc"):
             if not pid.isdigit() or pid == self.me:
                 continue
-            got = read_proc(pid)
+            got = fanout_bench.proc_stat(pid)
             if got is None:
                 continue
-            start, cpu, comm, ppid = got
+            comm, fields = got
+            start, cpu = int(fields[19]), (int(fields[11]) + int(fields[12])) / HZ
             entry = self.procs.get((pid, start))
             if entry is None or entry[4] != comm:
-                argv = read_argv(pid)
-                name = kind(argv, comm)
+                argv = [a for a in (fanout_bench.proc_cmdline(pid) or "").split("\0") if a]
+                name = own = kind(argv, comm)
                 if name.startswith("other Python (-c"):
-                    name = "%s: python -c" % self.parents.get(ppid, "other")
+                    own = self.parents.get(fields[1], "other")
+                    name = "%s: python -c" % own
                 if entry is None:
                     self.procs[(pid, start)] = [cpu if self.passes == 0 else 0.0, cpu, name, argv, comm]
                 else:
                     entry[1:] = [cpu, name, argv, comm]
-                self.parents[pid] = name.split(": python -c")[0]
+                self.parents[pid] = own
             else:
                 entry[1] = cpu
         self.passes += 1
@@ -167,7 +148,7 @@ class Sampler(object):
             k["cpu_seconds"] += used
             k["processes"] += 1
         return dict((name, {"cpu_seconds": round(v["cpu_seconds"], 1), "processes": v["processes"]})
-                    for name, v in sorted(out.items(), key=lambda kv: -kv[1]["cpu_seconds"]))
+                    for name, v in out.items())
 
     def top(self, n=12):
         rows = sorted(self.procs.values(), key=lambda e: e[0] - e[1])[:n]  # the most CPU used first

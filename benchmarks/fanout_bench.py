@@ -367,6 +367,26 @@ def fleet_namespaces(fleet):
     return out or None
 
 
+def proc_stat(pid):
+    """``(comm, fields)`` of ``/proc/<pid>/stat``, ``fields`` the words after the command name (``fields[1]`` the
+    parent pid, ``[11]``/``[12]`` user/system ticks, ``[19]`` the start time); None when the process is gone."""
+    try:
+        with open("/proc/%s/stat" % pid) as f:
+            head, _sep, rest = f.read().rpartition(")")
+    except OSError:
+        return None
+    return head.partition("(")[2], rest.split()
+
+
+def proc_cmdline(pid):
+    """The first 4 KiB of ``pid``'s command line as text ("" for a kernel thread), None when the process is gone."""
+    try:
+        with open("/proc/%s/cmdline" % pid, "rb") as f:
+            return f.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
 def fleet_process_cpu(namespaces=None):
     """``{pid: (kind, user + system CPU seconds, system CPU seconds)}`` of every process in one of ``namespaces``
     (the fleet's nodes; None: every namespace other than this one's), from ``/proc``."""
@@ -380,13 +400,15 @@ def fleet_process_cpu(namespaces=None):
             continue
         try:
             net = os.readlink("/proc/%s/ns/net" % pid)
-            if net == _OWN_NET or (namespaces is not None and net not in namespaces):
-                continue
-            with open("/proc/%s/stat" % pid) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open("/proc/%s/cmdline" % pid, "rb") as f:
-                cmdline = f.read(4096).decode("utf-8", "replace")
         except OSError:
+            continue
+        if net == _OWN_NET or (namespaces is not None and net not in namespaces):
+            continue
+        stat = proc_stat(pid)
+        if stat is None:
+            continue
+        fields, cmdline = stat[1], proc_cmdline(pid)
+        if cmdline is None:
             continue
         out[int(pid)] = (_process_kind(cmdline), (int(fields[11]) + int(fields[12])) / hz, int(fields[12]) / hz)
     return out
